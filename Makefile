@@ -1,0 +1,49 @@
+# polnet: `make demo` runs a whole local network, `make test` runs the tests.
+# Both set themselves up (venv, pip, npm) on a fresh machine.
+
+PY       ?= python3
+VENV     := .venv
+BIN      := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup lint typecheck contracts bench clean devnet-up devnet-down
+
+setup: $(VENV)/.installed node_modules/.installed
+
+# torch is pinned to 2.13.0 (a CPU build of it lies on disk here); a looser pin
+# would download a multi-GB CUDA build. requirements.lock pins the rest.
+$(VENV)/.installed: pyproject.toml requirements.lock
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c requirements.lock "torch==2.13.0"
+	$(BIN)/pip install --quiet -c requirements.lock -e ".[dev]"
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: setup
+	$(BIN)/polnet demo
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy node verifier devnet bench
+
+contracts: node_modules/.installed
+	node contracts/build.mjs
+
+bench: setup
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+devnet-up: setup
+	$(BIN)/polnet devnet up
+
+devnet-down: setup
+	$(BIN)/polnet devnet down
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,71 @@
+"""`polnet`: the command line of a polnet node.
+
+Each area of the node registers its own commands from a module of its own
+(``node/cli/<area>_cmd.py`` exposing ``register(app)``), so this file only
+wires them together. Heavy imports (torch, web3, libp2p) happen inside the
+commands, keeping ``polnet --help`` fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+from node import logs
+
+HELP = """polnet: verifiable neural-network training on an open network.
+
+New here? Start a local network and watch it work:
+
+  make demo                      # devnet, submitter, solvers, verifiers, settlement
+
+Or step by step:
+
+  polnet devnet up               # local chain with contracts deployed
+  polnet train examples/cnn_digits.toml   # train a job locally, print its trace root
+  polnet job submit SPEC --dataset FILE --reward 100
+  polnet solver run              # earn by training jobs
+  polnet verifier run            # earn by checking them
+
+Every command has --help.
+"""
+
+app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich",
+                  pretty_exceptions_show_locals=False)
+
+_AREAS = ["devnet", "train", "dataset", "verifier", "p2p", "artifact", "job", "solver",
+          "dispute"]
+
+
+@app.callback()
+def _root(
+    log_json: bool = typer.Option(False, "--log-json", help="Log JSON lines instead of text."),
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR."),
+) -> None:
+    logs.configure(json=log_json, level=log_level)
+
+
+for _area in _AREAS:
+    try:
+        _mod = importlib.import_module(f"node.cli.{_area}_cmd")
+    except ModuleNotFoundError as exc:  # an area not built yet must not break the CLI
+        if exc.name != f"node.cli.{_area}_cmd":
+            raise
+        continue
+    _mod.register(app)
+
+
+def main() -> None:
+    """Entry point: a PolnetError ends in one readable line and exit code 1, not a traceback."""
+    from node.errors import PolnetError  # noqa: PLC0415
+
+    try:
+        app()
+    except PolnetError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
