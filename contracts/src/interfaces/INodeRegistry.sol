@@ -1,0 +1,115 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+/// @title INodeRegistry
+/// @notice Who is in the network (roles, libp2p identity, capability profile) and
+///         what each node has at stake.
+/// @dev Stake of a node lives in three buckets:
+///      - free: can be locked, unbonded, or slashed by `slashUnlocked`;
+///      - locked: backs a solver bond or a challenge bond; only the market and the
+///        dispute game move it (`unlock`, `slash`);
+///      - unbonding: requested out, withdrawable after `unbondDelay`, still slashable
+///        by `slashUnlocked` until withdrawn.
+///      Conservation: `token.balanceOf(registry) == totalOwed()` == the sum of all
+///      three buckets over all nodes.
+interface INodeRegistry {
+    /// @notice Everything the registry knows about a node.
+    struct Node {
+        bool registered;
+        uint8 roles; // bitmask: SOLVER = 1, VERIFIER = 2
+        uint64 registeredAt; // block timestamp of `register`
+        uint64 unbondAvailableAt; // timestamp from which `withdrawUnbonded` pays `unbondingStake`
+        uint256 freeStake;
+        uint256 lockedStake;
+        uint256 unbondingStake;
+        string peerId; // libp2p peer id (base58 text)
+        string[] multiaddrs; // libp2p multiaddrs (text)
+        string profile; // JSON text: device, memory, measured throughput
+    }
+
+    // --- events ---
+    event Authorized(address indexed market, address indexed dispute);
+    event NodeRegistered(address indexed node, uint8 roles, string peerId, string[] multiaddrs, string profile);
+    event NodeUpdated(address indexed node, uint8 roles, string peerId, string[] multiaddrs, string profile);
+    event Staked(address indexed node, uint256 amount, uint256 freeStake);
+    event UnbondRequested(address indexed node, uint256 amount, uint256 unbondingStake, uint64 availableAt);
+    event UnbondWithdrawn(address indexed node, uint256 amount);
+    event StakeLocked(address indexed node, uint256 amount, address indexed by);
+    event StakeUnlocked(address indexed node, uint256 amount, address indexed by);
+    /// @param fromLocked true for `slash` (locked stake), false for `slashUnlocked` (free, then unbonding)
+    event Slashed(address indexed node, uint256 amount, address indexed to, bool fromLocked);
+
+    // --- errors ---
+    error Unauthorized(address caller);
+    error AlreadyAuthorized();
+    error ZeroAddress();
+    error ZeroAmount();
+    error InvalidRoles(uint8 roles);
+    error EmptyPeerId();
+    error AlreadyRegistered(address node);
+    error NotRegistered(address node);
+    error InsufficientFreeStake(address node, uint256 free, uint256 needed);
+    error InsufficientLockedStake(address node, uint256 locked, uint256 needed);
+    error NothingToWithdraw();
+    error UnbondNotReady(uint64 availableAt);
+    error InvalidSlashRecipient(address to);
+
+    // --- node actions ---
+
+    /// @notice Join the network. `roles` is a non-zero subset of SOLVER|VERIFIER.
+    function register(uint8 roles, string calldata peerId, string[] calldata multiaddrs, string calldata profile)
+        external;
+
+    /// @notice Replace roles, peer id, addresses and profile of a registered node.
+    function updateNode(uint8 roles, string calldata peerId, string[] calldata multiaddrs, string calldata profile)
+        external;
+
+    /// @notice Move `amount` tokens (approved beforehand) into the caller's free stake.
+    function stake(uint256 amount) external;
+
+    /// @notice Move `amount` of free stake to unbonding. Resets the unbonding clock:
+    ///         all unbonding stake becomes withdrawable `unbondDelay` seconds from now.
+    function requestUnbond(uint256 amount) external;
+
+    /// @notice Pay out all unbonding stake once its delay has passed.
+    function withdrawUnbonded() external returns (uint256 amount);
+
+    // --- market / dispute only ---
+
+    /// @notice free -> locked (a bond). Reverts `InsufficientFreeStake`.
+    function lock(address node, uint256 amount) external;
+
+    /// @notice locked -> free. Reverts `InsufficientLockedStake`.
+    function unlock(address node, uint256 amount) external;
+
+    /// @notice Take up to `amount` from the node's LOCKED stake and transfer it to `to`
+    ///         (the market or the dispute game, which credits it). Returns what was taken.
+    function slash(address node, uint256 amount, address to) external returns (uint256 slashed);
+
+    /// @notice Take up to `amount` from the node's free stake, then its unbonding
+    ///         stake (never its locked stake, which backs other bonds), and transfer it
+    ///         to `to` (the market or the dispute game). Returns what was taken.
+    function slashUnlocked(address node, uint256 amount, address to) external returns (uint256 slashed);
+
+    // --- views ---
+    function nodeOf(address node) external view returns (Node memory);
+    function isRegistered(address node) external view returns (bool);
+    function freeStake(address node) external view returns (uint256);
+    function lockedStake(address node) external view returns (uint256);
+    function unbondingStake(address node) external view returns (uint256);
+    /// @notice Registered with the SOLVER role and free + locked stake >= minSolverStake.
+    function isSolver(address node) external view returns (bool);
+    /// @notice Registered with the VERIFIER role and free + locked stake >= minVerifierStake.
+    function isVerifier(address node) external view returns (bool);
+    /// @notice Number of registered nodes with the VERIFIER role (stake not checked: use isVerifier).
+    function verifierCount() external view returns (uint256);
+    /// @notice The i-th node with the VERIFIER role (order changes when a node drops the role).
+    function verifierAt(uint256 i) external view returns (address);
+    function unbondDelay() external view returns (uint256);
+    function minSolverStake() external view returns (uint256);
+    function minVerifierStake() external view returns (uint256);
+    function market() external view returns (address);
+    function dispute() external view returns (address);
+    /// @notice Sum of free + locked + unbonding stake over all nodes: what the registry owes.
+    function totalOwed() external view returns (uint256);
+}
