@@ -1,0 +1,92 @@
+"""`polnet artifact put | get | ls | gc`: the content-addressed store and p2p fetching."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from node.cli.p2p_cmd import DEFAULT_HOME, HOME_OPT
+
+
+def register(app: typer.Typer) -> None:
+    art_app = typer.Typer(help="Content-addressed artifacts (id = sha256 of the bytes).",
+                          no_args_is_help=True)
+
+    @art_app.command("put")
+    def put(
+        file: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+        home: Annotated[Path, HOME_OPT] = DEFAULT_HOME,
+        pin: Annotated[str | None, typer.Option(help="Pin reason, e.g. job:42.")] = None,
+    ) -> None:
+        """Store FILE and print its artifact id."""
+        from node.store import ArtifactStore  # noqa: PLC0415
+
+        store = ArtifactStore(home / "store")
+        aid = store.put_file(file)
+        if pin:
+            store.pin(aid, pin)
+        typer.echo(aid)
+
+    @art_app.command("get")
+    def get(
+        artifact_id: Annotated[str, typer.Argument(metavar="ID")],
+        peer: Annotated[list[str] | None, typer.Option(
+            "--peer", help="Provider multiaddr (/ip4/../tcp/../p2p/ID); repeatable. "
+                           "Without it, providers come from the DHT via --bootstrap.")] = None,
+        bootstrap: Annotated[list[str] | None, typer.Option(help="Bootstrap multiaddr.")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="Copy the artifact here.")] = None,
+        home: Annotated[Path, HOME_OPT] = DEFAULT_HOME,
+    ) -> None:
+        """Fetch an artifact from peers (verified chunk by chunk, resumable)."""
+        import trio  # noqa: PLC0415
+        from rich.progress import (  # noqa: PLC0415
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TransferSpeedColumn,
+        )
+
+        from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
+
+        cfg = NodeConfig.in_dir(home, bootstrap=list(bootstrap or []))
+
+        async def main() -> None:
+            async with PolnetNode(cfg) as node:
+                with Progress("[progress.description]{task.description}", BarColumn(),
+                              DownloadColumn(), TransferSpeedColumn()) as bar:
+                    task = bar.add_task(artifact_id[:12], total=None)
+
+                    def progress(done: int, total: int) -> None:
+                        bar.update(task, completed=done, total=total)
+
+                    await node.fetch(artifact_id, peers=peer or None, progress=progress)
+                path = node.store.path(artifact_id)
+                if out is not None:
+                    await trio.to_thread.run_sync(shutil.copyfile, path, out)
+                    path = out
+                typer.echo(str(path))
+
+        trio.run(main)
+
+    @art_app.command("ls")
+    def ls(home: Annotated[Path, HOME_OPT] = DEFAULT_HOME) -> None:
+        """List stored artifacts with their size and pins."""
+        from node.store import ArtifactStore  # noqa: PLC0415
+
+        store = ArtifactStore(home / "store")
+        pins = store.pins()
+        for aid in store.ids():
+            typer.echo(f"{aid}  {store.size(aid):>14,}  {','.join(pins.get(aid, []))}")
+
+    @art_app.command("gc")
+    def gc(home: Annotated[Path, HOME_OPT] = DEFAULT_HOME) -> None:
+        """Delete artifacts no pin keeps."""
+        from node.store import ArtifactStore  # noqa: PLC0415
+
+        removed = ArtifactStore(home / "store").gc()
+        typer.echo(f"removed {len(removed)} artifact(s)")
+
+    app.add_typer(art_app, name="artifact")

@@ -1,0 +1,347 @@
+"""`PolnetNode`: one libp2p host (TCP + Noise + Yamux) with pubsub, DHT and our protocol.
+
+    async with PolnetNode(NodeConfig.in_dir(home)) as node:   # inside trio.run
+        aid = await node.publish_file("ckpt.safetensors")     # store + DHT provide
+        await node.fetch(aid)                                 # DHT lookup + parallel fetch
+        await node.announce("artifact_available", {"artifact_ids": [aid]})
+
+Everything runs on the caller's trio loop; blocking work goes to threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, cast
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost, IMuxedConn
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.tools.anyio_service import background_trio_service
+from pydantic import BaseModel
+
+from node.errors import P2PError, PeerUnavailable
+from node.logs import get_logger
+from node.p2p.announce import Announcement, AnnouncementVerifier, make_announcement, topic_of
+from node.p2p.config import NodeConfig
+from node.p2p.identity import load_or_create_keypair
+from node.p2p.limits import TokenBucket
+from node.p2p.transfer import ArtifactServer, Downloader, FetchStats, Progress
+from node.p2p.wire import PROTOCOL_ID as ARTIFACT_PROTOCOL
+from node.store import ArtifactStore
+
+log = get_logger(__name__)
+# The DHT warns on every stream a peer closes after its answer (normal); keep it quiet.
+logging.getLogger("libp2p.kad_dht.kad_dht").setLevel(logging.ERROR)
+PeerSpec = tuple[str, Sequence[str]]  # (peer id base58, multiaddrs) as the registry holds them
+
+
+class PolnetNode:
+    def __init__(self, config: NodeConfig, store: ArtifactStore | None = None) -> None:
+        self.config = config
+        self.store = store or ArtifactStore(config.store_root, config.max_artifact_size)
+        self.key_pair = load_or_create_keypair(config.key_path)
+        self.host: IHost = new_host(
+            key_pair=self.key_pair,
+            sec_opt={NOISE_ID: NoiseTransport(
+                self.key_pair, noise_privkey=create_x25519_key_pair().private_key)},
+            muxer_opt={TProtocol(YAMUX_ID): cast("type[IMuxedConn]", Yamux)},
+            listen_addrs=[multiaddr.Multiaddr(config.listen)],
+        )
+        self.peer_id: ID = self.host.get_id()
+        self.gossipsub = GossipSub(
+            protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
+            heartbeat_initial_delay=0.2, heartbeat_interval=config.gossip_heartbeat_s,
+            eclipse_protection_enabled=not config.gossip_single_ip_ok,
+        )
+        self.pubsub = Pubsub(self.host, self.gossipsub)
+        self.dht = KadDHT(self.host, DHTMode.SERVER)
+        self.server = ArtifactServer(self.store, config.serve)
+        self.verifier = AnnouncementVerifier()
+        self.banned: set[ID] = set()
+        self._buckets: dict[str, TokenBucket] = {}
+        self._seq = 0
+        self._stack: AsyncExitStack | None = None
+        self.nursery: trio.Nursery | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> PolnetNode:
+        stack = AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            await stack.enter_async_context(
+                self.host.run(listen_addrs=[multiaddr.Multiaddr(self.config.listen)]))
+            self.nursery = await stack.enter_async_context(trio.open_nursery())
+            await stack.enter_async_context(background_trio_service(self.pubsub))
+            await stack.enter_async_context(background_trio_service(self.gossipsub))
+            await self.pubsub.wait_until_ready()
+            await stack.enter_async_context(background_trio_service(self.dht))
+            self.host.set_stream_handler(ARTIFACT_PROTOCOL, self.server.handle)
+            stack.push_async_callback(self._cancel_nursery)
+            for addr in self.config.bootstrap:
+                await self._try_connect(addr)
+        except BaseException:
+            await stack.__aexit__(None, None, None)
+            raise
+        self._stack = stack
+        log.info("node_started", peer_id=self.peer_id.to_base58(), addrs=self.addrs)
+        return self
+
+    async def _cancel_nursery(self) -> None:
+        if self.nursery is not None:
+            self.nursery.cancel_scope.cancel()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await stack.aclose()
+
+    @property
+    def addrs(self) -> list[str]:
+        """Our listen multiaddrs including /p2p/<peer id>, ready to give to others."""
+        pid = self.peer_id.to_base58()
+        return [f"{a}/p2p/{pid}" if "/p2p/" not in str(a) else str(a)
+                for a in self.host.get_addrs()]
+
+    # --- discovery ------------------------------------------------------------------
+
+    async def connect(self, maddr: str) -> ID:
+        """Dial a full multiaddr (/ip4/../tcp/../p2p/<id>); adds the peer to the DHT."""
+        info = info_from_p2p_addr(multiaddr.Multiaddr(maddr))
+        await self._dial(info)
+        return info.peer_id
+
+    async def _dial(self, info: PeerInfo) -> None:
+        if info.peer_id == self.peer_id:
+            return
+        if info.addrs and info.peer_id not in self.host.get_connected_peers():
+            # Fresh addresses replace stale ones (a restarted peer has a new port),
+            # and lift the swarm's "recently failed" block on the peer.
+            self.host.get_peerstore().clear_addrs(info.peer_id)
+            unblock = getattr(self.host.get_network(), "unblock_peer", None)
+            if unblock is not None:
+                unblock(info.peer_id)
+        self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
+        with trio.fail_after(15):
+            await self.host.connect(info)
+        await self.dht.add_peer(info.peer_id, skip_server_mode_check=True)
+
+    async def _try_connect(self, maddr: str) -> bool:
+        try:
+            await self.connect(maddr)
+            return True
+        except Exception as exc:
+            log.warning("dial_failed", addr=maddr, error=repr(exc))
+            return False
+
+    async def add_registry_peers(self, peers: Iterable[PeerSpec], connect: bool = True) -> int:
+        """Learn peers from the on-chain registry: (peer id, [multiaddr, ...]) tuples.
+
+        Returns how many were reachable (or recorded, with connect=False).
+        """
+        n = 0
+        for pid_str, maddrs in peers:
+            try:
+                pid = ID.from_base58(pid_str)
+                addrs = [multiaddr.Multiaddr(a.split("/p2p/")[0]) for a in maddrs]
+            except Exception as exc:
+                log.warning("registry_peer_invalid", peer=pid_str, error=repr(exc))
+                continue
+            if pid == self.peer_id or not addrs:
+                continue
+            if not connect:
+                self.host.get_peerstore().add_addrs(pid, addrs, 3600)
+                n += 1
+                continue
+            try:
+                await self._dial(PeerInfo(pid, addrs))
+                n += 1
+            except Exception as exc:
+                log.info("registry_peer_unreachable", peer=pid_str, error=repr(exc))
+        return n
+
+    def registry_hook(self) -> Callable[[Iterable[PeerSpec]], int]:
+        """A plain function for a worker thread (e.g. a web3 poller) to feed registry peers."""
+        token = trio.lowlevel.current_trio_token()
+
+        def hook(peers: Iterable[PeerSpec]) -> int:
+            return trio.from_thread.run(self.add_registry_peers, list(peers), trio_token=token)
+
+        return hook
+
+    async def discover(self) -> list[ID]:
+        """Walk the DHT towards our own id: fills the routing table from the bootstrap peers."""
+        found = await self.dht.peer_routing.find_closest_peers_network(self.peer_id.to_bytes())
+        for pid in found:
+            if pid != self.peer_id and pid not in self.host.get_connected_peers():
+                addrs = self.host.get_peerstore().addrs(pid)
+                if addrs:
+                    try:
+                        await self._dial(PeerInfo(pid, addrs))
+                    except Exception as exc:
+                        log.info("discover_dial_failed", peer=pid.to_base58(), error=repr(exc))
+        return [p for p in self.host.get_connected_peers() if p != self.peer_id]
+
+    async def find_peer(self, peer_id: str) -> PeerInfo | None:
+        return await self.dht.find_peer(ID.from_base58(peer_id))
+
+    # --- artifacts ------------------------------------------------------------------
+
+    async def provide(self, artifact_id: str) -> bool:
+        """Advertise in the DHT that we serve `artifact_id`."""
+        if not self.store.has(artifact_id):
+            raise P2PError(f"cannot provide {artifact_id}: not in the local store")
+        return bool(await self.dht.provide(artifact_id))
+
+    async def publish_file(self, path: str | os.PathLike[str]) -> str:
+        """Store a file and advertise it; returns its artifact id."""
+        aid = await trio.to_thread.run_sync(self.store.put_file, path)
+        await self.provide(aid)
+        return aid
+
+    async def publish_bytes(self, data: bytes) -> str:
+        aid = await trio.to_thread.run_sync(self.store.put_bytes, data)
+        await self.provide(aid)
+        return aid
+
+    async def find_providers(self, artifact_id: str, count: int = 20) -> list[PeerInfo]:
+        """Providers from the DHT, de-duplicated, without ourselves or banned peers."""
+        seen: dict[ID, PeerInfo] = {}
+        for info in await self.dht.find_providers(artifact_id, count):
+            if info.peer_id == self.peer_id or info.peer_id in self.banned:
+                continue
+            prev = seen.get(info.peer_id)
+            addrs = list(dict.fromkeys([*(prev.addrs if prev else []), *info.addrs]))
+            seen[info.peer_id] = PeerInfo(info.peer_id, addrs)
+        return list(seen.values())
+
+    async def fetch(self, artifact_id: str, peers: Sequence[str] | None = None,
+                    progress: Progress | None = None, provide: bool = True) -> FetchStats:
+        """Fetch an artifact into the local store.
+
+        `peers`: multiaddrs to fetch from; by default providers come from the DHT.
+        Resumes an interrupted download. Raises PeerUnavailable when no provider
+        could finish it (the verified chunks stay for the next try).
+        """
+        if self.store.has(artifact_id):
+            return FetchStats()
+        infos: list[PeerInfo] = []
+        if peers:
+            for a in peers:
+                infos.append(info_from_p2p_addr(multiaddr.Multiaddr(a)))
+        else:
+            infos = await self.find_providers(artifact_id)
+        reachable: list[ID] = []
+        for info in infos:
+            if info.peer_id in self.banned:
+                continue
+            try:
+                await self._dial(info)
+                reachable.append(info.peer_id)
+            except Exception as exc:
+                log.info("provider_unreachable", peer=info.peer_id.to_base58(), error=repr(exc))
+        if not reachable:
+            raise PeerUnavailable(f"no reachable provider for {artifact_id}")
+        dl = Downloader(self.host, self.store, self.config.streams_per_peer,
+                        on_bad_peer=self._drop_peer)
+        stats = await dl.fetch(artifact_id, reachable, progress)
+        if provide:
+            try:
+                await self.provide(artifact_id)
+            except Exception as exc:  # we have it; advertising is best effort
+                log.info("provide_failed", artifact=artifact_id, error=repr(exc))
+        return stats
+
+    async def _drop_peer(self, peer: ID, why: str) -> None:
+        self.banned.add(peer)
+        log.warning("peer_dropped", peer=peer.to_base58(), reason=why)
+        try:
+            await self.host.disconnect(peer)
+        except Exception as exc:
+            log.info("disconnect_failed", peer=peer.to_base58(), error=repr(exc))
+
+    # --- announcements --------------------------------------------------------------
+
+    async def announce(self, kind: str, payload: BaseModel | dict[str, Any]) -> None:
+        """Sign and publish an announcement, paced per topic (waits rather than drops)."""
+        topic = topic_of(kind)
+        self._seq += 1
+        raw = make_announcement(self.key_pair.private_key, self.peer_id, kind, payload, self._seq)
+        bucket = self._buckets.get(topic)
+        if bucket is None:
+            bucket = self._buckets[topic] = TokenBucket(self.config.announce_rate,
+                                                        self.config.announce_burst)
+        await bucket.take()
+        await self.pubsub.publish(topic, raw)
+
+    async def subscribe(self, kind: str,
+                        buffer: int = 256) -> trio.MemoryReceiveChannel[Announcement]:
+        """Verified announcements of `kind`, on a channel of our own.
+
+        A task drains the gossipsub subscription at once (it silently drops past
+        32 unread); if our buffer fills, the oldest-pending message is counted as
+        dropped ("overflow") instead of blocking the router.
+        """
+        if self.nursery is None:
+            raise P2PError("node is not running: use `async with PolnetNode(...)`")
+        topic = topic_of(kind)
+        self.pubsub.set_topic_validator(topic, self._validator(topic), False)
+        sub = await self.pubsub.subscribe(topic)
+        send, recv = trio.open_memory_channel[Announcement](buffer)
+
+        async def pump() -> None:
+            async with send:
+                async for msg in _messages(sub):
+                    ann = self.verifier.verify(msg.data, topic, ID(msg.from_id))
+                    if ann is None or ann.kind != kind:
+                        continue
+                    try:
+                        send.send_nowait(ann)
+                    except trio.WouldBlock:
+                        self.verifier.dropped["overflow"] += 1
+                    except trio.BrokenResourceError:
+                        return
+
+        self.nursery.start_soon(pump)
+        return recv
+
+    def _validator(self, topic: str) -> Callable[[ID, Any], bool]:
+        probe = AnnouncementVerifier()
+
+        def validate(_forwarder: ID, msg: Any) -> bool:
+            # Reject before gossipsub forwards it; count drops on the node's verifier.
+            ok = probe._check(msg.data, topic, ID(msg.from_id))[1] is not None
+            if not ok:
+                reason = probe._check(msg.data, topic, ID(msg.from_id))[0]
+                self.verifier.dropped[reason] += 1
+            return ok
+
+        return validate
+
+    async def wait_for_topic_peers(self, kind: str, n: int, timeout: float = 10) -> None:
+        """Wait until `n` peers subscribe to `kind`'s topic (so a publish reaches them)."""
+        topic = topic_of(kind)
+        with trio.fail_after(timeout):
+            while len(self.pubsub.peer_topics.get(topic, set())) < n:
+                await trio.sleep(0.05)
+
+
+async def _messages(sub: Any) -> AsyncIterator[Any]:
+    while True:
+        yield await sub.get()
