@@ -1,0 +1,161 @@
+"""Replay one segment from the solver's own checkpoints and judge it.
+
+Order matters: every commitment (leaf fields, state hash, Merkle proof) of
+both ends is checked *before* any compute is spent, so a tampered checkpoint
+costs the verifier a hash, not k training steps.
+
+Public API::
+
+    verify_segment(ctx, root=, job_id=, segment=, start=, end=, policy=None,
+                   step_fn=train_step) -> Verdict
+    check_committed(root, job_id, index, step, committed)   # ProofError/CheckpointError
+    replay_segment(ctx, start_tensors, start_step, k, step_fn=train_step)
+        -> (replayed tensors, mean loss)
+    policy_from_spec(spec) -> TolerancePolicy
+    verify_trace_segment(ctx, trace_dir, segment, root=None, policy=None) -> Verdict
+    committed_from_trace(trace_dir, index) -> CommittedState
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from node.errors import CheckpointError, ProofError, VerificationError
+from node.proof import TraceLeaf, state_hash, verify_proof
+from node.spec import AdamWConfig, JobSpec
+from node.train.step import (
+    TrainContext,
+    TrainState,
+    load_state,
+    lr_at,
+    state_tensors,
+    train_step,
+)
+from node.train.trace import checkpoint_name, load_checkpoint, merkle_proof, read_manifest
+from verifier.tolerance import (
+    SegmentContext,
+    TolerancePolicy,
+    check_loss,
+    compare_states,
+    slots_from_names,
+)
+from verifier.verdict import Verdict
+
+StepFn = Callable[[TrainContext, TrainState, int], float]
+Tensors = Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class CommittedState:
+    """A checkpoint as served by the solver: its tensors, its leaf and the leaf's proof."""
+
+    tensors: Tensors
+    leaf: TraceLeaf
+    proof: Sequence[bytes]
+
+
+def check_committed(root: bytes, job_id: int, index: int, step: int,
+                    committed: CommittedState) -> None:
+    """The leaf is the one expected, the tensors hash to it, and it is under ``root``."""
+    leaf = committed.leaf
+    if (leaf.job_id, leaf.index, leaf.step) != (job_id, index, step):
+        raise ProofError(f"leaf is (job {leaf.job_id}, index {leaf.index}, step {leaf.step}); "
+                         f"expected (job {job_id}, index {index}, step {step})")
+    got = state_hash(committed.tensors)
+    if got != leaf.state_hash:
+        raise CheckpointError(f"checkpoint of step {step} hashes to 0x{got.hex()[:16]}… but its "
+                              f"leaf commits 0x{leaf.state_hash.hex()[:16]}…: tampered or "
+                              "corrupt; fetch it again from another provider")
+    verify_proof(root, leaf, committed.proof)
+
+
+def policy_from_spec(spec: JobSpec) -> TolerancePolicy:
+    t = spec.tolerance
+    eps = spec.optimizer.eps if isinstance(spec.optimizer, AdamWConfig) else 1e-8
+    # The spec carries one rho; tensors and moments get 3x (see TolerancePolicy).
+    return TolerancePolicy(rho=t.rho, rho_tensor=3 * t.rho, abs_tol=t.abs_tol, rho_opt=3 * t.rho,
+                           mask_bound_factor=t.adam_eps_mask_bound_factor, adam_eps=eps,
+                           rho_loss=max(t.rho, 1e-3))
+
+
+def segment_context(spec: JobSpec, start_step: int, k: int) -> SegmentContext:
+    lr = max(lr_at(spec, s) for s in range(start_step + 1, start_step + k + 1))
+    o = spec.optimizer
+    if isinstance(o, AdamWConfig):
+        return SegmentContext(k=k, lr=lr, beta1=o.beta1, beta2=o.beta2, end_step=start_step + k)
+    return SegmentContext(k=k, lr=lr, end_step=start_step + k)
+
+
+def replay_segment(ctx: TrainContext, start_tensors: Tensors, start_step: int, k: int,
+                   step_fn: StepFn = train_step) -> tuple[dict[str, torch.Tensor], float]:
+    """Run steps ``start_step+1 .. start_step+k`` from the given state."""
+    state = load_state(ctx, start_tensors, step=start_step)
+    total = 0.0
+    for step in range(start_step + 1, start_step + k + 1):
+        total += step_fn(ctx, state, step)
+    return state_tensors(state), total / k
+
+
+def judge(ctx: TrainContext, segment: int, start_step: int, start: Tensors,
+          replayed: Tensors, claimed: Tensors, policy: TolerancePolicy) -> Verdict:
+    """Compare replayed with claimed under ``policy`` (no loss check)."""
+    k = ctx.spec.checkpoint_interval
+    return compare_states(segment, start_step, start, replayed, claimed,
+                          slots_from_names(replayed), segment_context(ctx.spec, start_step, k),
+                          policy)
+
+
+def verify_segment(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
+                   start: CommittedState, end: CommittedState,
+                   policy: TolerancePolicy | None = None,
+                   step_fn: StepFn = train_step) -> Verdict:
+    """Check both ends' commitments, replay the segment, apply the tolerance rule.
+
+    Raises ProofError/CheckpointError (before any replay) when a checkpoint is
+    not the committed one; returns a failing Verdict when the solver's claim
+    is out of tolerance.
+    """
+    k = ctx.spec.checkpoint_interval
+    start_step = segment * k
+    check_committed(root, job_id, segment, start_step, start)
+    check_committed(root, job_id, segment + 1, start_step + k, end)
+    pol = policy or policy_from_spec(ctx.spec)
+    t0 = time.perf_counter()
+    replayed, loss = replay_segment(ctx, start.tensors, start_step, k, step_fn)
+    seconds = time.perf_counter() - t0
+    verdict = judge(ctx, segment, start_step, start.tensors, replayed, end.tensors, pol)
+    verdict = check_loss(verdict, end.leaf.loss_e9 / 1e9, loss, pol)
+    return replace(verdict, replay_seconds=seconds)
+
+
+def committed_from_trace(trace_dir: str | Path, index: int) -> CommittedState:
+    """Checkpoint ``index`` of a local trace directory with its leaf and proof.
+
+    The proof comes from the directory's manifest; ``verify_segment`` checks it
+    against the root the caller trusts (the chain's), not the manifest's.
+    """
+    manifest = read_manifest(trace_dir)
+    if not 0 <= index <= manifest.segment_count:
+        raise VerificationError(f"checkpoint index {index} outside 0..{manifest.segment_count}")
+    leaf, proof = merkle_proof(manifest, index)
+    ck = load_checkpoint(Path(trace_dir) / checkpoint_name(index * manifest.k))
+    return CommittedState(ck.tensors, leaf, proof)
+
+
+def verify_trace_segment(ctx: TrainContext, trace_dir: str | Path, segment: int,
+                         root: bytes | None = None, policy: TolerancePolicy | None = None,
+                         step_fn: StepFn = train_step) -> Verdict:
+    """``verify_segment`` on a local trace directory; ``root`` defaults to the manifest's
+    (pass the on-chain root when there is one)."""
+    manifest = read_manifest(trace_dir)
+    if not 0 <= segment < manifest.segment_count:
+        raise VerificationError(f"segment {segment} outside 0..{manifest.segment_count - 1}")
+    return verify_segment(ctx, root=root or bytes.fromhex(manifest.root), job_id=manifest.job_id,
+                          segment=segment, start=committed_from_trace(trace_dir, segment),
+                          end=committed_from_trace(trace_dir, segment + 1), policy=policy,
+                          step_fn=step_fn)

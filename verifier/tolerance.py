@@ -1,0 +1,275 @@
+"""The tolerance model: is a claimed end state C within honest drift of the
+replayed state R?
+
+A segment passes iff, over all parameters together and for every tensor,
+
+    ||R - C|| <= rho * ||R - S|| + abs_tol * sqrt(n)
+
+on the *tight* coordinates (S is the committed start state, n the number of
+tight coordinates, so ``abs_tol`` is a per-coordinate RMS floor that only
+matters when a tensor barely moved). The bound is relative to the replayed
+update: a cheat differs from R by a sizeable fraction of an update, honest
+hardware by ~1e-6..1e-4 of it (NOTES.md, and ``verifier.drift``).
+
+Adam amplifies rounding noise where the second moment is ~0 (sqrt(v_hat) < eps:
+the gradient there is noise, e.g. attention key biases), turning 1e-10 of noise
+into a learning-rate-sized step. Those coordinates are *masked*: excluded from
+the tight check and held to a loose per-coordinate bound
+``mask_bound_factor * lr * k`` (Adam moves a coordinate by at most ~lr a step).
+
+The mask comes from R (trusted: the verifier computed it) or from C, but a
+coordinate C claims to be ~0 is only accepted where R agrees it is small
+(sqrt(v_hat_R) < mask_trust * eps): otherwise a solver could mask arbitrary
+coordinates by claiming a zero second moment.
+
+The Adam moments are checked too, with the same rule per tensor (rho_opt):
+the next segment is replayed *from* the claimed optimizer state, so a forged
+moment would otherwise go unchecked. Integer state (step counters) must match
+exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import torch
+
+from verifier.verdict import TensorCheck, Verdict
+
+# Per-moment slack on masked coordinates: |m_hat| <= M_OVER_V * sqrt(v_hat) holds for
+# Adam's moment estimates with beta1=0.9, beta2=0.999 ((1-b1)/sqrt(1-b2) ~ 3.2).
+M_OVER_V = 4.0
+
+
+@dataclass(frozen=True)
+class TolerancePolicy:
+    """The numbers of the rule above. Defaults: fp32, calibrated (``verifier.calibrate``)."""
+
+    rho: float = 1e-3
+    """Overall bound (all parameters together), relative to the replayed update."""
+    rho_tensor: float = 3e-3
+    """Per-parameter-tensor bound: small tensors (norm biases) drift relatively more
+    (fp64 vs fp32 reached 2.5e-4 on a LayerNorm bias while the whole state drifted 7e-6)."""
+    abs_tol: float = 1e-7
+    """Per-coordinate RMS floor (absolute), for tensors that barely moved."""
+    rho_opt: float = 3e-3
+    """Per-tensor bound for the optimizer's moments (exp_avg, exp_avg_sq, momentum)."""
+    mask_bound_factor: float = 2.0
+    """Loose per-coordinate bound on masked coordinates: factor * lr * k."""
+    mask_trust: float = 100.0
+    """C may mask a coordinate only where sqrt(v_hat_R) < mask_trust * eps."""
+    opt_floor: float = 1e-6
+    """Floor for the moments, relative to their norm (they have no natural unit)."""
+    adam_eps: float = 1e-8
+    rho_loss: float = 1e-3
+    """Relative bound on the segment's mean loss vs the replayed one."""
+
+    def scaled(self, factor: float) -> TolerancePolicy:
+        return replace(self, rho=self.rho * factor, rho_tensor=self.rho_tensor * factor,
+                       rho_opt=self.rho_opt * factor,
+                       abs_tol=self.abs_tol * factor, rho_loss=self.rho_loss * factor)
+
+
+@dataclass(frozen=True)
+class OptimSlots:
+    """Names of one parameter's optimizer tensors in a state dict (None: absent)."""
+
+    exp_avg: str | None = None
+    exp_avg_sq: str | None = None
+    step: str | None = None
+    momentum_buffer: str | None = None
+
+
+def slots_from_names(names: Iterable[str], param_prefix: str = "model.",
+                     optim_prefix: str = "optim.") -> dict[str, OptimSlots]:
+    """Map ``model.<p>`` to its ``optim.<p>.<key>`` tensors (``node.train.step`` naming)."""
+    found: dict[str, dict[str, str]] = {}
+    for name in names:
+        if not name.startswith(optim_prefix):
+            continue
+        pname, _, key = name[len(optim_prefix):].rpartition(".")
+        if key in OptimSlots.__dataclass_fields__:
+            found.setdefault(param_prefix + pname, {})[key] = name
+    return {p: OptimSlots(**keys) for p, keys in found.items()}
+
+
+@dataclass(frozen=True)
+class SegmentContext:
+    """What the rule needs to know about the segment besides the states."""
+
+    k: int
+    lr: float
+    """Largest learning rate used in the segment (schedules vary it)."""
+    beta1: float = 0.9
+    beta2: float = 0.999
+    end_step: int = 0
+    """Adam step count after the segment, for bias correction (0: read from state)."""
+
+
+@dataclass
+class _Acc:
+    dist2: float = 0.0
+    upd2: float = 0.0
+    n: int = 0
+    masked: int = 0
+
+
+def _norm2(x: torch.Tensor) -> float:
+    return float(torch.sum(x.double() ** 2))
+
+
+def _tight(name: str, kind: str, s: torch.Tensor, r: torch.Tensor, c: torch.Tensor,
+           tight: torch.Tensor | None, rho: float, abs_floor: float | None, masked: int,
+           masked_violations: int, rel_floor: float = 0.0) -> tuple[TensorCheck, float, float, int]:
+    """Tight check; the floor is ``abs_floor * sqrt(n)`` or ``rel_floor * ||R||``."""
+    d = (r - c)
+    u = (r - s)
+    if tight is not None:
+        d, u = d[tight], u[tight]
+    d2, u2 = _norm2(d), _norm2(u)
+    n = d.numel()
+    dist, upd = math.sqrt(d2), math.sqrt(u2)
+    floor = abs_floor * math.sqrt(n) if abs_floor is not None else rel_floor * math.sqrt(
+        _norm2(r[tight] if tight is not None else r))
+    bound = rho * upd + floor
+    ok = dist <= bound and masked_violations == 0 and math.isfinite(dist)
+    return (TensorCheck(name, kind, dist, upd, bound, masked, masked_violations, ok), d2, u2, n)
+
+
+def _bias_correction(beta: float, step: float) -> float:
+    return 1.0 - beta ** step if step > 0 else 1.0
+
+
+def _step_of(state: Mapping[str, torch.Tensor], slots: OptimSlots, default: int) -> float:
+    if slots.step is not None and slots.step in state:
+        return float(state[slots.step].double().reshape(-1)[0])
+    return float(default)
+
+
+def compare_states(
+    segment: int,
+    start_step: int,
+    start: Mapping[str, torch.Tensor],
+    replayed: Mapping[str, torch.Tensor],
+    claimed: Mapping[str, torch.Tensor],
+    slots: Mapping[str, OptimSlots],
+    seg: SegmentContext,
+    policy: TolerancePolicy,
+) -> Verdict:
+    """Apply the rule. ``slots`` maps each parameter name to its Adam tensors;
+    every other float tensor is compared as a parameter, every non-float one
+    exactly."""
+    end_step = start_step + seg.k
+
+    def fail(reason: str) -> Verdict:
+        return Verdict(segment, start_step, end_step, False, reason, math.inf, 0.0, 0.0,
+                       "", math.inf, 0)
+
+    if set(claimed) != set(replayed):
+        extra, missing = sorted(set(claimed) - set(replayed)), sorted(set(replayed) - set(claimed))
+        return fail(f"state layout differs: extra {extra[:3]} missing {missing[:3]}")
+    for name, r in replayed.items():
+        c = claimed[name]
+        if c.shape != r.shape or c.dtype != r.dtype:
+            return fail(f"{name}: claimed {c.dtype}{list(c.shape)}, expected "
+                        f"{r.dtype}{list(r.shape)}")
+        if c.is_floating_point() and not bool(torch.isfinite(c).all()):
+            return fail(f"{name}: claimed state has non-finite values")
+
+    slot_names = {n for sl in slots.values()
+                  for n in (sl.exp_avg, sl.exp_avg_sq, sl.step, sl.momentum_buffer) if n}
+    checks: list[TensorCheck] = []
+    params = _Acc()
+    eps = policy.adam_eps
+    loose = policy.mask_bound_factor * seg.lr * seg.k
+    masked_total = 0
+
+    for name in sorted(replayed):
+        if name in slot_names:
+            continue
+        s, r, c = start[name], replayed[name], claimed[name]
+        if not r.is_floating_point():
+            ok = bool(torch.equal(r, c))
+            checks.append(TensorCheck(name, "exact", 0.0 if ok else math.inf, 0.0, 0.0, 0, 0, ok))
+            continue
+        sl = slots.get(name)
+        tight: torch.Tensor | None = None
+        masked = violations = 0
+        opt_checks: list[TensorCheck] = []
+        if sl is not None and sl.exp_avg_sq is not None:
+            bc2_r = _bias_correction(seg.beta2, _step_of(replayed, sl, seg.end_step or end_step))
+            bc2_c = _bias_correction(seg.beta2, _step_of(claimed, sl, seg.end_step or end_step))
+            sv_r = (replayed[sl.exp_avg_sq].double() / bc2_r).sqrt()
+            sv_c = (claimed[sl.exp_avg_sq].double() / bc2_c).sqrt()
+            mask_r, mask_c = sv_r < eps, sv_c < eps
+            # C may not mask what R shows to be a real gradient (see module doc).
+            forged = mask_c & ~mask_r & (sv_r >= policy.mask_trust * eps)
+            # Forged coordinates stay in the tight check (and count as violations).
+            mask = mask_r | (mask_c & ~forged)
+            tight = ~mask
+            masked = int(mask.sum())
+            violations = int(forged.sum())
+            if masked:
+                violations += int(((r - c).abs()[mask] > loose).sum())
+                # Masked moments must stay at noise level on the claimed side.
+                violations += int((sv_c[mask] >= policy.mask_trust * eps).sum())
+                if sl.exp_avg is not None:
+                    bc1_c = _bias_correction(seg.beta1, _step_of(claimed, sl, end_step))
+                    mh_c = claimed[sl.exp_avg].double().abs() / bc1_c
+                    violations += int((mh_c[mask] >= M_OVER_V * policy.mask_trust * eps).sum())
+        if sl is not None:
+            for kind, slot in (("exp_avg", sl.exp_avg), ("exp_avg_sq", sl.exp_avg_sq),
+                               ("momentum", sl.momentum_buffer)):
+                if slot is None:
+                    continue
+                chk, *_ = _tight(slot, kind, start[slot], replayed[slot], claimed[slot], tight,
+                                 policy.rho_opt, None, 0, 0, policy.opt_floor)
+                opt_checks.append(chk)
+            if sl.step is not None:
+                ok = bool(torch.equal(replayed[sl.step], claimed[sl.step]))
+                opt_checks.append(TensorCheck(sl.step, "exact", 0.0 if ok else math.inf,
+                                              0.0, 0.0, 0, 0, ok))
+        chk, d2, u2, n = _tight(name, "param", s, r, c, tight, policy.rho_tensor, policy.abs_tol,
+                                masked, violations)
+        checks.append(chk)
+        checks.extend(opt_checks)
+        params.dist2 += d2
+        params.upd2 += u2
+        params.n += n
+        masked_total += masked
+
+    distance, update = math.sqrt(params.dist2), math.sqrt(params.upd2)
+    bound = policy.rho * update + policy.abs_tol * math.sqrt(params.n)
+    worst = max(checks, key=lambda t: t.slack, default=None)
+    failed = [t for t in checks if not t.passed]
+    if not math.isfinite(distance) or distance > bound:
+        reason = (f"parameters drift {distance:.3e} > bound {bound:.3e} "
+                  f"(ratio {distance / update if update else math.inf:.2e} vs rho {policy.rho:g})")
+    elif failed:
+        t = max(failed, key=lambda t: t.slack)
+        if t.masked_violations:
+            reason = (f"{t.name}: {t.masked_violations} Adam-eps-masked coordinates out of "
+                      f"their loose bound {loose:.2e} or forged as ~0 second moment")
+        elif t.kind == "exact":
+            reason = f"{t.name}: must match exactly"
+        else:
+            reason = (f"{t.name} ({t.kind}): drift {t.distance:.3e} > bound {t.bound:.3e} "
+                      f"(ratio {t.ratio:.2e})")
+    else:
+        reason = "within tolerance"
+    return Verdict(segment, start_step, end_step, not failed and distance <= bound, reason,
+                   distance, update, bound, worst.name if worst else "",
+                   worst.slack if worst else 0.0, masked_total, tensors=tuple(checks))
+
+
+def check_loss(verdict: Verdict, claimed: float, replayed: float,
+               policy: TolerancePolicy) -> Verdict:
+    """Attach the mean-loss comparison; a wrong claimed loss fails the segment."""
+    ok = abs(claimed - replayed) <= policy.rho_loss * abs(replayed) + 1e-6
+    v = replace(verdict, loss_claimed=claimed, loss_replayed=replayed)
+    if ok or not verdict.passed:
+        return v
+    return replace(v, passed=False, reason=f"claimed mean loss {claimed:.6g} != replayed "
+                   f"{replayed:.6g}")
