@@ -1,0 +1,167 @@
+"""Content-addressed datasets: one safetensors file, hash = sha256 of its bytes.
+
+Layout: vision datasets hold ``x`` (float32, ``[N, C, H, W]``) and ``y``
+(int64, ``[N]``); text datasets hold ``tokens`` (int32, ``[L]``, char-level).
+All metadata sits under the single key ``"polnet"`` as canonical JSON:
+safetensors writes a multi-key metadata map in a per-process random order, so
+several keys would make re-packing the same data give different bytes.
+
+Public API::
+
+    pack_digits() -> bytes            # scikit-learn's bundled digits, no download
+    pack_text(path=None) -> bytes     # char-level corpus; default CPython's pydoc_data/topics.py
+    write_dataset(data, out) -> str   # atomic write, returns the sha256 hex
+    load_dataset(path, expected_hash=None) -> Dataset   # IntegrityError on mismatch
+    parse_dataset(raw, expected_hash=None) -> Dataset
+    builtin_dataset(hash_hex) -> Dataset | None         # digits/text packed on the fly
+    dataset_hash(path) -> str
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from node.errors import IntegrityError
+from node.proof import canonical_json
+
+FORMAT = "polnet-dataset/1"
+META_KEY = "polnet"
+Kind = Literal["vision", "text"]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    kind: Kind
+    name: str
+    hash_hex: str
+    tensors: dict[str, torch.Tensor]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def vocab(self) -> list[str]:
+        return list(self.meta.get("vocab", []))
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.meta.get("num_classes", 0))
+
+
+def _pack(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
+    header = canonical_json({"format": FORMAT, **meta}).decode("utf-8")
+    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata={META_KEY: header})
+
+
+def pack_digits() -> bytes:
+    """The 1797 8x8 digits bundled with scikit-learn, pixels scaled to [0, 1]."""
+    from sklearn.datasets import load_digits  # noqa: PLC0415 - heavy, only here
+
+    d = load_digits()
+    x = torch.from_numpy(d.images).to(torch.float32).div_(16.0).unsqueeze(1)
+    y = torch.from_numpy(d.target).to(torch.int64)
+    return _pack({"x": x, "y": y}, {"kind": "vision", "name": "sklearn-digits",
+                                    "num_classes": 10, "shape": [1, 8, 8]})
+
+
+def default_text_source() -> Path:
+    import pydoc_data.topics  # noqa: PLC0415 - a text corpus every CPython ships
+
+    return Path(pydoc_data.topics.__file__)
+
+
+def pack_text(path: str | Path | None = None) -> bytes:
+    """A char-level corpus: vocab = sorted distinct characters, tokens int32."""
+    src = Path(path) if path is not None else default_text_source()
+    text = src.read_text(encoding="utf-8")
+    vocab = sorted(set(text))
+    index = {c: i for i, c in enumerate(vocab)}
+    tokens = torch.tensor([index[c] for c in text], dtype=torch.int32)
+    return _pack({"tokens": tokens}, {"kind": "text", "name": f"chars:{src.name}",
+                                      "vocab": vocab})
+
+
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    """tmp + rename, so a killed process leaves the old file or the new one, never
+    half of one. ``durable`` adds fsyncs (file and directory) against power loss."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    try:
+        dfd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not let a directory be opened
+        return
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_dataset(data: bytes, out: str | Path) -> str:
+    p = Path(out)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(p, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def dataset_hash(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_dataset(path: str | Path, expected_hash: str | None = None) -> Dataset:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise IntegrityError(f"cannot read dataset {p}: {exc.strerror}") from None
+    return parse_dataset(raw, expected_hash, origin=str(p))
+
+
+def parse_dataset(raw: bytes, expected_hash: str | None = None,
+                  origin: str = "dataset") -> Dataset:
+    got = hashlib.sha256(raw).hexdigest()
+    if expected_hash is not None and got != expected_hash.lower().removeprefix("0x"):
+        raise IntegrityError(
+            f"{origin} has sha256 {got} but the spec expects {expected_hash}: "
+            "fetch the dataset the job names (or fix dataset_hash in the spec; "
+            "`polnet dataset pack` prints the hash of a packed file)")
+    try:
+        tensors = st_load(raw)
+        header_len = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + header_len])
+        meta = json.loads(header["__metadata__"][META_KEY])
+    except Exception as exc:  # noqa: BLE001 - any parse failure means a bad file
+        raise IntegrityError(f"{origin} is not a polnet dataset: {exc}") from None
+    if meta.get("format") != FORMAT or meta.get("kind") not in ("vision", "text"):
+        raise IntegrityError(f"{origin}: unknown dataset format {meta.get('format')!r}")
+    need = {"vision": {"x", "y"}, "text": {"tokens"}}[meta["kind"]]
+    if not need <= tensors.keys():
+        raise IntegrityError(f"{origin}: a {meta['kind']} dataset needs tensors {sorted(need)}")
+    return Dataset(kind=meta["kind"], name=str(meta.get("name", "")), hash_hex=got,
+                   tensors=tensors, meta=meta)
+
+
+def builtin_dataset(expected_hash: str) -> Dataset | None:
+    """The built-in dataset (digits, then the default text) with this hash, if any."""
+    for packer in (pack_digits, pack_text):
+        raw = packer()
+        if hashlib.sha256(raw).hexdigest() == expected_hash:
+            return parse_dataset(raw, expected_hash, origin=f"built-in {packer.__name__}")
+    return None

@@ -1,0 +1,70 @@
+"""Segment behaviours: how a solver produces the end state of each segment.
+
+The training loop (``node.train.trace.run_training``) asks a behaviour for
+each segment's end state and *continues from the claimed state*, exactly as a
+cheating solver would. ``HonestBehavior`` runs the real steps; the verifier
+team registers cheating behaviours (skipped steps, wrong lr, interpolation,
+...) from its own modules to test detection.
+
+Public API::
+
+    class SegmentBehavior(ABC):
+        def run_segment(self, ctx, state, segment_index, start_step, k)
+            -> tuple[TrainState, float]   # (claimed S_{start_step+k}, mean loss)
+    HonestBehavior()
+    register_behavior(name, cls); get_behavior(name, **kwargs) -> SegmentBehavior
+    behavior_names() -> list[str]
+
+``state`` is S_{start_step}; a behaviour may mutate and return it. The
+returned state's ``step`` must be ``start_step + k``; the loss must be finite
+and >= 0 (it goes into the trace leaf).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from node.errors import TrainingError
+from node.train.step import TrainContext, TrainState, train_step
+
+
+class SegmentBehavior(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        """Return the claimed state after steps ``start_step+1 .. start_step+k``
+        and the mean loss claimed for the segment."""
+
+
+class HonestBehavior(SegmentBehavior):
+    name = "honest"
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        total = 0.0
+        for step in range(start_step + 1, start_step + k + 1):
+            total += train_step(ctx, state, step)
+        return state, total / k
+
+
+_BEHAVIORS: dict[str, type[SegmentBehavior]] = {"honest": HonestBehavior}
+
+
+def register_behavior(name: str, cls: type[SegmentBehavior]) -> None:
+    if name in _BEHAVIORS and _BEHAVIORS[name] is not cls:
+        raise TrainingError(f"behaviour {name!r} is already registered")
+    _BEHAVIORS[name] = cls
+
+
+def get_behavior(name: str, **kwargs: Any) -> SegmentBehavior:
+    try:
+        return _BEHAVIORS[name](**kwargs)
+    except KeyError:
+        raise TrainingError(f"unknown behaviour {name!r}; known: {behavior_names()}") from None
+
+
+def behavior_names() -> list[str]:
+    return sorted(_BEHAVIORS)

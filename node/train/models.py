@@ -1,0 +1,217 @@
+"""The built-in model registry: MLP, small CNN, char-level transformer LM.
+
+Models are built on the CPU from ``(config, seed)`` with every parameter
+initialised explicitly from a seeded ``torch.Generator`` (never the global
+RNG), so any node builds the same S_0 bit for bit. Dropout takes its masks
+from the per-step CPU generator passed to ``forward`` and moves them to the
+device: masks are then identical on every device.
+
+Public API::
+
+    build_model(config, seed) -> PolnetModel     # forward(x, rng=None) -> logits
+    StepRandomness(gen, batch_size)              # rng for (micro-batched) steps
+    register_family(family, builder)             # add a family (spec.py must know it too)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from node.errors import SpecError
+from node.spec import CNNConfig, MLPConfig, ModelConfig, TransformerLMConfig
+
+
+class StepRandomness:
+    """A step's dropout masks, drawn in call order from one CPU generator at the
+    shape of the *whole* batch (dim 0). With gradient accumulation each chunk
+    takes its rows of the masks the first chunk drew, so an m-chunk step sees
+    exactly the masks of the unsplit step. A bare ``torch.Generator`` passed as
+    ``rng`` behaves like this with a single chunk."""
+
+    def __init__(self, gen: torch.Generator, batch_size: int) -> None:
+        self.gen = gen
+        self.batch_size = batch_size
+        self._masks: list[torch.Tensor] = []
+        self._call = 0
+        self._rows = slice(0, batch_size)
+
+    def begin_chunk(self, rows: slice) -> None:
+        self._rows, self._call = rows, 0
+
+    def keep_mask(self, shape: torch.Size, p: float) -> torch.Tensor:
+        if self._call == len(self._masks):
+            full = (self.batch_size, *shape[1:])
+            self._masks.append(torch.rand(full, generator=self.gen, dtype=torch.float32) >= p)
+        mask = self._masks[self._call][self._rows]
+        self._call += 1
+        if mask.shape != shape:
+            raise RuntimeError(f"dropout mask {tuple(mask.shape)} does not fit {tuple(shape)}")
+        return mask
+
+
+Randomness = torch.Generator | StepRandomness | None
+
+
+class Dropout(nn.Module):
+    """Dropout whose masks come from the step's CPU generator (see StepRandomness)."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor, rng: Randomness) -> torch.Tensor:
+        if not self.training or self.p == 0.0 or rng is None:
+            return x
+        if isinstance(rng, StepRandomness):
+            keep = rng.keep_mask(x.shape, self.p)
+        else:
+            keep = torch.rand(x.shape, generator=rng, dtype=torch.float32) >= self.p
+        scale = keep.to(dtype=x.dtype).mul_(1.0 / (1.0 - self.p))
+        return x * scale.to(x.device)
+
+
+class PolnetModel(nn.Module):
+    """Base: ``forward(x, rng)`` returns logits; ``loss`` the training loss."""
+
+    def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        flat = logits.reshape(-1, logits.shape[-1])
+        if flat.dtype in (torch.bfloat16, torch.float16):  # reduced-precision autocast
+            flat = flat.float()
+        return F.cross_entropy(flat, y.reshape(-1))
+
+
+class MLP(PolnetModel):
+    def __init__(self, cfg: MLPConfig) -> None:
+        super().__init__()
+        dims = [cfg.input_dim, *cfg.hidden]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims, dims[1:], strict=False))
+        self.head = nn.Linear(dims[-1], cfg.num_classes)
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
+        h = x.flatten(1)
+        for layer in self.layers:
+            h = self.drop(F.relu(layer(h)), rng)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class CNN(PolnetModel):
+    def __init__(self, cfg: CNNConfig) -> None:
+        super().__init__()
+        chans = [cfg.in_channels, *cfg.channels]
+        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=1)
+                                   for a, b in zip(chans, chans[1:], strict=False))
+        self.fc = nn.Linear(cfg.flat_features(), cfg.hidden)
+        self.head = nn.Linear(cfg.hidden, cfg.num_classes)
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
+        h = x
+        for conv in self.convs:
+            h = F.max_pool2d(F.relu(conv(h)), 2)
+        h = self.drop(F.relu(self.fc(h.flatten(1))), rng)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerLMConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.ff1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.ff2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.drop = Dropout(cfg.dropout)
+        mask = torch.ones(cfg.context, cfg.context, dtype=torch.bool).triu(1)
+        self.register_buffer("causal", mask, persistent=False)  # not state: derived
+
+    def forward(self, x: torch.Tensor, rng: Randomness) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2)
+                   for z in (q, k, v))
+        # Explicit attention (not SDPA): its dropout would draw from the global RNG.
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d // self.n_heads))
+        causal = self.get_buffer("causal")
+        att = att.masked_fill(causal[:t, :t], float("-inf")).softmax(dim=-1)
+        y = (self.drop(att, rng) @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.drop(self.proj(y), rng)
+        return x + self.drop(self.ff2(F.gelu(self.ff1(self.ln2(x)))), rng)
+
+
+class TransformerLM(PolnetModel):
+    def __init__(self, cfg: TransformerLMConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.context, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size)
+        self.drop = Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device)
+        h = self.drop(self.tok(x) + self.pos(pos), rng)
+        for block in self.blocks:
+            h = block(h, rng)
+        out: torch.Tensor = self.head(self.ln_f(h))
+        return out
+
+
+# --- deterministic initialisation --------------------------------------------------
+
+
+def _init_params(model: nn.Module, gen: torch.Generator, normal_std: float | None) -> None:
+    """Norm weights 1, biases 0; matrices U(+-1/sqrt(fan_in)) or N(0, normal_std).
+
+    Parameters are visited in registration order, which is fixed by the code."""
+    norm_weights = {id(m.weight) for m in model.modules()
+                    if isinstance(m, nn.LayerNorm) and m.weight is not None}
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.fill_(1.0 if id(p) in norm_weights else 0.0)
+            elif normal_std is not None:
+                p.copy_(torch.randn(p.shape, generator=gen) * normal_std)
+            else:
+                bound = 1.0 / math.sqrt(p[0].numel())
+                p.copy_(torch.rand(p.shape, generator=gen) * (2 * bound) - bound)
+
+
+Builder = Callable[[ModelConfig], tuple[PolnetModel, float | None]]
+
+_REGISTRY: dict[str, Builder] = {
+    "mlp": lambda c: (MLP(c), None),  # type: ignore[arg-type]
+    "cnn": lambda c: (CNN(c), None),  # type: ignore[arg-type]
+    "transformer_lm": lambda c: (TransformerLM(c), 0.02),  # type: ignore[arg-type]
+}
+
+
+def register_family(family: str, builder: Builder) -> None:
+    """``builder(config) -> (module, normal_std or None for uniform init)``."""
+    _REGISTRY[family] = builder
+
+
+def build_model(config: ModelConfig, init_seed: int) -> PolnetModel:
+    """Build on the CPU and initialise from ``init_seed`` only."""
+    try:
+        builder = _REGISTRY[config.family]
+    except KeyError:
+        raise SpecError(f"unknown model family {config.family!r}", field="model.family") from None
+    model, std = builder(config)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(init_seed)
+    _init_params(model, gen, std)
+    return model
