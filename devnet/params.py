@@ -1,0 +1,127 @@
+"""Devnet parameters: the one place their defaults live.
+
+Windows and clocks are short (about a minute) so a demo settles while you
+watch; tests use the same model, overriding fields where they need to.
+Field names are the contracts' parameter names in snake_case: the deployer
+fills each constructor struct by component name (see :func:`struct_args`), so a
+field the contracts do not know is an error rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from node.errors import ConfigError
+
+TOKEN = 10**18
+
+
+class RegistryParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    unbond_delay: int = Field(
+        default=60, ge=0, description="seconds between requestUnbond and withdraw"
+    )
+    min_solver_stake: int = Field(default=100 * TOKEN, ge=0)
+    min_verifier_stake: int = Field(default=50 * TOKEN, ge=0)
+
+
+class MarketParams(BaseModel):
+    """JobMarket ``Params`` (see IJobMarket.sol)."""
+
+    model_config = ConfigDict(extra="forbid")
+    bond_factor_bps: int = Field(
+        default=15_000, ge=0, description="solver bond = reward * this / 1e4"
+    )
+    verification_window: int = Field(
+        default=60, ge=1, description="seconds after commit to attest or challenge"
+    )
+    sample_lookahead: int = Field(
+        default=2, ge=1, description="blocks from commit to the seed block"
+    )
+    sample_count: int = Field(default=8, ge=1, description="segments drawn for verification")
+    missed_deadline_slash_bps: int = Field(
+        default=5_000,
+        ge=0,
+        le=10_000,
+        description="share of a late solver's bond paid to the submitter",
+    )
+    challenge_bond: int = Field(default=10 * TOKEN, ge=0, description="locked from a challenger")
+    attestor_slash_bps: int = Field(
+        default=5_000, ge=0, le=10_000, description="of min verifier stake, per wrong attestation"
+    )
+    max_attestors_per_segment: int = Field(default=3, ge=1)
+
+
+class DisputeParams(BaseModel):
+    """DisputeGame ``Params`` (see DisputeGame.sol). The three bond shares sum to
+    10000, as do the two challenger-bond shares."""
+
+    model_config = ConfigDict(extra="forbid")
+    clock: int = Field(default=60, ge=1, description="seconds per side for all its bisection moves")
+    jury_size: int = Field(default=3, ge=1)
+    commit_window: int = Field(default=60, ge=1, description="seconds from the jury draw to commit")
+    reveal_window: int = Field(default=60, ge=1, description="seconds after that to reveal")
+    juror_slash_bps: int = Field(
+        default=1_000, ge=0, le=10_000, description="of min verifier stake, per minority juror"
+    )
+    challenger_share_bps: int = Field(default=5_000, ge=0, le=10_000)
+    juror_share_bps: int = Field(default=3_000, ge=0, le=10_000)
+    submitter_share_bps: int = Field(default=2_000, ge=0, le=10_000)
+    solver_share_of_challenger_bond_bps: int = Field(default=5_000, ge=0, le=10_000)
+    juror_share_of_challenger_bond_bps: int = Field(default=5_000, ge=0, le=10_000)
+
+    @model_validator(mode="after")
+    def _shares_sum(self) -> DisputeParams:
+        if self.challenger_share_bps + self.juror_share_bps + self.submitter_share_bps != 10_000:
+            raise ValueError("challenger + juror + submitter shares must sum to 10000 bps")
+        if (
+            self.solver_share_of_challenger_bond_bps + self.juror_share_of_challenger_bond_bps
+            != 10_000
+        ):
+            raise ValueError("the two challenger-bond shares must sum to 10000 bps")
+        return self
+
+
+class DevnetParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    registry: RegistryParams = Field(default_factory=RegistryParams)
+    market: MarketParams = Field(default_factory=MarketParams)
+    dispute: DisputeParams = Field(default_factory=DisputeParams)
+    accounts: int = Field(default=10, ge=2, le=100, description="funded dev accounts")
+    mint_per_account: int = Field(default=1_000_000 * TOKEN, ge=0)
+
+
+def camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def struct_args(model: BaseModel, abi_input: dict[str, Any]) -> tuple[Any, ...] | Any:
+    """Values of ``model`` laid out as the ABI ``abi_input`` wants them.
+
+    A tuple input is filled by component name (camelCase <-> snake_case); a
+    scalar input takes the field of the same name.
+    """
+    values = {camel(k): v for k, v in model.model_dump().items()}
+    comps = abi_input.get("components")
+    if comps is None:
+        key = abi_input["name"]
+        if key not in values:
+            raise ConfigError(f"devnet params have no value for {key!r}")
+        return values[key]
+    names = [c["name"] for c in comps]
+    missing = [n for n in names if n not in values]
+    unknown = [snake(k) for k in values if k not in names]
+    if missing or unknown:
+        raise ConfigError(
+            f"devnet params do not match the contract's {abi_input.get('internalType', 'struct')}: "
+            f"missing {[snake(m) for m in missing]}, unknown {unknown}"
+        )
+    return tuple(values[n] for n in names)

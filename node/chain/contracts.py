@@ -1,0 +1,375 @@
+"""Typed facades over the polnet contracts, for the daemons.
+
+Each method is one line over :class:`Bound` (which generates calls from the
+ABI); they exist to give the solver, verifier and submitter signatures to code
+against. Anything not wrapped here is still reachable as ``facade.fnName(...)``.
+Structs come back as frozen dataclasses with snake_case fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from eth_abi import encode as abi_encode
+from eth_typing import ChecksumAddress
+from eth_utils import keccak
+from web3.types import TxReceipt
+
+from node.chain.bound import Bound
+from node.proof import TraceLeaf
+
+T = TypeVar("T")
+
+SOLVER = 1
+VERIFIER = 2
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def from_struct(cls: type[T], value: Any) -> T:
+    """Build dataclass ``cls`` from a decoded struct (named tuple), by field name."""
+    raw = value._asdict() if hasattr(value, "_asdict") else dict(value)
+    by_snake = {_snake(k): v for k, v in raw.items()}
+    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: (bytes(v) if isinstance(v, bytes) else v)
+                  for k, v in by_snake.items() if k in fields})
+
+
+# --- token ------------------------------------------------------------------------------
+
+
+class Token(Bound):
+    def balance_of(self, who: str) -> int:
+        return int(self.call("balanceOf", who))
+
+    def allowance(self, owner: str, spender: str) -> int:
+        return int(self.call("allowance", owner, spender))
+
+    def approve(self, spender: str, amount: int) -> TxReceipt:
+        return self.transact("approve", spender, amount)
+
+    def transfer(self, to: str, amount: int) -> TxReceipt:
+        return self.transact("transfer", to, amount)
+
+    def mint_to(self, to: str, amount: int) -> TxReceipt:
+        """Owner only (the devnet deployer)."""
+        return self.transact("mint", to, amount)
+
+    def ensure_allowance(self, spender: str, amount: int) -> TxReceipt | None:
+        """Approve ``amount`` for ``spender`` unless already allowed."""
+        assert self.sender is not None
+        if self.allowance(self.sender.address, spender) >= amount:
+            return None
+        return self.approve(spender, amount)
+
+
+# --- registry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    registered: bool
+    roles: int
+    registered_at: int
+    unbond_available_at: int
+    free_stake: int
+    locked_stake: int
+    unbonding_stake: int
+    peer_id: str
+    multiaddrs: list[str]
+    profile: str
+
+
+class Registry(Bound):
+    def register(self, roles: int, peer_id: str, multiaddrs: list[str],
+                 profile: str = "{}") -> TxReceipt:
+        return self.transact("register", roles, peer_id, multiaddrs, profile)
+
+    def update_node(self, roles: int, peer_id: str, multiaddrs: list[str],
+                    profile: str = "{}") -> TxReceipt:
+        return self.transact("updateNode", roles, peer_id, multiaddrs, profile)
+
+    def stake(self, amount: int) -> TxReceipt:
+        """Needs ``token.approve(registry, amount)`` first (see :meth:`ChainClient.stake`)."""
+        return self.transact("stake", amount)
+
+    def request_unbond(self, amount: int) -> TxReceipt:
+        return self.transact("requestUnbond", amount)
+
+    def withdraw_unbonded(self) -> TxReceipt:
+        return self.transact("withdrawUnbonded")
+
+    def node_of(self, who: str) -> NodeInfo:
+        return from_struct(NodeInfo, self.call("nodeOf", who))
+
+    def free_stake(self, who: str) -> int:
+        return int(self.call("freeStake", who))
+
+    def locked_stake(self, who: str) -> int:
+        return int(self.call("lockedStake", who))
+
+    def is_solver(self, who: str) -> bool:
+        return bool(self.call("isSolver", who))
+
+    def is_verifier(self, who: str) -> bool:
+        return bool(self.call("isVerifier", who))
+
+    def total_owed(self) -> int:
+        return int(self.call("totalOwed"))
+
+    def verifiers(self) -> list[ChecksumAddress]:
+        return [self.call("verifierAt", i) for i in range(int(self.call("verifierCount")))]
+
+
+# --- market -----------------------------------------------------------------------------
+
+
+class JobStatus(enum.IntEnum):
+    OPEN = 0
+    CLAIMED = 1
+    COMMITTED = 2
+    FINALIZED = 3
+    CANCELLED = 4
+
+
+@dataclass(frozen=True)
+class Job:
+    status: JobStatus
+    submitter: ChecksumAddress
+    solver: ChecksumAddress
+    spec_hash: bytes
+    dataset_hash: bytes
+    reward: int
+    verification_budget: int
+    bond: int
+    solve_duration: int
+    posted_at: int
+    deadline: int
+    committed_at: int
+    window_end: int
+    trace_root: bytes
+    final_state_hash: bytes
+    segment_count: int
+    steps_per_segment: int
+    sample_block: int
+    seed: bytes
+    open_disputes: int
+    round: int
+    attestations: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", JobStatus(self.status))
+
+
+@dataclass(frozen=True)
+class MarketParamsView:
+    bond_factor_bps: int
+    verification_window: int
+    sample_lookahead: int
+    sample_count: int
+    missed_deadline_slash_bps: int
+    challenge_bond: int
+    attestor_slash_bps: int
+    max_attestors_per_segment: int
+
+
+ZERO32 = bytes(32)
+
+
+class Market(Bound):
+    # submitter
+    def post_job(self, spec_hash: bytes, dataset_hash: bytes, reward: int,
+                 verification_budget: int, solve_duration: int) -> int:
+        """Escrows reward + budget (approve the market first); returns the job id."""
+        r = self.transact("postJob", spec_hash, dataset_hash, reward, verification_budget,
+                          solve_duration)
+        return int(self.event_arg(r, "JobPosted", "jobId"))
+
+    def cancel(self, job_id: int) -> TxReceipt:
+        return self.transact("cancel", job_id)
+
+    # solver
+    def claim_job(self, job_id: int) -> TxReceipt:
+        return self.transact("claimJob", job_id)
+
+    def commit_result(self, job_id: int, trace_root: bytes, final_state_hash: bytes,
+                      segment_count: int, steps_per_segment: int) -> TxReceipt:
+        return self.transact("commitResult", job_id, trace_root, final_state_hash,
+                             segment_count, steps_per_segment)
+
+    # anyone
+    def fix_seed(self, job_id: int) -> bytes:
+        """The fixed seed, or 32 zero bytes if the sampling block was re-armed."""
+        r = self.transact("fixSeed", job_id)
+        fixed = self.events(r, "SeedFixed")
+        return bytes(fixed[0]["args"]["seed"]) if fixed else ZERO32
+
+    def finalize(self, job_id: int) -> TxReceipt:
+        return self.transact("finalize", job_id)
+
+    def reclaim(self, job_id: int) -> TxReceipt:
+        return self.transact("reclaim", job_id)
+
+    def withdraw(self) -> int:
+        """Pays out the caller's credit; returns the amount."""
+        return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
+
+    # verifier
+    def attest(self, job_id: int, segment: int) -> TxReceipt:
+        return self.transact("attest", job_id, segment)
+
+    def challenge(self, job_id: int, segment: int, start: TraceLeaf, start_proof: list[bytes],
+                  end: TraceLeaf, end_proof: list[bytes]) -> int:
+        """Dispute ``segment`` with its two committed leaves and their proofs
+        (``node.proof.MerkleTree.proof``); returns the dispute id."""
+        r = self.transact("challenge", job_id, segment, start.state_hash, start.loss_e9,
+                          start_proof, end.state_hash, end.loss_e9, end_proof)
+        return int(self.event_arg(r, "Challenged", "disputeId"))
+
+    # views
+    def get_job(self, job_id: int) -> Job:
+        return from_struct(Job, self.call("getJob", job_id))
+
+    def job_count(self) -> int:
+        return int(self.call("jobCount"))
+
+    def credits(self, who: str) -> int:
+        return int(self.call("credits", who))
+
+    def seed_of(self, job_id: int) -> bytes:
+        return bytes(self.call("seedOf", job_id))
+
+    def sampled_segments(self, job_id: int) -> list[int]:
+        return [int(s) for s in self.call("sampledSegments", job_id)]
+
+    def market_params(self) -> MarketParamsView:
+        return from_struct(MarketParamsView, self.call("params"))
+
+    def total_owed(self) -> int:
+        return int(self.call("totalOwed"))
+
+
+# --- dispute game -----------------------------------------------------------------------
+
+
+class Phase(enum.IntEnum):
+    NONE = 0
+    BISECTION = 1
+    COMMIT = 2
+    REVEAL = 3
+    RESOLVED = 4
+    MOOT = 5
+
+
+class Side(enum.IntEnum):
+    SOLVER = 0
+    CHALLENGER = 1
+
+
+@dataclass(frozen=True)
+class Vote:
+    commitment: bytes
+    revealed: bool
+    valid: bool
+
+
+@dataclass(frozen=True)
+class DisputeState:
+    """``getDispute``: the stored game with phase and clocks as of now."""
+
+    id: int
+    job_id: int
+    segment: int
+    solver: ChecksumAddress
+    challenger: ChecksumAddress
+    challenge_bond: int
+    start_step: int
+    end_step: int
+    lo: int
+    hi: int
+    lo_hash: bytes
+    hi_hash: bytes
+    mid_hash: bytes
+    phase: Phase  # as of now (Reveal once the commit window is over)
+    turn: Side
+    solver_clock_left: int
+    challenger_clock_left: int
+    rounds: int
+    jury_seed: bytes
+    commit_end: int
+    reveal_end: int
+    valid_votes: int
+    invalid_votes: int
+    solver_won: bool
+    jury: list[ChecksumAddress]
+    votes: list[Vote]
+
+    @property
+    def mid(self) -> int:
+        return (self.lo + self.hi) // 2
+
+
+def vote_commitment(dispute_id: int, juror: str, valid: bool, salt: bytes) -> bytes:
+    """``keccak256(abi.encode(id, juror, valid, salt))``, what ``commitVote`` takes."""
+    return keccak(abi_encode(["uint256", "address", "bool", "bytes32"],
+                             [dispute_id, juror, valid, salt]))
+
+
+class Dispute(Bound):
+    # bisection
+    def post_mid(self, dispute_id: int, mid_hash: bytes) -> TxReceipt:
+        """Solver: the state hash after step (lo + hi) // 2."""
+        return self.transact("postMid", dispute_id, mid_hash)
+
+    def choose(self, dispute_id: int, dispute_lower: bool) -> TxReceipt:
+        """Challenger: dispute [lo, mid] (True) or [mid, hi] (False)."""
+        return self.transact("choose", dispute_id, dispute_lower)
+
+    def timeout(self, dispute_id: int) -> TxReceipt:
+        return self.transact("timeout", dispute_id)
+
+    # jury
+    def commit_vote(self, dispute_id: int, valid: bool, salt: bytes) -> TxReceipt:
+        assert self.sender is not None
+        return self.transact("commitVote", dispute_id,
+                             vote_commitment(dispute_id, self.sender.address, valid, salt))
+
+    def reveal_vote(self, dispute_id: int, valid: bool, salt: bytes) -> TxReceipt:
+        return self.transact("revealVote", dispute_id, valid, salt)
+
+    def resolve(self, dispute_id: int) -> TxReceipt:
+        return self.transact("resolve", dispute_id)
+
+    def abort_moot(self, dispute_id: int) -> TxReceipt:
+        return self.transact("abortMoot", dispute_id)
+
+    def withdraw(self) -> int:
+        return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
+
+    # views
+    def get_dispute(self, dispute_id: int) -> DisputeState:
+        view = self.call("getDispute", dispute_id)
+        raw = {_snake(k): v for k, v in view.dispute._asdict().items()}
+        raw.update(id=dispute_id, phase=Phase(view.phase), turn=Side(raw["turn"]),
+                   solver_clock_left=int(view.solverClockLeft),
+                   challenger_clock_left=int(view.challengerClockLeft),
+                   votes=[from_struct(Vote, v) for v in view.votes])
+        for k in ("lo_hash", "hi_hash", "mid_hash", "jury_seed"):
+            raw[k] = bytes(raw[k])
+        known = {f.name for f in dataclasses.fields(DisputeState)}
+        return DisputeState(**{k: v for k, v in raw.items() if k in known})
+
+    def is_juror(self, dispute_id: int, who: str) -> bool:
+        return bool(self.call("isJuror", dispute_id, who))
+
+    def credits(self, who: str) -> int:
+        return int(self.call("credits", who))
+
+    def total_owed(self) -> int:
+        return int(self.call("totalOwed"))

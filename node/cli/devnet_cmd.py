@@ -1,0 +1,59 @@
+"""`polnet devnet up|down|status`: a local chain with the contracts deployed."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    devnet_app = typer.Typer(help="A local anvil chain with the polnet contracts deployed.",
+                             no_args_is_help=True)
+
+    @devnet_app.command("up")
+    def up(
+        port: int = typer.Option(8545, "--port", help="RPC port on 127.0.0.1."),
+        accounts: int = typer.Option(10, "--accounts", min=2, max=100,
+                                     help="Funded dev accounts."),
+        block_time: float | None = typer.Option(None, "--block-time",
+                                                help="Seconds per block (default: mine "
+                                                     "on every transaction)."),
+    ) -> None:
+        """Start anvil in the background, deploy the contracts, fund the dev accounts."""
+        import devnet  # noqa: PLC0415 - keep `polnet --help` fast
+
+        dep = devnet.start(port=port, accounts=accounts, block_time=block_time)
+        typer.echo(f"devnet up at {dep.rpc_url} (chain id {dep.chain_id})")
+        for name, addr in dep.contracts.items():
+            typer.echo(f"  {name:<13} {addr}")
+        typer.echo(f"{len(dep.accounts)} funded dev accounts; deployment file: "
+                   f"{devnet.manager.devnet_dir() / 'deployment.json'}")
+
+    @devnet_app.command("down")
+    def down() -> None:
+        """Stop the devnet (its chain state is discarded)."""
+        import devnet  # noqa: PLC0415
+
+        typer.echo("devnet stopped" if devnet.stop() else "devnet was not running")
+
+    @devnet_app.command("status")
+    def status() -> None:
+        """Is the devnet up; block height; contracts (with a code check); balances."""
+        import devnet  # noqa: PLC0415
+
+        st = devnet.status()
+        if not st.running:
+            typer.echo(f"devnet: {st.problem}")
+            raise typer.Exit(1)
+        typer.echo(f"devnet up: pid {st.pid}, {st.rpc_url}, chain id {st.chain_id}, "
+                   f"block {st.block}")
+        for c in st.contracts:
+            mark = "ok" if c.has_code else "NO CODE"
+            bal = "" if c.token_balance is None else f"  holds {c.token_balance / 1e18:,.4f} POL"
+            typer.echo(f"  {c.name:<13} {c.address}  code {mark}{bal}")
+        for addr, eth, pol in st.accounts:
+            typer.echo(f"  {addr}  {eth / 1e18:,.2f} ETH  {pol / 1e18:,.2f} POL")
+        if st.problem:
+            typer.echo(f"problem: {st.problem}")
+            raise typer.Exit(1)
+
+    app.add_typer(devnet_app, name="devnet")
