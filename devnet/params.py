@@ -21,8 +21,10 @@ TOKEN = 10**18
 
 class RegistryParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # Longer than a whole dispute (2 clocks + commit + reveal) so a juror or attestor
+    # cannot unbond and walk away from a slash it has coming.
     unbond_delay: int = Field(
-        default=60, ge=0, description="seconds between requestUnbond and withdraw"
+        default=900, ge=0, description="seconds between requestUnbond and withdraw"
     )
     min_solver_stake: int = Field(default=100 * TOKEN, ge=0)
     min_verifier_stake: int = Field(default=50 * TOKEN, ge=0)

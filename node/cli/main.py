@@ -34,8 +34,8 @@ Every command has --help.
 app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich",
                   pretty_exceptions_show_locals=False)
 
-_AREAS = ["devnet", "train", "dataset", "verifier", "p2p", "artifact", "job", "solver",
-          "dispute"]
+_AREAS = ["devnet", "train", "dataset", "verifier", "verifier_daemon", "p2p", "artifact", "job",
+          "solver", "dispute", "demo"]
 
 
 @app.callback()

@@ -32,6 +32,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
+StrictPayload = _Strict  # base for payload models other layers register with register_kind
+
+
 class JobPosted(_Strict):
     job_id: int = Field(ge=0)
     spec_hash: Bytes32

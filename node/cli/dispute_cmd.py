@@ -1,0 +1,54 @@
+"""`polnet dispute status ID`."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from node.cli.common import ConfigOpt
+
+app = typer.Typer(help="Inspect dispute games.", no_args_is_help=True)
+
+
+@app.command("status")
+def status(
+    dispute_id: int = typer.Argument(..., help="Dispute id."),
+    config: ConfigOpt = None,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Range, clocks, jury and votes of one dispute."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from node.chain.client import ChainClient
+    from node.chain.deployment import Deployment
+    from node.config import load_config
+
+    settings = load_config(config)
+    c = ChainClient.from_deployment(Deployment.load(settings.deployment_path), None,
+                                    settings.rpc_url)
+    d = c.dispute.get_dispute(dispute_id)
+    data = {"id": d.id, "job": d.job_id, "segment": d.segment, "phase": d.phase.name.lower(),
+            "range": [d.lo, d.hi], "steps": [d.start_step, d.end_step], "rounds": d.rounds,
+            "turn": d.turn.name.lower(), "solver": d.solver, "challenger": d.challenger,
+            "solver_clock_left": d.solver_clock_left,
+            "challenger_clock_left": d.challenger_clock_left, "jury": d.jury,
+            "votes": [{"juror": j, "committed": v.commitment != bytes(32),
+                       "revealed": v.revealed, "valid": v.valid if v.revealed else None}
+                      for j, v in zip(d.jury, d.votes, strict=True)],
+            "valid_votes": d.valid_votes, "invalid_votes": d.invalid_votes,
+            "solver_won": d.solver_won if d.phase.name in ("RESOLVED",) else None}
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    t = Table(title=f"dispute {d.id}: job {d.job_id}, segment {d.segment}")
+    t.add_column("field")
+    t.add_column("value")
+    for k, v in data.items():
+        t.add_row(k, json.dumps(v) if isinstance(v, list | dict) else str(v))
+    Console().print(t)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="dispute")

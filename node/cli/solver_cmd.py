@@ -1,0 +1,60 @@
+"""`polnet solver run`: earn by training jobs."""
+
+from __future__ import annotations
+
+import typer
+
+from node.cli.common import (
+    BootstrapOpt,
+    ConfigOpt,
+    DevAccountOpt,
+    KeystoreOpt,
+    ListenOpt,
+    MetricsOpt,
+    NameOpt,
+    ThreadsOpt,
+    settings_from,
+)
+
+app = typer.Typer(help="Run a solver: claim jobs, train with a proof-of-learning trace, "
+                       "get paid.", no_args_is_help=True)
+
+
+@app.command("run")
+def run(
+    config: ConfigOpt = None,
+    name: NameOpt = None,
+    dev_account: DevAccountOpt = None,
+    keystore: KeystoreOpt = None,
+    listen: ListenOpt = None,
+    bootstrap: BootstrapOpt = None,
+    metrics_port: MetricsOpt = None,
+    threads: ThreadsOpt = None,
+    behavior: str = typer.Option("honest", "--behavior",
+                                 help="Segment behaviour (demos/tests only: e.g. lazy:0.5)."),
+    max_jobs: int = typer.Option(1, "--max-jobs", min=1, help="Jobs trained at once."),
+    duration: float | None = typer.Option(None, "--duration",
+                                          help="Stop after this many seconds."),
+) -> None:
+    """Register + stake if needed, then claim, train, commit and defend jobs until Ctrl-C."""
+    import time
+
+    import trio
+
+    from node.roles.runtime import Runtime
+    from node.roles.solver import Solver
+
+    settings = settings_from(config, name=name or "solver", dev_account=dev_account,
+                             keystore=keystore, listen=listen, bootstrap=bootstrap,
+                             metrics_port=metrics_port, threads=threads)
+
+    async def main() -> None:
+        async with Runtime(settings, "solver") as rt:
+            until = None if duration is None else time.monotonic() + duration
+            await Solver(rt, behavior=behavior, max_jobs=max_jobs).run(until)
+
+    trio.run(main)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="solver")

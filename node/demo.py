@@ -1,0 +1,154 @@
+"""`polnet demo`: a whole network on one machine, run to settlement.
+
+A devnet; three verifiers; a cheating solver (lazy fraction) that takes an LM
+job on bundled text; an honest solver that takes a CNN job on digits. The
+verifiers replay sampled segments, catch the cheat, bisect it to one step, and
+the jury's verdict slashes the cheater; the LM job reopens and the honest
+solver finishes it too. Every node is its own OS process (see
+``devnet.localnet``); this process starts them and narrates the chain.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from devnet.localnet import REPO, TOKEN, LocalNet
+
+# dev account indices
+SUBMITTER, HONEST, CHEATER, VERIFIERS = 1, 2, 3, (4, 5, 6)
+NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "Attested", "Challenged",
+            "MidPosted", "RangeNarrowed", "JuryDrawn", "VoteRevealed", "TimedOut",
+            "DisputeResolved", "JobReopened", "JobFinalized", "AttestorSlashed", "Slashed",
+            "JurorSlashed", "JobReclaimed", "DisputeMooted"}
+ALARM = {"Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut"}
+
+
+def demo_params() -> Any:
+    """Windows short enough for a demo, long enough for 2 busy cores."""
+    from devnet.params import DevnetParams
+
+    return DevnetParams.model_validate({
+        "market": {"verification_window": 45, "sample_count": 6},
+        "dispute": {"clock": 120, "commit_window": 30, "reveal_window": 30},
+        "registry": {"unbond_delay": 3600}})
+
+
+def spec_for(example: str, dataset_hash: str, out: Path, **overrides: int) -> Path:
+    """An example spec pointed at a freshly packed dataset (its hash depends on the
+    CPython that shipped the text corpus)."""
+    text = (REPO / "examples" / example).read_text()
+    text = re.sub(r'^dataset_hash = ".*"$', f'dataset_hash = "{dataset_hash}"', text,
+                  flags=re.MULTILINE)
+    for key, value in overrides.items():
+        text = re.sub(rf"^{key} = .*$", f"{key} = {value}", text, flags=re.MULTILINE)
+    out.write_text(text)
+    return out
+
+
+def pack_inputs(data: Path) -> dict[str, Path]:
+    from node.datasets import pack_digits, pack_text, write_dataset
+
+    data.mkdir(parents=True, exist_ok=True)
+    digits, text = data / "digits.safetensors", data / "text.safetensors"
+    return {
+        "digits": digits, "text": text,
+        "cnn": spec_for("cnn_digits.toml", write_dataset(pack_digits(), digits),
+                        data / "cnn_digits.toml"),
+        "lm": spec_for("lm_text.toml", write_dataset(pack_text(), text), data / "lm_text.toml"),
+        "mlp": spec_for("mlp_digits.toml", write_dataset(pack_digits(), digits),
+                        data / "mlp_digits.toml"),
+    }
+
+
+class Narrator:
+    def __init__(self, net: LocalNet, names: dict[str, str], console: Console) -> None:
+        self.net, self.names, self.con = net, names, console
+
+    def who(self, v: Any) -> str:
+        return self.names.get(str(v), str(v)[:10])
+
+    def __call__(self) -> None:
+        for ev in self.net.new_events():
+            if ev.event not in NARRATED:
+                continue
+            parts = []
+            for k, v in ev.args.items():
+                if isinstance(v, bytes):
+                    v = "0x" + v.hex()[:12] + "…"
+                elif isinstance(v, str) and v.startswith("0x") and len(v) == 42:
+                    v = self.who(v)
+                elif isinstance(v, list):
+                    v = "[" + ", ".join(self.who(x) for x in v) + "]"
+                elif isinstance(v, int) and v > 10**15:
+                    v = f"{v / TOKEN:g} POL"
+                parts.append(f"{k}={v}")
+            style = "red" if ev.event in ALARM else "green" if ev.event == "JobFinalized" \
+                else "white"
+            self.con.print(f"[dim]#{ev.block_number}[/] [{style}]{ev.contract}.{ev.event}[/] "
+                           + " ".join(parts))
+
+
+def run_demo(home: Path, timeout: float = 900.0) -> int:
+    con = Console()
+    con.rule("[bold]polnet demo")
+    con.print(f"chain, node state and logs under {home}")
+    with LocalNet(home, demo_params()) as net:
+        dep = net.deployment
+        assert dep is not None
+        con.print(f"devnet up at {dep.rpc_url}: " +
+                  ", ".join(f"{k} {v[:10]}…" for k, v in dep.contracts.items()))
+        names = {net.address(SUBMITTER): "submitter", net.address(HONEST): "solver-honest",
+                 net.address(CHEATER): "solver-cheat",
+                 **{net.address(v): f"verifier-{i + 1}" for i, v in enumerate(VERIFIERS)}}
+        narrate = Narrator(net, names, con)
+        before = {n: net.holdings(a) for a, n in names.items()}
+        inputs = pack_inputs(home / "data")
+        for i, v in enumerate(VERIFIERS, start=1):
+            net.start_verifier(f"verifier-{i}", v)
+        # The cheater starts first and takes the LM job; the honest solver takes the CNN
+        # job, and the LM job again once the cheater is slashed and it reopens.
+        net.start_solver("solver-cheat", CHEATER, "lazy:0.5")
+        con.print("3 verifiers and a cheating solver ([red]lazy:0.5[/]) are up")
+        lm_job = net.submit("submitter-1", SUBMITTER, inputs["lm"], inputs["text"])
+        net.wait_job(lm_job, {1, 2, 3}, 180, narrate)
+        net.start_solver("solver-honest", HONEST)
+        con.print("an honest solver is up")
+        cnn_job = net.submit("submitter-2", SUBMITTER, inputs["cnn"], inputs["digits"])
+        net.wait_job(cnn_job, {1, 2, 3}, 180, narrate)
+        ok = True
+        try:
+            for job in (cnn_job, lm_job):
+                net.wait_job(job, {3}, timeout, narrate)
+        except Exception as exc:  # report, then still print balances
+            con.print(f"[red]{exc}")
+            ok = False
+        time.sleep(5)  # let the daemons withdraw what they were credited
+        narrate()
+        after = {n: net.holdings(a) for a, n in names.items()}
+        conserved = net.conserved()
+    paid = print_balances(before, after, con)
+    con.print("contracts' token balance equals what they owe: " +
+              ("[green]every token accounted for" if conserved else "[red]MISMATCH"))
+    return 0 if ok and paid and conserved else 1
+
+
+def print_balances(before: dict[str, int], after: dict[str, int], con: Console) -> bool:
+    t = Table(title="holdings (wallet + stake + credits), POL")
+    for col in ("account", "before", "after", "change"):
+        t.add_column(col, justify="right" if col != "account" else "left")
+    for name in before:
+        d = after[name] - before[name]
+        t.add_row(name, f"{before[name] / TOKEN:,.4f}", f"{after[name] / TOKEN:,.4f}",
+                  f"[{'green' if d > 0 else 'red' if d < 0 else 'white'}]{d / TOKEN:+,.4f}")
+    con.print(t)
+    ok = after["solver-honest"] > before["solver-honest"] and \
+        after["solver-cheat"] < before["solver-cheat"]
+    con.print("[green]the honest solver was paid and the cheater slashed" if ok else
+              "[red]settlement did not come out as expected")
+    return ok

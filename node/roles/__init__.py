@@ -1,0 +1,1 @@
+"""Long-running roles (solver daemon, submitter actions) and what they share."""

@@ -1,0 +1,325 @@
+"""The solver daemon: claim jobs it can finish in time, train them with a trace,
+serve the checkpoints, commit, answer bisection with bitwise-regenerated
+states, finalize and withdraw.
+
+Crash safety: what it works on lives in ``solver.json`` (updated by the event
+handler before the event cursor moves), checkpoints are written atomically and
+training resumes from the last one, and every pass of the loop reconciles with
+the chain, so a SIGKILL at any point costs at most the work since the last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.chain.contracts import JobStatus, Phase, Side
+from node.chain.events import ChainEvent, EventWatcher
+from node.errors import ContractRevert, PolnetError
+from node.logs import get_logger
+from node.p2p.announce import ResultCommitted
+from node.roles.announce_kinds import StateServed
+from node.roles.jobfiles import fetch_job_inputs
+from node.roles.runtime import SOLVER, Runtime, guarded
+from node.roles.state import RoleState
+
+log = get_logger("polnet.solver")
+
+ANNOUNCE_EVERY_S = 3.0
+SAFETY_FACTOR = 2.0  # claim only if the estimated training time x this fits the deadline
+
+
+class Solver:
+    def __init__(self, rt: Runtime, behavior: str = "honest", max_jobs: int = 1) -> None:
+        from node.behaviors import make_behavior  # noqa: PLC0415 - torch is heavy
+
+        self.rt = rt
+        self.behavior_name = behavior
+        self.behavior = make_behavior(behavior)  # fails early on an unknown name
+        self.max_jobs = max_jobs
+        self.state = RoleState(rt.dir / "solver.json",
+                               {"jobs": {}, "candidates": [], "disputes": [], "served": []})
+        self._busy: set[str] = set()  # task keys running now (not persisted)
+        self._contexts: dict[int, Any] = {}
+
+    # --- events (worker thread; persisted before the cursor moves) ----------------------
+
+    def _on_event(self, ev: ChainEvent) -> None:
+        with self.state as st:
+            if ev.event in ("JobPosted", "JobReopened"):
+                jid = int(ev.args["jobId"])
+                if jid not in st["candidates"]:
+                    st["candidates"].append(jid)
+            elif ev.event == "DisputeOpened" and str(ev.args.get("solver", "")).lower() \
+                    == self.rt.address.lower():
+                did = int(ev.args["id"])
+                if did not in st["disputes"]:
+                    st["disputes"].append(did)
+
+    # --- main loop --------------------------------------------------------------------
+
+    async def run(self, until: float | None = None) -> None:
+        rt = self.rt
+        await rt.ensure_registered(SOLVER, rt.settings.stake)
+        c = rt.chain_client
+        assert c.deployment is not None
+        watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=rt.dir / "solver.cursor",
+                               start_block=c.deployment.deploy_block)
+        log.info("solver_running", behavior=self.behavior_name, address=rt.address)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._announcer)
+            while until is None or time.monotonic() < until:
+                try:
+                    await rt.chain(watcher.poll, self._on_event)
+                    await self._tick(nursery)
+                except PolnetError as exc:  # one bad pass must not kill the daemon
+                    log.warning("solver_tick_failed", error=str(exc))
+                await trio.sleep(rt.settings.poll_interval)
+            nursery.cancel_scope.cancel()
+
+    async def _tick(self, nursery: trio.Nursery) -> None:
+        c = self.rt.chain_client
+        jobs: dict[str, dict[str, Any]] = self.state.data["jobs"]
+        for key, info in list(jobs.items()):
+            jid = int(key)
+            job = await self.rt.chain(c.market.get_job, jid)
+            mine = job.solver.lower() == self.rt.address.lower() and job.round == info["round"]
+            if info["phase"] in ("training", "committing") and key not in self._busy:
+                if mine and job.status == JobStatus.CLAIMED:
+                    self._busy.add(key)
+                    nursery.start_soon(guarded, "_train_and_commit", self._train_and_commit, jid)
+                elif not (mine and job.status == JobStatus.COMMITTED):
+                    self._set_phase(jid, "lost")
+            elif info["phase"] == "committed":
+                if job.status == JobStatus.FINALIZED:
+                    self._set_phase(jid, "paid")
+                    await self.rt.withdraw_all()
+                elif not mine or job.status != JobStatus.COMMITTED:
+                    self._set_phase(jid, "lost")
+                elif job.open_disputes == 0 and await self.rt.chain(c.timestamp) > job.window_end:
+                    await self.rt.transact_ok(c.market.finalize, jid,
+                                              benign=("WrongStatus", "WindowOpen"))
+        # A committed job still needs us (disputes), so it counts until it is paid.
+        active = sum(1 for i in jobs.values()
+                     if i["phase"] in ("training", "committing", "committed"))
+        for jid in list(self.state.data["candidates"]):
+            if active >= self.max_jobs:
+                break
+            if jobs.get(str(jid), {}).get("phase") == "lost":
+                with self.state as st:  # we failed it once; leave it to others
+                    st["candidates"].remove(jid)
+                continue
+            if await self._consider(jid):
+                active += 1
+        for did in list(self.state.data["disputes"]):
+            await self._dispute_move(nursery, did)
+
+    def _set_phase(self, jid: int, phase: str) -> None:
+        with self.state as st:
+            st["jobs"][str(jid)]["phase"] = phase
+        log.info("job_phase", job=jid, phase=phase)
+        self.rt.metrics.jobs.labels(phase).inc()
+
+    # --- claiming ----------------------------------------------------------------------
+
+    async def _consider(self, jid: int) -> bool:
+        rt, c = self.rt, self.rt.chain_client
+        job = await rt.chain(c.market.get_job, jid)
+        if job.status != JobStatus.OPEN:
+            with self.state as st:
+                st["candidates"].remove(jid)
+            return False
+        try:
+            with trio.fail_after(60):
+                spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash)
+            est = await trio.to_thread.run_sync(self._estimate_seconds, spec, dataset)
+        except (PolnetError, trio.TooSlowError) as exc:
+            log.warning("job_skipped", job=jid, reason=str(exc) or "inputs not reachable")
+            with self.state as st:
+                st["candidates"].remove(jid)
+            return False
+        if est * SAFETY_FACTOR > job.solve_duration:
+            log.info("job_too_slow_for_us", job=jid, estimate_s=round(est, 1),
+                     allowed_s=job.solve_duration)
+            with self.state as st:
+                st["candidates"].remove(jid)
+            return False
+        need = job.reward * (await rt.chain(c.market.market_params)).bond_factor_bps // 10_000
+        if await rt.chain(c.registry.free_stake, rt.address) < need:
+            await rt.chain(c.token.ensure_allowance, c.registry.address, need)
+            await rt.chain(c.registry.stake, need)
+        if not await rt.transact_ok(c.market.claim_job, jid, benign=("WrongStatus",)):
+            with self.state as st:
+                st["candidates"].remove(jid)
+            return False
+        job = await rt.chain(c.market.get_job, jid)
+        with self.state as st:
+            st["candidates"].remove(jid)
+            st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
+                                    "spec": job.spec_hash.hex(),
+                                    "dataset": job.dataset_hash.hex()}
+        log.info("job_claimed", job=jid, bond=job.bond, deadline=job.deadline,
+                 estimate_s=round(est, 1))
+        await rt.refresh_stake_metrics()
+        return True
+
+    def _estimate_seconds(self, spec: Any, dataset: Any) -> float:
+        from node.train.step import TrainContext, init_state, train_step  # noqa: PLC0415
+
+        ctx = TrainContext.create(spec, dataset, threads=self.rt.settings.threads)
+        state = init_state(ctx)
+        train_step(ctx, state, 1)  # warm-up
+        t0 = time.perf_counter()
+        for s in (2, 3):
+            train_step(ctx, state, s)
+        per_step = (time.perf_counter() - t0) / 2
+        self.rt.metrics.steps_per_second.set(1 / per_step if per_step else 0)
+        # + 30% for hashing and checkpoints, + 2 s for serving and the commit
+        return float(per_step * spec.total_steps * 1.3 + 2.0)
+
+    # --- training and commit -------------------------------------------------------------
+
+    def _trace_dir(self, jid: int) -> Path:
+        info = self.state.data["jobs"][str(jid)]
+        return self.rt.dir / "jobs" / f"{jid}-r{info['round']}" / "trace"
+
+    async def _context(self, jid: int) -> Any:
+        from node.train.step import TrainContext  # noqa: PLC0415
+
+        if jid not in self._contexts:
+            info = self.state.data["jobs"][str(jid)]
+            spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(info["spec"]),
+                                                   bytes.fromhex(info["dataset"]))
+            self._contexts[jid] = TrainContext.create(spec, dataset,
+                                                      threads=self.rt.settings.threads)
+        return self._contexts[jid]
+
+    async def _train_and_commit(self, jid: int) -> None:
+        from node.train.trace import run_training  # noqa: PLC0415
+
+        key = str(jid)
+        rt, c = self.rt, self.rt.chain_client
+        try:
+            ctx = await self._context(jid)
+            out = self._trace_dir(jid)
+            last_log = [0.0]
+
+            def progress(p: Any) -> None:
+                rt.metrics.steps.inc(ctx.spec.checkpoint_interval)
+                if time.monotonic() - last_log[0] > 2 or p.step == p.total_steps:
+                    last_log[0] = time.monotonic()
+                    log.info("training", job=jid, step=p.step, of=p.total_steps,
+                             loss=round(p.segment_loss, 4))
+
+            manifest = await trio.to_thread.run_sync(
+                lambda: run_training(ctx, out, jid, self.behavior, progress))
+            self._set_phase(jid, "committing")
+            manifest_id = await self._publish_trace(jid, out)
+            log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
+            await rt.transact_ok(
+                c.market.commit_result, jid, bytes.fromhex(manifest.root),
+                bytes.fromhex(manifest.final_state_hash), manifest.segment_count, manifest.k,
+                benign=("WrongStatus",))
+            job = await rt.chain(c.market.get_job, jid)
+            if job.status == JobStatus.COMMITTED and job.solver.lower() == rt.address.lower():
+                self._set_phase(jid, "committed")
+                log.info("result_committed", job=jid, root=manifest.root,
+                         window_end=job.window_end)
+            else:
+                self._set_phase(jid, "lost")
+        except ContractRevert as exc:
+            log.warning("commit_failed", job=jid, error=str(exc))
+        except Exception as exc:  # the daemon outlives one job; the next tick retries it
+            log.exception("training_failed", job=jid, error=repr(exc))
+            await trio.sleep(5)
+        finally:
+            self._busy.discard(key)
+
+    async def _publish_trace(self, jid: int, out: Path) -> str:
+        from node.train.trace import MANIFEST_NAME, read_manifest  # noqa: PLC0415
+
+        manifest = read_manifest(out)
+        for entry in manifest.checkpoints:
+            aid = await self.rt.p2p.publish_file(out / entry.file)
+            if aid != entry.sha256:
+                raise PolnetError(f"checkpoint {entry.file} changed on disk since training")
+        manifest_id = await self.rt.p2p.publish_file(out / MANIFEST_NAME)
+        with self.state as st:
+            st["jobs"][str(jid)]["manifest"] = manifest_id
+            st["jobs"][str(jid)]["root"] = manifest.root
+            st["jobs"][str(jid)]["final"] = manifest.final_state_hash
+        return manifest_id
+
+    async def _announcer(self) -> None:
+        """Re-announce what we serve: gossip is best effort, so say it again."""
+        while True:
+            await guarded("announce", self._announce_once)
+            await trio.sleep(ANNOUNCE_EVERY_S)
+
+    async def _announce_once(self) -> None:
+        for key, info in list(self.state.data["jobs"].items()):
+            if info["phase"] in ("committing", "committed") and "manifest" in info:
+                await self.rt.p2p.announce("result_committed", ResultCommitted(
+                    job_id=int(key), trace_root="0x" + info["root"],
+                    final_state_hash="0x" + info["final"],
+                    artifact_ids=[info["manifest"]]))
+        for s in list(self.state.data["served"]):
+            await self.rt.p2p.announce("state_served", StateServed(**s))
+        self.rt.metrics.bytes_served.set(self.rt.p2p.server.served_bytes)
+
+    # --- disputes ---------------------------------------------------------------------
+
+    async def _dispute_move(self, nursery: trio.Nursery, did: int) -> None:
+        c = self.rt.chain_client
+        d = await self.rt.chain(c.dispute.get_dispute, did)
+        if d.phase in (Phase.RESOLVED, Phase.MOOT):
+            with self.state as st:
+                st["disputes"].remove(did)
+            log.info("dispute_over", dispute=did, solver_won=d.solver_won)
+            await self.rt.withdraw_all()
+            return
+        key = f"d{did}"
+        if d.phase == Phase.BISECTION and d.turn == Side.SOLVER and key not in self._busy:
+            self._busy.add(key)
+            nursery.start_soon(guarded, "_post_mid", self._post_mid, did, d.job_id, d.lo, d.hi)
+        elif d.phase == Phase.BISECTION and d.turn == Side.CHALLENGER \
+                and d.challenger_clock_left == 0:
+            await self.rt.transact_ok(c.dispute.timeout, did,
+                                      benign=("WrongPhase", "ClockNotExpired"))
+
+    async def serve_state(self, jid: int, step: int, tensors: Any) -> str:
+        """Store a regenerated state as a checkpoint artifact and announce it."""
+        from node.proof import state_hash  # noqa: PLC0415
+        from node.train.trace import write_state_file  # noqa: PLC0415
+
+        h = state_hash(tensors)
+        path = self._trace_dir(jid).parent / "states" / f"step_{step:08d}.safetensors"
+        await trio.to_thread.run_sync(write_state_file, path, tensors, jid, step)
+        aid = await self.rt.p2p.publish_file(path)
+        served = StateServed(job_id=jid, step=step, state_hash="0x" + h.hex(), artifact_id=aid)
+        entry = served.model_dump()
+        with self.state as st:
+            if entry not in st["served"]:
+                st["served"].append(entry)
+        await self.rt.p2p.announce("state_served", served)
+        return "0x" + h.hex()
+
+    async def _post_mid(self, did: int, jid: int, lo: int, hi: int) -> None:
+        from node.train.trace import regenerate  # noqa: PLC0415
+
+        try:
+            mid = (lo + hi) // 2
+            ctx = await self._context(jid)
+            tensors = await trio.to_thread.run_sync(regenerate, ctx, self._trace_dir(jid), mid)
+            # lo and hi are checkpoints or mids served before: jurors can fetch both.
+            h = await self.serve_state(jid, mid, tensors)
+            await self.rt.transact_ok(self.rt.chain_client.dispute.post_mid, did,
+                                      bytes.fromhex(h[2:]),
+                                      benign=("NotYourTurn", "WrongPhase"))
+            log.info("mid_posted", dispute=did, job=jid, step=mid, state_hash=h)
+        finally:
+            self._busy.discard(f"d{did}")

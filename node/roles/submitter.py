@@ -1,0 +1,144 @@
+"""Submitter actions: post a job (spec + dataset served from our own store),
+report on jobs, cancel, and fetch the trained model once final."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.chain.client import ChainClient
+from node.chain.contracts import JobStatus
+from node.chain.events import EventWatcher
+from node.datasets import dataset_hash
+from node.errors import ConfigError, IntegrityError, SpecError
+from node.logs import get_logger
+from node.p2p.announce import JobPosted
+from node.roles.runtime import Runtime
+from node.spec import JobSpec, load_spec
+
+log = get_logger("polnet.submitter")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    spec_path: Path
+    dataset_path: Path
+    reward: int
+    budget: int
+    solve_duration: int
+
+
+def check_request(req: JobRequest) -> JobSpec:
+    """Everything that can be checked before any token moves."""
+    spec = load_spec(req.spec_path)
+    if not req.dataset_path.is_file():
+        raise ConfigError(f"dataset {req.dataset_path} does not exist; "
+                          "make one with `polnet dataset pack`")
+    got = dataset_hash(req.dataset_path)
+    if got != spec.dataset_hash:
+        raise SpecError(f"the spec names dataset {spec.dataset_hash} but {req.dataset_path} "
+                        f"hashes to {got}: set dataset_hash = \"{got}\" or pass the right file",
+                        field="dataset_hash")
+    if req.reward <= 0:
+        raise ConfigError("--reward must be positive")
+    if req.solve_duration < 10:
+        raise ConfigError("--solve-duration must be at least 10 seconds")
+    return spec
+
+
+async def post(rt: Runtime, req: JobRequest) -> int:
+    """Store and advertise the job's inputs, then escrow and post it; returns the job id."""
+    spec = check_request(req)
+    spec_id = await rt.p2p.publish_bytes(spec.canonical_json())
+    ds_id = await rt.p2p.publish_file(req.dataset_path)
+    assert spec_id == spec.spec_hash_hex().removeprefix("0x")
+    c = rt.chain_client
+    total = req.reward + req.budget
+    balance = await rt.chain(c.token.balance_of, rt.address)
+    if balance < total:
+        raise ConfigError(f"account {rt.address} holds {balance} token wei but the job needs "
+                          f"{total} (reward + budget): fund it or lower --reward")
+    await rt.chain(c.token.ensure_allowance, c.market.address, total)
+    job_id = await rt.chain(c.market.post_job, spec.spec_hash(), bytes.fromhex(ds_id),
+                            req.reward, req.budget, req.solve_duration)
+    await rt.p2p.announce("job_posted", JobPosted(job_id=job_id,
+                                                  spec_hash="0x" + spec_id, dataset_id=ds_id,
+                                                  spec_id=spec_id))
+    log.info("job_posted", job=job_id, spec=spec_id, dataset=ds_id, reward=req.reward)
+    return job_id
+
+
+async def serve_until_final(rt: Runtime, job_ids: list[int], timeout: float | None) -> None:
+    """Keep serving the inputs until every job is finalized or cancelled."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    c = rt.chain_client
+    while deadline is None or time.monotonic() < deadline:
+        states = [(await rt.chain(c.market.get_job, j)).status for j in job_ids]
+        if all(s in (JobStatus.FINALIZED, JobStatus.CANCELLED) for s in states):
+            return
+        await trio.sleep(1.0)
+
+
+def job_report(c: ChainClient, job_id: int) -> dict[str, Any]:
+    """State, parties, sampled segments, verdicts on chain and payouts of one job."""
+    job = c.market.get_job(job_id)
+    assert c.deployment is not None
+    watcher = EventWatcher(c.w3, [c.market, c.dispute], start_block=c.deployment.deploy_block)
+    events = [e for e in watcher.fetch(c.deployment.deploy_block, c.block_number())
+              if int(e.args.get("jobId", -1)) == job_id]
+    sampled: list[int] = []
+    if job.status == JobStatus.COMMITTED and job.seed != bytes(32):
+        sampled = c.market.sampled_segments(job_id)
+    return {
+        "job_id": job_id, "status": job.status.name.lower(), "round": job.round,
+        "submitter": job.submitter, "solver": job.solver, "reward": job.reward,
+        "verification_budget": job.verification_budget, "bond": job.bond,
+        "deadline": job.deadline, "window_end": job.window_end,
+        "trace_root": "0x" + job.trace_root.hex(), "segments": job.segment_count,
+        "sampled_segments": sampled, "open_disputes": job.open_disputes,
+        "attestations": job.attestations,
+        "events": [{"event": e.event, "block": e.block_number,
+                    **{k: _plain(v) for k, v in e.args.items()}} for e in events],
+    }
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return "0x" + v.hex()
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
+
+
+async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0) -> Path:
+    """Download the final checkpoint of a finalized job and write its model weights."""
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    from verifier.evidence import Evidence  # noqa: PLC0415
+
+    job = await rt.chain(rt.chain_client.market.get_job, job_id)
+    if job.status != JobStatus.FINALIZED:
+        raise ConfigError(f"job {job_id} is {job.status.name.lower()}, not finalized: "
+                          "the model can be fetched once it is final")
+    ev = None
+    with trio.move_on_after(wait):
+        while ev is None:
+            ev = await Evidence(rt).for_job(job_id, job)
+            if ev is None:
+                await trio.sleep(1.0)
+    if ev is None:
+        raise IntegrityError(f"no peer announced the trace of job {job_id} within {wait:.0f}s; "
+                             "is its solver online?")
+    final = await ev.committed(job.segment_count)
+    if final.leaf.state_hash != job.final_state_hash:
+        raise IntegrityError("the final checkpoint is not the state committed on chain")
+    weights = {k.removeprefix("model."): v.contiguous() for k, v in final.tensors.items()
+               if k.startswith("model.")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out), metadata={"job_id": str(job_id),
+                                          "state_hash": job.final_state_hash.hex()})
+    return out

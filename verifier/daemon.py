@@ -1,0 +1,272 @@
+"""The verifier daemon: watch commits, replay the sampled segments from the
+solver's own checkpoints, attest or challenge, play bisection as challenger,
+serve on juries, finalize and withdraw.
+
+Crash safety mirrors the solver's: ``verifier.json`` records jobs and disputes
+before the event cursor moves, and a vote's salt is on disk before its
+commitment is sent, so a restarted verifier can still reveal.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Any
+
+import trio
+
+from node.chain.contracts import JobStatus, Phase, Side
+from node.chain.events import ChainEvent, EventWatcher
+from node.errors import PolnetError
+from node.logs import get_logger
+from node.roles.runtime import VERIFIER, Runtime, guarded
+from node.roles.state import RoleState
+from verifier.evidence import Evidence
+
+log = get_logger("polnet.verifier")
+
+BENIGN_ATTEST = ("AlreadyAttested", "TooManyAttestors", "WindowClosed", "InvalidStatus")
+BENIGN_CHALLENGE = ("WindowClosed", "InvalidStatus", "SegmentAlreadyUpheld")
+
+
+class Verifier:
+    """``malicious=True`` challenges honest work and votes against the solver:
+    for demos and tests of the dispute game only."""
+
+    def __init__(self, rt: Runtime, malicious: bool = False) -> None:
+        self.rt = rt
+        self.malicious = malicious
+        self.state = RoleState(rt.dir / "verifier.json", {"jobs": {}, "disputes": {}})
+        self.evidence = Evidence(rt)
+        self._busy: set[str] = set()
+
+    def _on_event(self, ev: ChainEvent) -> None:
+        me = self.rt.address.lower()
+        with self.state as st:
+            if ev.contract == "JobMarket" and ev.event == "ResultCommitted":
+                jid = str(ev.args["jobId"])
+                # The event does not carry the round; the job's current one is this commit's.
+                rnd = self.rt.chain_client.market.get_job(int(jid)).round
+                st["jobs"][jid] = {"round": rnd, "phase": "pending", "verdicts": {}}
+            elif ev.event == "DisputeOpened" and str(ev.args["challenger"]).lower() == me:
+                st["disputes"].setdefault(str(ev.args["id"]), {"role": "challenger"})
+            elif ev.event == "JuryDrawn" and me in [str(a).lower() for a in ev.args["jury"]]:
+                st["disputes"].setdefault(str(ev.args["id"]), {"role": "juror"})
+
+    async def run(self, until: float | None = None) -> None:
+        rt = self.rt
+        await rt.ensure_registered(VERIFIER, rt.settings.stake)
+        c = rt.chain_client
+        assert c.deployment is not None
+        watcher = EventWatcher(c.w3, [c.market, c.dispute],
+                               cursor_path=rt.dir / "verifier.cursor",
+                               start_block=c.deployment.deploy_block)
+        log.info("verifier_running", address=rt.address, malicious=self.malicious)
+        async with trio.open_nursery() as nursery:
+            while until is None or time.monotonic() < until:
+                try:
+                    await rt.chain(watcher.poll, self._on_event)
+                    await self._tick(nursery)
+                except PolnetError as exc:
+                    log.warning("verifier_tick_failed", error=str(exc))
+                await trio.sleep(rt.settings.poll_interval)
+            nursery.cancel_scope.cancel()
+
+    async def _tick(self, nursery: trio.Nursery) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        now = await rt.chain(c.timestamp)
+        for key, info in list(self.state.data["jobs"].items()):
+            jid = int(key)
+            job = await rt.chain(c.market.get_job, jid)
+            if job.status != JobStatus.COMMITTED or job.round != info["round"]:
+                if info["phase"] != "done":
+                    self._set(jid, phase="done")
+                    await rt.withdraw_all()
+                continue
+            if info["phase"] == "checked" and now <= job.window_end \
+                    and not info.get("challenged") and key not in self._busy:
+                self._busy.add(key)
+                nursery.start_soon(guarded, "_maybe_challenge", self._challenge_later, jid)
+            if info["phase"] == "pending" and key not in self._busy:
+                self._busy.add(key)
+                nursery.start_soon(guarded, "_check_job", self._check_job, jid)
+            if now > job.window_end and job.open_disputes == 0:
+                await rt.transact_ok(c.market.finalize, jid,
+                                     benign=("InvalidStatus", "WindowNotOver", "DisputesOpen"))
+        for key, info in list(self.state.data["disputes"].items()):
+            if key not in self._busy and info.get("phase") != "over":
+                self._busy.add(key)
+                nursery.start_soon(guarded, "_dispute_move", self._dispute_move, int(key))
+
+    def _set(self, jid: int, **kw: Any) -> None:
+        with self.state as st:
+            st["jobs"][str(jid)].update(kw)
+
+    # --- sampled replay ------------------------------------------------------------------
+
+    async def _check_job(self, jid: int) -> None:
+        from verifier.replay import verify_segment  # noqa: PLC0415
+
+        rt, c = self.rt, self.rt.chain_client
+        key = str(jid)
+        try:
+            job = await rt.chain(c.market.get_job, jid)
+            if job.seed == bytes(32):
+                if await rt.chain(c.block_number) <= job.sample_block:
+                    return  # the seed block is not mined yet: next tick
+                await rt.transact_ok(c.market.fix_seed, jid, benign=("SeedAlreadyFixed",))
+            segments = await rt.chain(c.market.sampled_segments, jid)
+            ev = await self.evidence.for_job(jid, job)
+            if ev is None:
+                return  # no manifest announced yet: next tick
+            log.info("checking", job=jid, segments=segments)
+            for seg in segments:
+                if str(seg) in self.state.data["jobs"][key]["verdicts"]:
+                    continue
+                start = await ev.committed(seg)
+                end = await ev.committed(seg + 1)
+                verdict = await trio.to_thread.run_sync(
+                    lambda s=start, e=end, g=seg: verify_segment(
+                        ev.ctx, root=job.trace_root, job_id=jid, segment=g, start=s, end=e))
+                rt.metrics.steps.inc(ev.ctx.spec.checkpoint_interval)
+                passed = verdict.passed and not (self.malicious and seg == segments[0])
+                rt.metrics.verdicts.labels("pass" if passed else "fail").inc()
+                log.info("verdict", job=jid, segment=seg, passed=verdict.passed,
+                         ratio=f"{verdict.ratio:.2e}", worst=verdict.worst_tensor,
+                         reason=verdict.reason)
+                with self.state as st:
+                    st["jobs"][key]["verdicts"][str(seg)] = passed
+                if passed:
+                    await rt.transact_ok(c.market.attest, jid, seg, benign=BENIGN_ATTEST)
+            self._set(jid, phase="checked")
+            await self._maybe_challenge(jid)
+        except PolnetError as exc:
+            log.warning("check_failed", job=jid, error=str(exc))
+        finally:
+            self._busy.discard(key)
+
+    async def _maybe_challenge(self, jid: int) -> None:
+        """Dispute one failing segment, unless a dispute on the job is already live:
+        one proven-invalid step reopens the job, so more would only be mooted."""
+        rt, c = self.rt, self.rt.chain_client
+        info = self.state.data["jobs"][str(jid)]
+        failing = [int(s) for s, ok in info["verdicts"].items() if not ok]
+        if not failing or info.get("challenged"):
+            return
+        await trio.sleep(random.uniform(0, 6))  # de-synchronise verifiers that saw the same
+        job = await rt.chain(c.market.get_job, jid)
+        if job.open_disputes > 0 or job.status != JobStatus.COMMITTED:
+            return  # someone is on it; look again next tick
+        ev = await self.evidence.for_job(jid, job)
+        if ev is None:
+            return
+        seg = failing[0]
+        start, end = await ev.committed(seg), await ev.committed(seg + 1)
+        await self._challenge(jid, seg, start, end)
+        self._set(jid, challenged=True)
+
+    async def _challenge_later(self, jid: int) -> None:
+        try:
+            await self._maybe_challenge(jid)
+        finally:
+            self._busy.discard(str(jid))
+
+    async def _challenge(self, jid: int, seg: int, start: Any, end: Any) -> None:
+        c = self.rt.chain_client
+        try:
+            did = await self.rt.chain(c.market.challenge, jid, seg, start.leaf, list(start.proof),
+                                      end.leaf, list(end.proof))
+        except PolnetError as exc:
+            if getattr(exc, "error", None) in BENIGN_CHALLENGE:
+                log.info("challenge_not_needed", job=jid, segment=seg, error=str(exc))
+                return
+            raise
+        with self.state as st:
+            st["disputes"][str(did)] = {"role": "challenger"}
+        log.info("challenged", job=jid, segment=seg, dispute=did)
+
+    # --- disputes ---------------------------------------------------------------------
+
+    async def _dispute_move(self, did: int) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        key = str(did)
+        try:
+            info = self.state.data["disputes"][key]
+            d = await rt.chain(c.dispute.get_dispute, did)
+            now = await rt.chain(c.timestamp)
+            if d.phase in (Phase.RESOLVED, Phase.MOOT):
+                with self.state as st:
+                    st["disputes"][key]["phase"] = "over"
+                log.info("dispute_over", dispute=did, solver_won=d.solver_won, role=info["role"])
+                await rt.withdraw_all()
+                return
+            if not await rt.chain(c.market.call, "isDisputeLive", did):
+                # The job was reopened by another dispute: end this one, unlock bonds.
+                await rt.transact_ok(c.dispute.abort_moot, did,
+                                     benign=("WrongPhase", "DisputeStillLive"))
+                return
+            if d.phase == Phase.BISECTION:
+                if d.turn == Side.SOLVER and d.solver_clock_left == 0:
+                    await rt.transact_ok(c.dispute.timeout, did,
+                                         benign=("WrongPhase", "ClockNotExpired"))
+                elif d.turn == Side.CHALLENGER and info["role"] == "challenger":
+                    await self._choose(d)
+            elif d.phase == Phase.COMMIT and info["role"] == "juror" and "salt" not in info:
+                await self._vote(d)
+            elif d.phase == Phase.REVEAL:
+                if info["role"] == "juror" and "salt" in info and not info.get("revealed"):
+                    await rt.transact_ok(c.dispute.reveal_vote, did, info["valid"],
+                                         bytes.fromhex(info["salt"]),
+                                         benign=("AlreadyRevealed", "RevealNotOpen"))
+                    with self.state as st:
+                        st["disputes"][key]["revealed"] = True
+                if now > d.reveal_end:
+                    await rt.transact_ok(c.dispute.resolve, did,
+                                         benign=("WrongPhase", "RevealNotOver"))
+        except PolnetError as exc:
+            log.warning("dispute_move_failed", dispute=did, error=str(exc))
+        finally:
+            self._busy.discard(key)
+
+    async def _choose(self, d: Any) -> None:
+        """Replay lo -> mid from the solver's own states: if the solver's mid agrees
+        with our replay the fault is above it, else at or below it."""
+        ev = await self.evidence.for_job(d.job_id)
+        if ev is None:
+            return
+        lo = await ev.state(d.lo, d.lo_hash)
+        mid = await ev.state(d.mid, d.mid_hash)
+        if mid is None:
+            log.info("mid_state_not_served_yet", dispute=d.id, step=d.mid)
+            return
+        assert lo is not None, "the low end of a live range is always a state we checked"
+        ok = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo, mid, d.mid)
+        lower = not ok
+        if self.malicious:
+            lower = False  # walk to the last step and hope the jury errs
+        await self.rt.transact_ok(self.rt.chain_client.dispute.choose, d.id, lower,
+                                  benign=("NotYourTurn", "WrongPhase"))
+        log.info("half_chosen", dispute=d.id, range=[d.lo, d.hi], mid=d.mid,
+                 mid_ok=ok, disputed="lower" if lower else "upper")
+
+    async def _vote(self, d: Any) -> None:
+        """One step, replayed: S_lo -> S_lo+1 against the solver's S_hi. A state
+        the solver does not serve in time counts against it."""
+        ev = await self.evidence.for_job(d.job_id)
+        valid = False
+        if ev is not None:
+            with trio.move_on_after(max(5.0, d.commit_end - await self.rt.chain(
+                    self.rt.chain_client.timestamp) - 10)):
+                lo = await ev.state(d.lo, d.lo_hash, wait=True)
+                hi = await ev.state(d.hi, d.hi_hash, wait=True)
+                if lo is not None and hi is not None:
+                    valid = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo, hi, d.hi)
+        if self.malicious:
+            valid = False
+        salt = os.urandom(32)
+        with self.state as st:  # salt on disk before the commitment leaves
+            st["disputes"][str(d.id)].update(valid=valid, salt=salt.hex())
+        await self.rt.transact_ok(self.rt.chain_client.dispute.commit_vote, d.id, valid, salt,
+                                  benign=("AlreadyCommitted", "CommitClosed"))
+        log.info("vote_committed", dispute=d.id, step=[d.lo, d.hi], valid=valid)

@@ -1,0 +1,128 @@
+"""What a verifier knows about one committed job: the solver's trace manifest,
+its checkpoints and served dispute states, each checked against the chain
+before use. Fetching goes through the node's p2p layer; parsing and hashing
+run in worker threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from node.chain.contracts import Job
+from node.errors import IntegrityError, PolnetError
+from node.logs import get_logger
+from node.roles.jobfiles import fetch_job_inputs
+from node.roles.runtime import Runtime
+from node.train.step import TrainContext
+from node.train.trace import TraceManifest, load_checkpoint, merkle_proof
+from verifier.replay import CommittedState, policy_from_spec, replay_segment, segment_context
+from verifier.tolerance import compare_states, slots_from_names
+
+log = get_logger("polnet.verifier.evidence")
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass
+class JobEvidence:
+    rt: Runtime
+    job_id: int
+    job: Job
+    ctx: TrainContext
+    manifest: TraceManifest
+    _states: dict[tuple[int, bytes], Tensors] = field(default_factory=dict)
+
+    async def _load(self, artifact_id: str, state_hash: bytes) -> Tensors:
+        path = await self.rt.fetch(artifact_id, (self.job.solver,))
+        ck = await trio.to_thread.run_sync(load_checkpoint, path, state_hash)
+        return dict(ck.tensors)
+
+    async def committed(self, index: int) -> CommittedState:
+        """Checkpoint ``index`` with its leaf and proof (checked later against the root)."""
+        leaf, proof = merkle_proof(self.manifest, index)
+        entry = self.manifest.checkpoints[index]
+        tensors = await self._load(entry.sha256, leaf.state_hash)
+        self._states[(leaf.step, leaf.state_hash)] = tensors
+        return CommittedState(tensors, leaf, proof)
+
+    async def state(self, step: int, state_hash: bytes, wait: bool = False) -> Tensors | None:
+        """The state the solver committed to at ``step`` (a checkpoint or a served
+        bisection state), or None if nobody has announced it (yet)."""
+        if (step, state_hash) in self._states:
+            return self._states[(step, state_hash)]
+        k = self.manifest.k
+        while True:
+            if step % k == 0 and self.manifest.state_hashes[step // k] == state_hash.hex():
+                return dict((await self.committed(step // k)).tensors)
+            aid = self.rt.book.states.get((self.job_id, "0x" + state_hash.hex()))
+            if aid is not None:
+                tensors = await self._load(aid, state_hash)
+                self._states[(step, state_hash)] = tensors
+                return tensors
+            if not wait:
+                return None
+            await trio.sleep(0.5)
+
+    def step_range_ok(self, lo: Tensors, lo_step: int, hi: Tensors, hi_step: int) -> bool:
+        """Replay lo_step -> hi_step and apply the job's tolerance to the solver's hi."""
+        n = hi_step - lo_step
+        replayed, _loss = replay_segment(self.ctx, lo, lo_step, n)
+        verdict = compare_states(-1, lo_step, lo, replayed, hi, slots_from_names(replayed),
+                                 segment_context(self.ctx.spec, lo_step, n),
+                                 policy_from_spec(self.ctx.spec))
+        log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
+                 passed=verdict.passed, ratio=f"{verdict.ratio:.2e}")
+        return verdict.passed
+
+
+class Evidence:
+    """Per-job evidence, keyed by (job, trace root) so a reopened job starts afresh."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._jobs: dict[tuple[int, bytes], JobEvidence] = {}
+
+    async def for_job(self, job_id: int, job: Job | None = None) -> JobEvidence | None:
+        rt = self.rt
+        if job is None:
+            job = await rt.chain(rt.chain_client.market.get_job, job_id)
+        key = (job_id, job.trace_root)
+        if key in self._jobs:
+            return self._jobs[key]
+        manifest = await self._manifest(job_id, job)
+        if manifest is None:
+            return None
+        spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash,
+                                               (job.solver,))
+        ctx = TrainContext.create(spec, dataset, threads=rt.settings.threads)
+        ev = JobEvidence(rt, job_id, job, ctx, manifest)
+        self._jobs[key] = ev
+        return ev
+
+    async def _manifest(self, job_id: int, job: Job) -> TraceManifest | None:
+        for aid in list(self.rt.book.manifests.get(job_id, [])):
+            try:
+                path = await self.rt.fetch(aid, (job.solver,), timeout=30)
+                m = parse_manifest(path.read_bytes())
+            except PolnetError as exc:
+                log.warning("manifest_unusable", job=job_id, artifact=aid, error=str(exc))
+                continue
+            if m.job_id == job_id and bytes.fromhex(m.root) == job.trace_root \
+                    and m.segment_count == job.segment_count and m.k == job.steps_per_segment:
+                return m
+            log.warning("manifest_mismatch", job=job_id, artifact=aid)
+        return None
+
+
+def parse_manifest(raw: bytes) -> TraceManifest:
+    """A peer's manifest, rejected with IntegrityError if malformed or self-inconsistent."""
+    try:
+        m = TraceManifest.from_json(raw)
+        _, tree = m.leaves_and_tree()
+    except (ValueError, TypeError, KeyError) as exc:
+        raise IntegrityError(f"malformed trace manifest: {exc}") from None
+    if tree.root.hex() != m.root or len(m.checkpoints) != m.segment_count + 1:
+        raise IntegrityError("trace manifest does not match its own leaves")
+    return m
