@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,14 @@ def test_tolerance_defaults_follow_precision(base: dict[str, Any]) -> None:
     assert fp32.spec_hash() != bf16.spec_hash()  # the resolved policy is part of the hash
 
 
+def test_cnn_activation_defaults_to_silu_and_is_hashed(base: dict[str, Any]) -> None:
+    assert "activation" not in tomllib.loads((EXAMPLES / "cnn_digits.toml").read_text())["model"]
+    spec = parse_spec(base)
+    assert spec.model.activation == "silu"  # type: ignore[union-attr]
+    relu = parse_spec(set_path(base, "model.activation", "relu"))
+    assert relu.spec_hash() != spec.spec_hash()  # a different model is a different job
+
+
 def test_detection_target_gives_44_samples(base: dict[str, Any]) -> None:
     assert parse_spec(base).detection.samples() == 44
 
@@ -82,6 +91,7 @@ BAD = [
     ("dropout 1", "model.dropout", 1.0, "model.dropout"),
     ("empty channels", "model.channels", [], "model.channels"),
     ("bad channel", "model.channels", [32, "x"], "model.channels.1"),
+    ("unknown activation", "model.activation", "tanh", "model.activation"),
     ("image not poolable", "model.image_size", 10, "model.image_size"),
     ("rho <= 0", "tolerance.rho", 0.0, "tolerance.rho"),
     ("fraction 1", "detection.fraction", 1.0, "detection.fraction"),

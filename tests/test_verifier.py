@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from node.errors import CheckpointError, ProofError
 from node.proof import sample_segments
@@ -87,16 +88,31 @@ def test_honest_configs_in_process_never_flagged_lm(cache: Path) -> None:
 
 def test_honest_configs_in_process_never_flagged_cnn(cache: Path) -> None:
     ctx = job("cnn", cache, k=10, total_steps=40)
-    m = measure(ctx, "cnn", [1, 3], subprocess_configs=False)
+    m = measure(ctx, "cnn", [0, 1, 3], subprocess_configs=False)
     _assert_no_false_flag(m.rows)
+    assert m.max_of("ratio") < 1e-4  # >= 10x under rho, segment 0 (S_0) included
 
 
-@pytest.mark.xfail(strict=True, reason="known: oneDNN-off conv at S_0 (zero biases, exact-zero "
-                   "pixels sit on the ReLU kink) drifts ~1e-2 of an update on segment 0")
 def test_onednn_off_from_initial_state_cnn(cache: Path) -> None:
+    """Segment 0 (S_0: zero biases, digits ~50% exact-zero pixels) under the native
+    conv kernel (NNPACK when oneDNN is off) stays far inside the tolerance."""
     ctx = job("cnn", cache, k=10, total_steps=40)
-    _assert_no_false_flag(measure(ctx, "cnn", [0], configs=[config_by_name("onednn_off")],
-                                  subprocess_configs=False).rows)
+    m = measure(ctx, "cnn", [0], configs=[config_by_name("onednn_off")], subprocess_configs=False)
+    _assert_no_false_flag(m.rows)
+    assert m.max_of("ratio") < 1e-4  # >= 10x under rho
+
+
+def test_relu_cnn_sits_on_the_kink_at_initial_state(cache: Path) -> None:
+    """Why the CNN's default activation is smooth: with ReLU, all-zero input patches
+    give pre-activations of exactly 0 under oneDNN but +-1e-7..1e-5 under NNPACK,
+    so the first conv's bias gradient differs at S_0 and segment 0 drifts ~1e-2."""
+    model = {"family": "cnn", "in_channels": 1, "image_size": 8, "channels": [8, 16],
+             "hidden": 64, "num_classes": 10, "activation": "relu"}
+    if not torch.backends.mkldnn.is_available() or not torch._nnpack_available():
+        pytest.skip("needs both oneDNN and NNPACK to emulate two conv kernels")
+    ctx = job("cnn", cache, k=10, total_steps=40, model=model)
+    m = measure(ctx, "cnn", [0], configs=[config_by_name("onednn_off")], subprocess_configs=False)
+    assert m.max_of("ratio") > 1e-3
 
 
 def test_env_var_config_in_subprocess_never_flagged(cache: Path) -> None:

@@ -104,6 +104,10 @@ class MLP(PolnetModel):
         return out
 
 
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu,
+                                                                    "relu": F.relu}
+
+
 class CNN(PolnetModel):
     def __init__(self, cfg: CNNConfig) -> None:
         super().__init__()
@@ -113,12 +117,15 @@ class CNN(PolnetModel):
         self.fc = nn.Linear(cfg.flat_features(), cfg.hidden)
         self.head = nn.Linear(cfg.hidden, cfg.num_classes)
         self.drop = Dropout(cfg.dropout)
+        # Smooth by default: see CNNConfig (ReLU's kink at an exact-zero pre-activation
+        # makes honest replays on other conv kernels diverge at S_0).
+        self.act: Callable[[torch.Tensor], torch.Tensor] = _ACTIVATIONS[cfg.activation]
 
     def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
         h = x
         for conv in self.convs:
-            h = F.max_pool2d(F.relu(conv(h)), 2)
-        h = self.drop(F.relu(self.fc(h.flatten(1))), rng)
+            h = F.max_pool2d(self.act(conv(h)), 2)
+        h = self.drop(self.act(self.fc(h.flatten(1))), rng)
         out: torch.Tensor = self.head(h)
         return out
 
