@@ -78,6 +78,7 @@ class Verifier:
         now = await rt.chain(c.timestamp)
         for key, info in list(self.state.data["jobs"].items()):
             jid = int(key)
+            busy = f"j{jid}"
             job = await rt.chain(c.market.get_job, jid)
             if job.status != JobStatus.COMMITTED or job.round != info["round"]:
                 if info["phase"] != "done":
@@ -85,18 +86,18 @@ class Verifier:
                     await rt.withdraw_all()
                 continue
             if info["phase"] == "checked" and now <= job.window_end \
-                    and not info.get("challenged") and key not in self._busy:
-                self._busy.add(key)
+                    and not info.get("challenged") and busy not in self._busy:
+                self._busy.add(busy)
                 nursery.start_soon(guarded, "_maybe_challenge", self._challenge_later, jid)
-            if info["phase"] == "pending" and key not in self._busy:
-                self._busy.add(key)
+            if info["phase"] == "pending" and busy not in self._busy:
+                self._busy.add(busy)
                 nursery.start_soon(guarded, "_check_job", self._check_job, jid)
             if now > job.window_end and job.open_disputes == 0:
                 await rt.transact_ok(c.market.finalize, jid,
                                      benign=("InvalidStatus", "WindowNotOver", "DisputesOpen"))
         for key, info in list(self.state.data["disputes"].items()):
-            if key not in self._busy and info.get("phase") != "over":
-                self._busy.add(key)
+            if f"d{key}" not in self._busy and info.get("phase") != "over":
+                self._busy.add(f"d{key}")
                 nursery.start_soon(guarded, "_dispute_move", self._dispute_move, int(key))
 
     def _set(self, jid: int, **kw: Any) -> None:
@@ -144,7 +145,7 @@ class Verifier:
         except PolnetError as exc:
             log.warning("check_failed", job=jid, error=str(exc))
         finally:
-            self._busy.discard(key)
+            self._busy.discard(f"j{jid}")
 
     async def _maybe_challenge(self, jid: int) -> None:
         """Dispute one failing segment, unless a dispute on the job is already live:
@@ -170,7 +171,7 @@ class Verifier:
         try:
             await self._maybe_challenge(jid)
         finally:
-            self._busy.discard(str(jid))
+            self._busy.discard(f"j{jid}")
 
     async def _challenge(self, jid: int, seg: int, start: Any, end: Any) -> None:
         c = self.rt.chain_client
@@ -227,7 +228,7 @@ class Verifier:
         except PolnetError as exc:
             log.warning("dispute_move_failed", dispute=did, error=str(exc))
         finally:
-            self._busy.discard(key)
+            self._busy.discard(f"d{did}")
 
     async def _choose(self, d: Any) -> None:
         """Replay lo -> mid from the solver's own states: if the solver's mid agrees
@@ -236,12 +237,21 @@ class Verifier:
         if ev is None:
             return
         lo = await ev.state(d.lo, d.lo_hash)
-        mid = await ev.state(d.mid, d.mid_hash)
-        if mid is None:
-            log.info("mid_state_not_served_yet", dispute=d.id, step=d.mid)
-            return
         assert lo is not None, "the low end of a live range is always a state we checked"
-        ok = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo, mid, d.mid)
+        # Wait for the solver's midpoint a bounded share of our clock: a state the
+        # solver does not serve counts against it, so then we dispute the lower half.
+        patience = max(5.0, d.challenger_clock_left / 3)
+        mid = None
+        with trio.move_on_after(patience):
+            try:
+                mid = await ev.state(d.mid, d.mid_hash, wait=True, timeout=patience)
+            except PolnetError as exc:  # unreachable or bad bytes: not served
+                log.info("mid_fetch_failed", dispute=d.id, error=str(exc))
+        if mid is None:
+            log.warning("mid_state_not_served", dispute=d.id, step=d.mid, waited_s=patience)
+            ok = False
+        else:
+            ok = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo, mid, d.mid)
         lower = not ok
         if self.malicious:
             lower = False  # walk to the last step and hope the jury errs

@@ -1,0 +1,143 @@
+"""End-to-end: real `polnet` daemons as OS processes, a real anvil devnet,
+loopback libp2p and real training on bundled digits.
+
+These are the slowest tests (a few minutes in all on 2 cores): each scenario
+runs whole jobs through claim, training, sampled replay, dispute and
+settlement, and kills or freezes parts of the network on the way.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from devnet.localnet import LocalNet
+from devnet.params import DevnetParams
+from node.demo import pack_inputs, spec_for
+
+pytestmark = pytest.mark.timeout(420)
+
+SUBMITTER, HONEST, CHEATER, V1, V2, V3 = 1, 2, 3, 4, 5, 6
+
+
+def params() -> DevnetParams:
+    return DevnetParams.model_validate({
+        "market": {"verification_window": 35, "sample_count": 4},
+        "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20},
+        "registry": {"unbond_delay": 3600}})
+
+
+def small_job(tmp: Path, total_steps: int = 40) -> tuple[Path, Path]:
+    inputs = pack_inputs(tmp / "data")
+    spec = spec_for("mlp_digits.toml", _hash(inputs["digits"]), tmp / "data" / "job.toml",
+                    total_steps=total_steps)
+    return spec, inputs["digits"]
+
+
+def _hash(p: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, object]]]:
+    out: dict[str, list[dict[str, object]]] = {}
+    for ev in net.events():
+        if ev.contract == "DisputeGame" and ev.args.get("id") == did:
+            out.setdefault(ev.event, []).append(ev.args)
+    return out
+
+
+def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
+        tmp_path: Path) -> None:
+    """A solver that skips the last step of every segment is challenged, bisected to
+    one step, found invalid by the jury and slashed; the challenger is paid; the job
+    reopens and an honest solver, SIGKILLed mid-job and restarted, still commits; a
+    verifier killed right after the commit and a frozen RPC are both survived."""
+    spec, dataset = small_job(tmp_path)
+    with LocalNet(tmp_path / "net", params()) as net:
+        for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
+            net.start_verifier(name, acct)
+        net.start_solver("cheat", CHEATER, "fewer_steps")
+        cheat_before = net.holdings(net.address(CHEATER))
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        net.wait_event("Challenged", 180, jobId=job)
+        ch_before = {net.address(a): net.holdings(net.address(a)) for a in (V1, V2, V3)}
+        net.start_solver("honest", HONEST)
+        # Verifiers may race to challenge; the first dispute to settle decides, the
+        # others are mooted.
+        resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
+        assert resolved.args["solverWon"] is False
+        did = int(resolved.args["id"])
+        challenger = next(str(e.args["challenger"]) for e in net.events()
+                          if e.event == "Challenged" and e.args["disputeId"] == did)
+        evs = dispute_events(net, did)
+        last = evs["RangeNarrowed"][-1] if "RangeNarrowed" in evs else None
+        jury = evs["JuryDrawn"][0]["jury"]
+        assert last is not None and int(last["hi"]) - int(last["lo"]) == 1  # one step
+        assert net.address(CHEATER) not in jury and challenger not in jury
+        assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
+        assert net.holdings(net.address(CHEATER)) < cheat_before  # bond slashed
+        time.sleep(3)
+        assert net.holdings(challenger) > ch_before[challenger]  # bond back + a share
+
+        # Round 2: the honest solver claims the reopened job; kill it mid-job, restart.
+        net.wait_event("JobClaimed", 120, jobId=job, solver=net.address(HONEST))
+        net.kill("honest", signal.SIGKILL)
+        net.start_solver("honest", HONEST)
+        committed = net.wait_event("ResultCommitted", 180, jobId=job,
+                                   solver=net.address(HONEST))
+        # A verifier dies right after the commit and comes back; the RPC freezes.
+        net.kill("v1", signal.SIGKILL)
+        net.start_verifier("v1", V1)
+        net.pause_rpc(4)
+        net.wait_job(job, {3}, 180)
+        assert any(e.event == "Attested" and e.args["verifier"] == net.address(V1)
+                   and e.block_number >= committed.block_number for e in net.events())
+        net.check_alive()
+        assert net.conserved()
+
+
+def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> None:
+    spec, dataset = small_job(tmp_path)
+    with LocalNet(tmp_path / "net", params()) as net:
+        net.start_verifier("bad", V1, "--malicious")
+        net.start_verifier("v2", V2)
+        net.start_verifier("v3", V3)
+        net.start_solver("honest", HONEST)
+        solver_before = net.holdings(net.address(HONEST))
+        bad_before = net.holdings(net.address(V1))
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        challenged = net.wait_event("Challenged", 180, jobId=job)
+        assert challenged.args["challenger"] == net.address(V1)
+        resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame",
+                                  id=int(challenged.args["disputeId"]))
+        assert resolved.args["solverWon"] is True
+        net.wait_job(job, {3}, 120)
+        time.sleep(3)
+        gained = net.holdings(net.address(HONEST)) - solver_before
+        reward = net.c.market.get_job(job).reward
+        assert gained > reward  # the reward plus its share of the challenger's bond
+        assert net.holdings(net.address(V1)) < bad_before
+        assert net.conserved()
+
+
+def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
+    spec, dataset = small_job(tmp_path)
+    with LocalNet(tmp_path / "net", params()) as net:
+        for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
+            net.start_verifier(name, acct)
+        net.start_solver("cheat", CHEATER, "skip")
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        challenged = net.wait_event("Challenged", 180, jobId=job)
+        net.kill("cheat", signal.SIGKILL)  # gone: it will never post a midpoint
+        did = int(challenged.args["disputeId"])
+        timed_out = net.wait_event("TimedOut", 200, id=did)
+        assert int(timed_out.args["loser"]) == 0  # Side.Solver
+        resolved = net.wait_event("DisputeResolved", 30, contract="DisputeGame", id=did)
+        assert resolved.args["solverWon"] is False
+        assert int(net.c.market.get_job(job).status) == 0  # reopened for another solver
+        assert net.conserved()
