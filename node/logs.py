@@ -1,4 +1,9 @@
-"""Structured logging: human console output by default, JSON lines with ``--log-json``."""
+"""Structured logging: human console output by default, JSON lines with ``--log-json``.
+
+Third-party libraries (libp2p, web3) log through the standard library; their
+records go through the same renderer, so ``--log-json`` output is JSON on every
+line.
+"""
 
 from __future__ import annotations
 
@@ -10,23 +15,30 @@ import structlog
 
 def configure(json: bool = False, level: str = "INFO") -> None:
     lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-    processors: list[structlog.typing.Processor] = [
+    shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
     if json:
-        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
-    else:
-        processors += [structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
+        shared.append(structlog.processors.format_exc_info)
     structlog.configure(
-        processors=processors,
+        processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    # Third-party libraries log through stdlib logging; keep them quiet unless debugging.
-    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared]))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    # Libraries are chatty (libp2p logs every failed dial): warnings and up unless debugging.
+    root.setLevel(max(lvl, logging.WARNING))
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -8,11 +8,17 @@ settlement, and kills or freezes parts of the network on the way.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 
 from devnet.localnet import LocalNet
 from devnet.params import DevnetParams
@@ -107,7 +113,10 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         net.start_verifier("bad", V1, "--malicious")
         net.start_verifier("v2", V2)
         net.start_verifier("v3", V3)
-        net.start_solver("honest", HONEST)
+        # The honest solver logs JSON and serves Prometheus metrics.
+        net.polnet("honest", "--log-json", "solver", "run", *net.node_args("honest", HONEST),
+                   "--metrics-port", "0")
+        info = net.wait_node("honest")
         solver_before = net.holdings(net.address(HONEST))
         bad_before = net.holdings(net.address(V1))
         job = net.submit("sub", SUBMITTER, spec, dataset)
@@ -123,6 +132,30 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         assert gained > reward  # the reward plus its share of the challenger's bond
         assert net.holdings(net.address(V1)) < bad_before
         assert net.conserved()
+        metrics = urllib.request.urlopen(
+            f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=10).read().decode()
+        assert "polnet_stake" in metrics and "polnet_training_steps_total" in metrics
+        steps = [ln for ln in metrics.splitlines()
+                 if ln.startswith("polnet_training_steps_total ")]
+        assert steps and float(steps[0].split()[1]) >= 40
+        lines = [ln for ln in (net.home / "logs" / "honest.log").read_text().splitlines()
+                 if ln.startswith("{")]
+        events = [json.loads(ln)["event"] for ln in lines]
+        assert "job_claimed" in events and "result_committed" in events
+
+        # The submitter's view: status as JSON, then the trained model itself.
+        env = {**os.environ, "POLNET_HOME": str(net.home)}
+        out = subprocess.run([sys.executable, "-m", "node.cli.main", "job", "status", str(job),
+                              "--json"], env=env, capture_output=True, text=True, timeout=60)
+        report = json.loads(out.stdout)
+        assert report["status"] == "finalized" and report["solver"] == net.address(HONEST)
+        assert any(e["event"] == "Challenged" for e in report["events"])
+        model = tmp_path / "model.safetensors"
+        fetch = net.polnet("fetch", "job", "fetch", str(job), "--out", str(model),
+                           *net.node_args("fetch", SUBMITTER))
+        assert fetch.wait(120) == 0, (net.home / "logs" / "fetch.log").read_text()[-2000:]
+        weights = safetensors.torch.load_file(str(model))
+        assert weights and all(not k.startswith(("optim.", "meta.")) for k in weights)
 
 
 def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
