@@ -3,7 +3,7 @@ pragma solidity ^0.8.24;
 
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
-import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {IDisputeGame} from "./interfaces/IDisputeGame.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
@@ -47,7 +47,12 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      `abortMoot(id)` (anyone; `resolve` / `timeout` do the same) ends the game and
 ///      unlocks the challenger's bond; nobody is paid or slashed.
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
-contract DisputeGame is IDisputeGame, ReentrancyGuard {
+///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 3 rotating
+///      hash words (lo / hi / mid: `choose` only moves indices; the free word holds the
+///      jury seed once drawn); the jury is one word per juror (address | revealed | valid),
+///      commitments one word per committed juror; commitEnd / revealEnd / vote counts are
+///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
+contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
     uint256 internal constant BPS = 10_000;
@@ -82,6 +87,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuard {
         Challenger
     }
 
+    /// @notice The view form of a dispute (`getDispute`); storage is packed (see `Core`, `State`).
     struct Dispute {
         uint256 jobId;
         uint256 segment;
@@ -176,33 +182,94 @@ contract DisputeGame is IDisputeGame, ReentrancyGuard {
     error DisputeStillLive(uint256 id);
     error NothingToWithdraw();
 
+    /// @dev Packed storage of a dispute: words 0 and 1.
+    struct Core {
+        address solver;
+        uint64 startStep;
+        uint32 k; // endStep - startStep
+        address challenger;
+        uint64 jobId;
+        uint32 segment;
+    }
+
+    /// @dev The word every move reads and writes (`_stateWord`, packed by `_store`).
+    struct State {
+        Phase phase;
+        Side turn;
+        uint8 rounds; // bisection steps taken
+        uint8 loIdx; // index into _hashes of the state at lo
+        uint8 hiIdx; // index into _hashes of the state at hi (the third one: mid / jury seed)
+        bool solverWon;
+        uint32 loOff; // lo - startStep
+        uint32 hiOff; // hi - startStep
+        uint48 lastMove; // timestamp the side to move started thinking; the jury draw time after it
+        uint48 solverClock; // seconds left (as of lastMove)
+        uint48 challengerClock;
+    }
+
+    uint256 internal constant REVEALED = 1 << 160;
+    uint256 internal constant VALID = 1 << 161;
+    uint256 internal constant NOT_FOUND = type(uint256).max;
+    uint256 internal constant ENTRY_BITS = 162;
+    uint256 internal constant ENTRY_MASK = (1 << 162) - 1;
+
     IERC20 public immutable token;
     INodeRegistry public immutable registry;
     IJobMarket public immutable market;
-    Params internal _params;
 
-    uint256 public disputeCount;
-    uint256 public totalCredits;
+    uint256 internal immutable _clock;
+    uint256 internal immutable _jurySize;
+    uint256 internal immutable _commitWindow;
+    uint256 internal immutable _revealWindow;
+    uint256 internal immutable _jurorSlashBps;
+    uint256 internal immutable _challengerShareBps;
+    uint256 internal immutable _jurorShareBps;
+    uint256 internal immutable _submitterShareBps;
+    uint256 internal immutable _solverShareOfChallengerBondBps;
+    uint256 internal immutable _jurorShareOfChallengerBondBps;
+    /// @dev market.params().challengeBond, fixed for the market's life: what every dispute locked.
+    uint256 internal immutable _challengeBond;
+
+    /// @dev disputeCount + 1 and totalCredits + 1: never zero, so no write starts a fresh word.
+    uint256 internal _nextId = 1;
+    uint256 internal _creditsPlusOne = 1;
     mapping(address => uint256) public credits;
 
-    mapping(uint256 => Dispute) internal _disputes;
-    mapping(uint256 => mapping(address => Vote)) internal _votes;
-    mapping(uint256 => mapping(address => bool)) internal _isJuror;
+    mapping(uint256 => Core) internal _core;
+    mapping(uint256 => uint256) internal _stateWord; // State, packed: see _store
+
+    mapping(uint256 => bytes32[3]) internal _hashes;
+    /// @dev The jury as a bit stream over words 0, 1, ...: entry i (address | REVEALED | VALID,
+    ///      ENTRY_BITS wide) at bits [i * ENTRY_BITS, (i + 1) * ENTRY_BITS), so 3 jurors take
+    ///      2 words. The jury ends at the first entry with a zero address.
+    mapping(uint256 => mapping(uint256 => uint256)) internal _jury;
+    mapping(uint256 => mapping(address => bytes32)) internal _commits;
 
     constructor(IERC20 token_, INodeRegistry registry_, IJobMarket market_, Params memory params_) {
         if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
             revert ZeroAddress();
         }
         if (
-            params_.clock == 0 || params_.clock > type(uint64).max || params_.jurySize == 0
+            params_.clock == 0 || params_.clock > type(uint48).max || params_.jurySize == 0
                 || params_.commitWindow == 0 || params_.revealWindow == 0 || params_.jurorSlashBps > BPS
+                || params_.commitWindow > type(uint64).max || params_.revealWindow > type(uint64).max
                 || params_.challengerShareBps + params_.jurorShareBps + params_.submitterShareBps != BPS
                 || params_.solverShareOfChallengerBondBps + params_.jurorShareOfChallengerBondBps != BPS
         ) revert InvalidParams();
         token = token_;
         registry = registry_;
         market = market_;
-        _params = params_;
+        _clock = params_.clock;
+        _jurySize = params_.jurySize;
+        _commitWindow = params_.commitWindow;
+        _revealWindow = params_.revealWindow;
+        _jurorSlashBps = params_.jurorSlashBps;
+        _challengerShareBps = params_.challengerShareBps;
+        _jurorShareBps = params_.jurorShareBps;
+        _submitterShareBps = params_.submitterShareBps;
+        _solverShareOfChallengerBondBps = params_.solverShareOfChallengerBondBps;
+        _jurorShareOfChallengerBondBps = params_.jurorShareOfChallengerBondBps;
+        _challengeBond = market_.params().challengeBond;
     }
 
     // --- market ---
@@ -220,146 +287,152 @@ contract DisputeGame is IDisputeGame, ReentrancyGuard {
     ) external returns (uint256 id) {
         // INVARIANT: only the market opens disputes (it proved the leaves and locked the bond).
         if (msg.sender != address(market)) revert Unauthorized(msg.sender);
-        if (endStep <= startStep) revert InvalidRange(startStep, endStep);
-        id = ++disputeCount;
-        Dispute storage d = _disputes[id];
-        d.jobId = jobId;
-        d.segment = segment;
-        d.solver = solver;
-        d.challenger = challenger;
-        d.challengeBond = market.params().challengeBond;
-        d.startStep = startStep;
-        d.endStep = endStep;
-        d.lo = startStep;
-        d.hi = endStep;
-        d.loHash = startHash;
-        d.hiHash = endHash;
-        d.solverClock = uint64(_params.clock);
-        d.challengerClock = uint64(_params.clock);
-        d.lastMove = uint64(block.timestamp);
-        d.turn = Side.Solver;
-        d.phase = Phase.Bisection;
+        if (
+            endStep <= startStep || endStep > type(uint64).max || endStep - startStep > type(uint32).max
+                || jobId > type(uint64).max || segment > type(uint32).max
+        ) revert InvalidRange(startStep, endStep);
+        id = _nextId++;
+        uint256 k = endStep - startStep;
+        _core[id] = Core(solver, uint64(startStep), uint32(k), challenger, uint64(jobId), uint32(segment));
+        bytes32[3] storage h = _hashes[id];
+        h[0] = startHash;
+        h[1] = endHash;
+        State memory s;
+        s.phase = Phase.Bisection;
+        s.hiIdx = 1;
+        s.hiOff = uint32(k);
+        s.lastMove = uint48(block.timestamp);
+        s.solverClock = uint48(_clock);
+        s.challengerClock = uint48(_clock);
         emit DisputeOpened(id, jobId, segment, solver, challenger, startStep, endStep, startHash, endHash);
-        if (endStep - startStep == 1) _drawJury(id, d);
+        if (k == 1) _drawJury(id, s, solver, challenger);
+        _store(id, s);
     }
 
     // --- bisection ---
 
     /// @notice Solver: the state hash after step (lo + hi) / 2.
     function postMid(uint256 id, bytes32 midHash) external {
-        Dispute storage d = _bisecting(id);
-        if (d.turn != Side.Solver || msg.sender != d.solver) revert NotYourTurn(msg.sender);
+        State memory s = _bisecting(id);
+        Core storage c = _core[id];
+        if (s.turn != Side.Solver || msg.sender != c.solver) revert NotYourTurn(msg.sender);
         if (midHash == bytes32(0)) revert ZeroHash();
-        d.solverClock = _charge(id, d, d.solverClock);
-        d.midHash = midHash;
-        d.turn = Side.Challenger;
-        emit MidPosted(id, (d.lo + d.hi) / 2, midHash, d.solverClock);
+        uint48 left = _charge(id, s, s.solverClock);
+        s.solverClock = left;
+        s.turn = Side.Challenger;
+        _hashes[id][3 - s.loIdx - s.hiIdx] = midHash;
+        _store(id, s);
+        unchecked {
+            emit MidPosted(id, uint256(c.startStep) + (uint256(s.loOff) + s.hiOff) / 2, midHash, left);
+        }
     }
 
     /// @notice Challenger: dispute [lo, mid] (true) or [mid, hi] (false).
     function choose(uint256 id, bool disputeLower) external {
-        Dispute storage d = _bisecting(id);
-        if (d.turn != Side.Challenger || msg.sender != d.challenger) revert NotYourTurn(msg.sender);
-        d.challengerClock = _charge(id, d, d.challengerClock);
-        uint256 mid = (d.lo + d.hi) / 2;
-        if (disputeLower) {
-            d.hi = mid;
-            d.hiHash = d.midHash;
-        } else {
-            d.lo = mid;
-            d.loHash = d.midHash;
+        State memory s = _bisecting(id);
+        if (s.turn != Side.Challenger || msg.sender != _core[id].challenger) revert NotYourTurn(msg.sender);
+        uint48 left = _charge(id, s, s.challengerClock);
+        s.challengerClock = left;
+        uint32 midOff;
+        uint8 m;
+        unchecked {
+            midOff = uint32((uint256(s.loOff) + s.hiOff) / 2);
+            m = 3 - s.loIdx - s.hiIdx;
+            s.rounds += 1;
         }
-        d.midHash = bytes32(0);
-        d.rounds += 1;
-        d.turn = Side.Solver;
-        emit RangeNarrowed(id, d.lo, d.hi, d.loHash, d.hiHash, d.challengerClock);
-        if (d.hi - d.lo == 1) _drawJury(id, d);
+        if (disputeLower) {
+            s.hiOff = midOff;
+            s.hiIdx = m;
+        } else {
+            s.loOff = midOff;
+            s.loIdx = m;
+        }
+        s.turn = Side.Solver;
+        bytes32[3] storage h = _hashes[id];
+        Core storage c = _core[id];
+        uint256 start = c.startStep;
+        unchecked {
+            emit RangeNarrowed(id, start + s.loOff, start + s.hiOff, h[s.loIdx], h[s.hiIdx], left);
+        }
+        if (s.hiOff - s.loOff == 1) _drawJury(id, s, c.solver, msg.sender);
+        _store(id, s);
     }
 
     /// @notice Anyone: the side to move ran out of clock and loses.
     function timeout(uint256 id) external nonReentrant {
-        Dispute storage d = _bisecting(id);
-        uint256 left = d.turn == Side.Solver ? d.solverClock : d.challengerClock;
+        State memory s = _bisecting(id);
+        uint256 left = s.turn == Side.Solver ? s.solverClock : s.challengerClock;
         // INVARIANT: exactly one of {move, timeout} is possible at any time.
-        if (block.timestamp < d.lastMove + left) revert ClockNotExpired(id, d.lastMove + left);
-        if (!market.isDisputeLive(id)) return _moot(id, d);
-        emit TimedOut(id, d.turn);
-        if (d.turn == Side.Solver) d.solverClock = 0;
-        else d.challengerClock = 0;
-        _settle(id, d, d.turn == Side.Challenger, 0, new address[](0));
+        if (block.timestamp < s.lastMove + left) revert ClockNotExpired(id, s.lastMove + left);
+        if (!market.isDisputeLive(id)) return _moot(id, s);
+        emit TimedOut(id, s.turn);
+        if (s.turn == Side.Solver) s.solverClock = 0;
+        else s.challengerClock = 0;
+        bool solverWon = s.turn == Side.Challenger;
+        uint256 slashedBond = _settle(id, s, solverWon, 0, new address[](0));
+        emit DisputeResolved(id, _core[id].jobId, solverWon, 0, 0, slashedBond);
     }
 
     // --- jury ---
 
     function commitVote(uint256 id, bytes32 commitment) external {
-        Dispute storage d = _inJury(id);
-        if (!_isJuror[id][msg.sender]) revert NotJuror(msg.sender);
-        if (block.timestamp >= d.commitEnd) revert CommitClosed(d.commitEnd);
+        State memory s = _inJury(id);
+        (uint256 i,) = _findJuror(id, msg.sender);
+        if (i == NOT_FOUND) revert NotJuror(msg.sender);
+        uint64 commitEnd = uint64(s.lastMove + _commitWindow);
+        if (block.timestamp >= commitEnd) revert CommitClosed(commitEnd);
         if (commitment == bytes32(0)) revert ZeroHash();
-        Vote storage v = _votes[id][msg.sender];
-        if (v.commitment != bytes32(0)) revert AlreadyCommitted();
-        v.commitment = commitment;
+        mapping(address => bytes32) storage cs = _commits[id];
+        if (cs[msg.sender] != bytes32(0)) revert AlreadyCommitted();
+        cs[msg.sender] = commitment;
         emit VoteCommitted(id, msg.sender, commitment);
     }
 
     function revealVote(uint256 id, bool valid, bytes32 salt) external {
-        Dispute storage d = _inJury(id);
-        if (!_isJuror[id][msg.sender]) revert NotJuror(msg.sender);
-        if (block.timestamp < d.commitEnd || block.timestamp >= d.revealEnd) {
-            revert RevealNotOpen(d.commitEnd, d.revealEnd);
-        }
-        Vote storage v = _votes[id][msg.sender];
-        if (v.commitment == bytes32(0)) revert NoCommitment();
-        if (v.revealed) revert AlreadyRevealed();
+        State memory s = _inJury(id);
+        (uint256 i, uint256 e) = _findJuror(id, msg.sender);
+        if (i == NOT_FOUND) revert NotJuror(msg.sender);
+        uint64 commitEnd = uint64(s.lastMove + _commitWindow);
+        uint64 revealEnd = uint64(commitEnd + _revealWindow);
+        if (block.timestamp < commitEnd || block.timestamp >= revealEnd) revert RevealNotOpen(commitEnd, revealEnd);
+        bytes32 commitment = _commits[id][msg.sender];
+        if (commitment == bytes32(0)) revert NoCommitment();
+        if (e & REVEALED != 0) revert AlreadyRevealed();
         // INVARIANT: a reveal must open the commitment made before anyone could see votes.
-        if (keccak256(abi.encode(id, msg.sender, valid, salt)) != v.commitment) revert BadReveal();
-        v.revealed = true;
-        v.valid = valid;
-        if (valid) d.validVotes += 1;
-        else d.invalidVotes += 1;
+        if (keccak256(abi.encode(id, msg.sender, valid, salt)) != commitment) revert BadReveal();
+        mapping(uint256 => uint256) storage words = _jury[id];
+        _setBit(words, i * ENTRY_BITS + 160); // REVEALED
+        if (valid) _setBit(words, i * ENTRY_BITS + 161); // VALID
         emit VoteRevealed(id, msg.sender, valid);
     }
 
     /// @notice Anyone, at or after revealEnd: count votes, slash absent / minority jurors, settle.
     function resolve(uint256 id) external nonReentrant {
-        Dispute storage d = _inJury(id);
-        if (block.timestamp < d.revealEnd) revert RevealNotOver(d.revealEnd);
-        if (!market.isDisputeLive(id)) return _moot(id, d);
-        bool solverWon = d.validVotes >= d.invalidVotes;
-        uint256 cut = registry.minVerifierStake() * _params.jurorSlashBps / BPS;
-        uint256 pool;
-        address[] memory jury = d.jury;
-        address[] memory majority = new address[](jury.length);
-        uint256 m;
-        for (uint256 i; i < jury.length; ++i) {
-            Vote storage v = _votes[id][jury[i]];
-            if (v.revealed && v.valid == solverWon) {
-                majority[m++] = jury[i];
-            } else if (cut != 0) {
-                uint256 s = registry.slashUnlocked(jury[i], cut, address(this));
-                pool += s;
-                emit JurorSlashed(id, jury[i], s);
-            }
-        }
-        assembly ("memory-safe") {
-            mstore(majority, m)
-        }
-        _settle(id, d, solverWon, pool, majority);
+        State memory s = _inJury(id);
+        uint64 revealEnd = uint64(s.lastMove + _commitWindow + _revealWindow);
+        if (block.timestamp < revealEnd) revert RevealNotOver(revealEnd);
+        if (!market.isDisputeLive(id)) return _moot(id, s);
+        uint256[] memory entries = _juryEntries(id);
+        (uint32 validVotes, uint32 invalidVotes) = _count(entries);
+        bool solverWon = validVotes >= invalidVotes;
+        (uint256 pool, address[] memory majority) = _slashMinority(id, entries, solverWon);
+        uint256 slashedBond = _settle(id, s, solverWon, pool, majority);
+        emit DisputeResolved(id, _core[id].jobId, solverWon, validVotes, invalidVotes, slashedBond);
     }
 
     /// @notice Anyone: end a dispute whose job was reopened by another dispute.
     function abortMoot(uint256 id) external nonReentrant {
-        Dispute storage d = _disputes[id];
-        if (d.phase != Phase.Bisection && d.phase != Phase.Commit) revert WrongPhase(id, d.phase);
+        State memory s = _load(id);
+        if (s.phase != Phase.Bisection && s.phase != Phase.Commit) revert WrongPhase(id, s.phase);
         if (market.isDisputeLive(id)) revert DisputeStillLive(id);
-        _moot(id, d);
+        _moot(id, s);
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {
         amount = credits[msg.sender];
         if (amount == 0) revert NothingToWithdraw();
         credits[msg.sender] = 0;
-        totalCredits -= amount;
+        _creditsPlusOne -= amount;
         token.safeTransfer(msg.sender, amount);
         emit Withdrawn(msg.sender, amount);
     }
@@ -367,33 +440,101 @@ contract DisputeGame is IDisputeGame, ReentrancyGuard {
     // --- views ---
 
     function params() external view returns (Params memory) {
-        return _params;
+        return Params({
+            clock: _clock,
+            jurySize: _jurySize,
+            commitWindow: _commitWindow,
+            revealWindow: _revealWindow,
+            jurorSlashBps: _jurorSlashBps,
+            challengerShareBps: _challengerShareBps,
+            jurorShareBps: _jurorShareBps,
+            submitterShareBps: _submitterShareBps,
+            solverShareOfChallengerBondBps: _solverShareOfChallengerBondBps,
+            jurorShareOfChallengerBondBps: _jurorShareOfChallengerBondBps
+        });
+    }
+
+    /// @notice Disputes opened so far (ids 1..disputeCount).
+    function disputeCount() external view returns (uint256) {
+        return _nextId - 1;
+    }
+
+    /// @notice Credited, not yet withdrawn.
+    function totalCredits() public view returns (uint256) {
+        return _creditsPlusOne - 1;
     }
 
     function getDispute(uint256 id) external view returns (DisputeView memory out) {
-        Dispute storage d = _disputes[id];
-        out.dispute = d;
-        out.phase = d.phase;
-        if (d.phase == Phase.Commit && block.timestamp >= d.commitEnd) out.phase = Phase.Reveal;
-        out.solverClockLeft = d.solverClock;
-        out.challengerClockLeft = d.challengerClock;
-        if (d.phase == Phase.Bisection) {
-            uint256 elapsed = block.timestamp - d.lastMove;
-            if (d.turn == Side.Solver) out.solverClockLeft = elapsed >= d.solverClock ? 0 : d.solverClock - elapsed;
-            else out.challengerClockLeft = elapsed >= d.challengerClock ? 0 : d.challengerClock - elapsed;
+        State memory s = _load(id);
+        Core memory c = _core[id];
+        bytes32[3] storage h = _hashes[id];
+        Dispute memory d = out.dispute;
+        d.jobId = c.jobId;
+        d.segment = c.segment;
+        d.solver = c.solver;
+        d.challenger = c.challenger;
+        if (s.phase != Phase.None) d.challengeBond = _challengeBond;
+        d.startStep = c.startStep;
+        d.endStep = uint256(c.startStep) + c.k;
+        d.lo = uint256(c.startStep) + s.loOff;
+        d.hi = uint256(c.startStep) + s.hiOff;
+        d.loHash = h[s.loIdx];
+        d.hiHash = h[s.hiIdx];
+        bytes32 third = s.phase == Phase.None ? bytes32(0) : h[3 - s.loIdx - s.hiIdx];
+        if (s.turn == Side.Challenger) d.midHash = third;
+        d.phase = s.phase;
+        d.turn = s.turn;
+        d.solverClock = s.solverClock;
+        d.challengerClock = s.challengerClock;
+        d.lastMove = s.lastMove;
+        d.rounds = s.rounds;
+        if (_drawn(s)) {
+            d.jurySeed = third;
+            d.commitEnd = uint64(s.lastMove + _commitWindow);
+            d.revealEnd = uint64(d.commitEnd + _revealWindow);
         }
-        out.votes = new Vote[](d.jury.length);
-        for (uint256 i; i < d.jury.length; ++i) {
-            out.votes[i] = _votes[id][d.jury[i]];
+        d.solverWon = s.solverWon;
+        uint256[] memory entries = _juryEntries(id);
+        d.jury = new address[](entries.length);
+        out.votes = new Vote[](entries.length);
+        for (uint256 i; i < entries.length; ++i) {
+            uint256 e = entries[i];
+            address a = address(uint160(e));
+            d.jury[i] = a;
+            out.votes[i] = Vote(_commits[id][a], e & REVEALED != 0, e & VALID != 0);
+            if (e & REVEALED != 0) {
+                if (e & VALID != 0) ++d.validVotes;
+                else ++d.invalidVotes;
+            }
+        }
+        out.phase = s.phase;
+        if (s.phase == Phase.Commit && block.timestamp >= d.commitEnd) out.phase = Phase.Reveal;
+        out.solverClockLeft = s.solverClock;
+        out.challengerClockLeft = s.challengerClock;
+        if (s.phase == Phase.Bisection) {
+            uint256 elapsed = block.timestamp - s.lastMove;
+            if (s.turn == Side.Solver) out.solverClockLeft = elapsed >= s.solverClock ? 0 : s.solverClock - elapsed;
+            else out.challengerClockLeft = elapsed >= s.challengerClock ? 0 : s.challengerClock - elapsed;
         }
     }
 
-    function voteOf(uint256 id, address juror) external view returns (Vote memory) {
-        return _votes[id][juror];
+    /// @inheritdoc IDisputeGame
+    function challengerOf(uint256 id) external view returns (address) {
+        return _core[id].challenger;
+    }
+
+    function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
+        (uint256 i, uint256 e) = _findJuror(id, juror);
+        v.commitment = _commits[id][juror];
+        if (i != NOT_FOUND) {
+            v.revealed = e & REVEALED != 0;
+            v.valid = e & VALID != 0;
+        }
     }
 
     function isJuror(uint256 id, address account) external view returns (bool) {
-        return _isJuror[id][account];
+        (uint256 i,) = _findJuror(id, account);
+        return i != NOT_FOUND;
     }
 
     /// @notice The jury for `seed` under the registry's current state: a partial
@@ -402,19 +543,22 @@ contract DisputeGame is IDisputeGame, ReentrancyGuard {
     ///         verifier at slot i if it is `isVerifier` and neither party, until jurySize
     ///         are kept or all verifiers were looked at.
     function drawJury(bytes32 seed, address solver, address challenger) public view returns (address[] memory jury) {
-        uint256 count = registry.verifierCount();
-        uint256 want = _params.jurySize;
-        jury = new address[](want);
+        INodeRegistry reg = registry;
+        uint256 count = reg.verifierCount();
+        uint256 want = _jurySize;
+        jury = new address[](want < count ? want : count);
         uint256[] memory idx = new uint256[](count);
-        for (uint256 i; i < count; ++i) {
-            idx[i] = i;
-        }
         uint256 got;
-        for (uint256 i; i < count && got < want; ++i) {
-            uint256 r = i + uint256(keccak256(abi.encode(seed, i))) % (count - i);
-            (idx[i], idx[r]) = (idx[r], idx[i]);
-            address a = registry.verifierAt(idx[i]);
-            if (a != solver && a != challenger && registry.isVerifier(a)) jury[got++] = a;
+        unchecked {
+            for (uint256 i; i < count && got < want; ++i) {
+                uint256 r = i + uint256(keccak256(abi.encode(seed, i))) % (count - i);
+                // idx holds index + 1 for swapped slots, 0 = untouched (= its own index)
+                uint256 vr = idx[r] == 0 ? r : idx[r] - 1;
+                uint256 vi = idx[i] == 0 ? i : idx[i] - 1;
+                idx[r] = vi + 1;
+                (address a, bool eligible) = reg.verifierAtIfEligible(vr);
+                if (eligible && a != solver && a != challenger) jury[got++] = a;
+            }
         }
         assembly ("memory-safe") {
             mstore(jury, got)
@@ -423,90 +567,228 @@ contract DisputeGame is IDisputeGame, ReentrancyGuard {
 
     /// @notice Unpaid credits: what the game owes.
     function totalOwed() external view returns (uint256) {
-        return totalCredits;
+        return totalCredits();
     }
 
     // --- internals ---
 
-    function _bisecting(uint256 id) internal view returns (Dispute storage d) {
-        d = _disputes[id];
-        if (d.phase == Phase.None) revert UnknownDispute(id);
-        if (d.phase != Phase.Bisection) revert WrongPhase(id, d.phase);
+    function _load(uint256 id) internal view returns (State memory s) {
+        uint256 w = _stateWord[id];
+        s.phase = Phase(uint8(w));
+        s.turn = Side(uint8(w >> 8));
+        s.rounds = uint8(w >> 16);
+        s.loIdx = uint8(w >> 24);
+        s.hiIdx = uint8(w >> 32);
+        s.solverWon = uint8(w >> 40) != 0;
+        s.loOff = uint32(w >> 48);
+        s.hiOff = uint32(w >> 80);
+        s.lastMove = uint48(w >> 112);
+        s.solverClock = uint48(w >> 160);
+        s.challengerClock = uint48(w >> 208);
     }
 
-    function _inJury(uint256 id) internal view returns (Dispute storage d) {
-        d = _disputes[id];
-        if (d.phase == Phase.None) revert UnknownDispute(id);
-        if (d.phase != Phase.Commit) revert WrongPhase(id, d.phase);
+    function _store(uint256 id, State memory s) internal {
+        _stateWord[id] = uint256(uint8(s.phase)) | (uint256(uint8(s.turn)) << 8) | (uint256(s.rounds) << 16)
+            | (uint256(s.loIdx) << 24) | (uint256(s.hiIdx) << 32) | (s.solverWon ? uint256(1) << 40 : 0)
+            | (uint256(s.loOff) << 48) | (uint256(s.hiOff) << 80) | (uint256(s.lastMove) << 112)
+            | (uint256(s.solverClock) << 160) | (uint256(s.challengerClock) << 208);
+    }
+
+    function _bisecting(uint256 id) internal view returns (State memory s) {
+        s = _load(id);
+        if (s.phase == Phase.None) revert UnknownDispute(id);
+        if (s.phase != Phase.Bisection) revert WrongPhase(id, s.phase);
+    }
+
+    function _inJury(uint256 id) internal view returns (State memory s) {
+        s = _load(id);
+        if (s.phase == Phase.None) revert UnknownDispute(id);
+        if (s.phase != Phase.Commit) revert WrongPhase(id, s.phase);
+    }
+
+    /// @dev The jury was drawn: the range is one step and bisection is over.
+    function _drawn(State memory s) internal pure returns (bool) {
+        return s.phase != Phase.None && s.phase != Phase.Bisection && s.hiOff - s.loOff == 1;
+    }
+
+    function _findJuror(uint256 id, address a) internal view returns (uint256, uint256) {
+        mapping(uint256 => uint256) storage words = _jury[id];
+        uint256 n = _jurySize;
+        for (uint256 i; i < n; ++i) {
+            uint256 e = _entry(words, i);
+            if (e == 0) break;
+            if (address(uint160(e)) == a) return (i, e);
+        }
+        return (NOT_FOUND, 0);
+    }
+
+    function _juryEntries(uint256 id) internal view returns (uint256[] memory entries) {
+        mapping(uint256 => uint256) storage words = _jury[id];
+        uint256 n = _jurySize;
+        entries = new uint256[](n);
+        uint256 got;
+        for (; got < n; ++got) {
+            uint256 e = _entry(words, got);
+            if (e == 0) break;
+            entries[got] = e;
+        }
+        assembly ("memory-safe") {
+            mstore(entries, got)
+        }
+    }
+
+    /// @dev Jury entry i of the bit stream (it may straddle two words).
+    function _entry(mapping(uint256 => uint256) storage words, uint256 i) internal view returns (uint256 e) {
+        unchecked {
+            uint256 bit = i * ENTRY_BITS;
+            uint256 w = bit >> 8;
+            uint256 o = bit & 255;
+            e = words[w] >> o;
+            if (o + ENTRY_BITS > 256) e |= words[w + 1] << (256 - o);
+            e &= ENTRY_MASK;
+        }
+    }
+
+    function _setBit(mapping(uint256 => uint256) storage words, uint256 bit) internal {
+        words[bit >> 8] |= uint256(1) << (bit & 255);
+    }
+
+    function _count(uint256[] memory entries) internal pure returns (uint32 validVotes, uint32 invalidVotes) {
+        for (uint256 i; i < entries.length; ++i) {
+            uint256 e = entries[i];
+            if (e & REVEALED != 0) {
+                if (e & VALID != 0) ++validVotes;
+                else ++invalidVotes;
+            }
+        }
+    }
+
+    /// @dev Slash jurors who did not reveal or voted with the minority; the rest is the majority.
+    function _slashMinority(uint256 id, uint256[] memory entries, bool solverWon)
+        internal
+        returns (uint256 pool, address[] memory majority)
+    {
+        uint256 n = entries.length;
+        uint256 want = solverWon ? REVEALED | VALID : REVEALED;
+        uint256 cut = type(uint256).max; // fetched on the first loser
+        majority = new address[](n);
+        uint256 m;
+        for (uint256 i; i < n; ++i) {
+            uint256 e = entries[i];
+            address a = address(uint160(e));
+            if (e & (REVEALED | VALID) == want) {
+                majority[m++] = a;
+                continue;
+            }
+            if (cut == type(uint256).max) cut = registry.minVerifierStake() * _jurorSlashBps / BPS;
+            if (cut != 0) {
+                uint256 slashed = registry.slashUnlocked(a, cut, address(this));
+                pool += slashed;
+                emit JurorSlashed(id, a, slashed);
+            }
+        }
+        assembly ("memory-safe") {
+            mstore(majority, m)
+        }
     }
 
     /// @dev Charge the mover the time since lastMove; reverts when its clock ran out.
-    function _charge(uint256 id, Dispute storage d, uint64 left) internal returns (uint64) {
-        uint256 elapsed = block.timestamp - d.lastMove;
+    function _charge(uint256 id, State memory s, uint48 left) internal view returns (uint48) {
+        uint256 elapsed = block.timestamp - s.lastMove;
         // INVARIANT: a late move cannot steal a win the other side can already claim by timeout.
         if (elapsed >= left) revert ClockExpired(id);
-        d.lastMove = uint64(block.timestamp);
-        return uint64(left - elapsed);
+        s.lastMove = uint48(block.timestamp);
+        return uint48(left - elapsed);
     }
 
-    function _drawJury(uint256 id, Dispute storage d) internal {
+    /// @dev Caller writes `s` back.
+    function _drawJury(uint256 id, State memory s, address solver, address challenger) internal {
         bytes32 seed = keccak256(abi.encode(blockhash(block.number - 1), id));
-        address[] memory jury = drawJury(seed, d.solver, d.challenger);
-        d.jurySeed = seed;
-        d.jury = jury;
-        for (uint256 i; i < jury.length; ++i) {
-            _isJuror[id][jury[i]] = true;
+        address[] memory jury = drawJury(seed, solver, challenger);
+        _hashes[id][3 - s.loIdx - s.hiIdx] = seed;
+        unchecked {
+            uint256[] memory buf = new uint256[]((jury.length * ENTRY_BITS + 255) >> 8);
+            for (uint256 i; i < jury.length; ++i) {
+                uint256 bit = i * ENTRY_BITS;
+                uint256 o = bit & 255;
+                uint256 e = uint160(jury[i]);
+                buf[bit >> 8] |= e << o;
+                if (o + ENTRY_BITS > 256) buf[(bit >> 8) + 1] |= e >> (256 - o);
+            }
+            mapping(uint256 => uint256) storage words = _jury[id];
+            for (uint256 w; w < buf.length; ++w) {
+                words[w] = buf[w];
+            }
         }
-        d.commitEnd = uint64(block.timestamp + _params.commitWindow);
-        d.revealEnd = uint64(d.commitEnd + _params.revealWindow);
-        d.phase = Phase.Commit;
-        emit JuryDrawn(id, seed, jury, d.commitEnd, d.revealEnd);
+        s.lastMove = uint48(block.timestamp);
+        s.phase = Phase.Commit;
+        uint64 commitEnd = uint64(block.timestamp + _commitWindow);
+        emit JuryDrawn(id, seed, jury, commitEnd, uint64(commitEnd + _revealWindow));
     }
 
-    function _moot(uint256 id, Dispute storage d) internal {
-        d.phase = Phase.Moot;
-        if (d.challengeBond != 0) registry.unlock(d.challenger, d.challengeBond);
-        emit DisputeMooted(id, d.jobId);
+    function _moot(uint256 id, State memory s) internal {
+        s.phase = Phase.Moot;
+        _store(id, s);
+        Core storage c = _core[id];
+        if (_challengeBond != 0) registry.unlock(c.challenger, _challengeBond);
+        emit DisputeMooted(id, c.jobId);
     }
 
-    function _settle(uint256 id, Dispute storage d, bool solverWon, uint256 pool, address[] memory majority)
+    /// @dev Writes `s` (Resolved) before any external call; returns the slashed bond.
+    function _settle(uint256 id, State memory s, bool solverWon, uint256 pool, address[] memory majority)
         internal
+        returns (uint256 slashedBond)
     {
-        d.phase = Phase.Resolved;
-        d.solverWon = solverWon;
+        s.phase = Phase.Resolved;
+        s.solverWon = solverWon;
+        _store(id, s);
+        Core memory c = _core[id];
         address winner;
-        uint256 slashedBond;
+        uint256 toWinner;
+        uint256 toJury;
+        uint256 credited;
         if (solverWon) {
-            winner = d.solver;
-            market.resolveDispute(d.jobId, id, true);
-            if (d.challengeBond != 0) slashedBond = registry.slash(d.challenger, d.challengeBond, address(this));
-            uint256 toJury = slashedBond * _params.jurorShareOfChallengerBondBps / BPS;
-            pool += toJury;
-            _credit(winner, slashedBond - toJury); // solver share + rounding dust
+            winner = c.solver;
+            market.resolveDispute(c.jobId, id, true);
+            if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
+            toJury = slashedBond * _jurorShareOfChallengerBondBps / BPS;
+            toWinner = slashedBond - toJury; // solver share + rounding dust
         } else {
-            winner = d.challenger;
-            IJobMarket.Job memory job = market.getJob(d.jobId); // read before the market reopens it
-            market.resolveDispute(d.jobId, id, false);
-            if (job.bond != 0) slashedBond = registry.slash(d.solver, job.bond, address(this));
-            if (d.challengeBond != 0) registry.unlock(d.challenger, d.challengeBond);
-            uint256 toJury = slashedBond * _params.jurorShareBps / BPS;
-            uint256 toSubmitter = slashedBond * _params.submitterShareBps / BPS;
-            pool += toJury;
-            _credit(job.submitter, toSubmitter);
-            _credit(winner, slashedBond - toJury - toSubmitter); // challenger share + rounding dust
+            winner = c.challenger;
+            (slashedBond, toJury, toWinner, credited) = _takeSolverBond(id, c);
         }
-        uint256 per = majority.length == 0 ? 0 : pool / majority.length;
-        for (uint256 i; i < majority.length; ++i) {
-            _credit(majority[i], per);
+        pool += toJury;
+        uint256 n = majority.length;
+        uint256 per = n == 0 ? 0 : pool / n;
+        for (uint256 i; i < n; ++i) {
+            credited += _credit(majority[i], per);
         }
-        _credit(winner, pool - per * majority.length);
-        emit DisputeResolved(id, d.jobId, solverWon, d.validVotes, d.invalidVotes, slashedBond);
+        credited += _credit(winner, toWinner + pool - per * n);
+        if (credited != 0) _creditsPlusOne += credited;
     }
 
-    function _credit(address account, uint256 amount) internal {
-        if (amount == 0) return;
+    /// @dev Step invalid: the market reopens the job; the solver's bond is slashed, the
+    ///      submitter credited its share; the challenger's bond is unlocked.
+    function _takeSolverBond(uint256 id, Core memory c)
+        internal
+        returns (uint256 slashedBond, uint256 toJury, uint256 toWinner, uint256 credited)
+    {
+        // read before the market reopens the job
+        (address submitter, uint256 bond) = market.settlementOf(c.jobId);
+        market.resolveDispute(c.jobId, id, false);
+        if (bond != 0) slashedBond = registry.slash(c.solver, bond, address(this));
+        if (_challengeBond != 0) registry.unlock(c.challenger, _challengeBond);
+        toJury = slashedBond * _jurorShareBps / BPS;
+        uint256 toSubmitter = slashedBond * _submitterShareBps / BPS;
+        credited = _credit(submitter, toSubmitter);
+        toWinner = slashedBond - toJury - toSubmitter; // challenger share + rounding dust
+    }
+
+    /// @dev Caller adds the returned amount to the total.
+    function _credit(address account, uint256 amount) internal returns (uint256) {
+        if (amount == 0) return 0;
         credits[account] += amount;
-        totalCredits += amount;
         emit Credited(account, amount);
+        return amount;
     }
 }

@@ -4,7 +4,7 @@ pragma solidity ^0.8.24;
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
-import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 import {IDisputeGame} from "./interfaces/IDisputeGame.sol";
@@ -14,7 +14,7 @@ import {SegmentSampler} from "./libraries/SegmentSampler.sol";
 /// @title JobMarket
 /// @notice Escrowed training jobs with sampled verification. See {IJobMarket}.
 /// @dev The owner wires the dispute game once (`setDisputeGame`).
-contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
+contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
     uint256 internal constant BPS = 10_000;
@@ -23,7 +23,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
     INodeRegistry internal immutable _registry;
     address public override disputeGame;
 
-    Params internal _params;
+    // Params, as immutables (read on every hot path; `params()` rebuilds the struct)
+    uint256 internal immutable _bondFactorBps;
+    uint256 internal immutable _verificationWindow;
+    uint256 internal immutable _sampleLookahead;
+    uint256 internal immutable _sampleCount;
+    uint256 internal immutable _missedDeadlineSlashBps;
+    uint256 internal immutable _challengeBond;
+    uint256 internal immutable _attestorSlashBps;
+    uint256 internal immutable _maxAttestorsPerSegment;
 
     uint256 public override jobCount;
     uint256 public override totalEscrow; // reward + budget of jobs not Finalized / Cancelled
@@ -31,7 +39,16 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
     mapping(address => uint256) public override credits;
 
     mapping(uint256 => Job) internal _jobs;
-    mapping(uint256 => DisputeRef) internal _disputes;
+    /// @dev Packed storage of a DisputeRef (1 word); the challenger is the game's
+    ///      (`IDisputeGame.challengerOf`), not stored twice. `disputeRef` rebuilds the struct.
+    struct DisputeRec {
+        uint64 jobId; // the game rejects ids beyond uint64
+        uint32 segment; // < segmentCount (uint32)
+        uint32 round;
+        bool settled;
+    }
+
+    mapping(uint256 => DisputeRec) internal _disputes;
 
     // per (job, round)
     mapping(uint256 => mapping(uint32 => address[])) internal _roundAttestors; // one entry per attestation
@@ -48,7 +65,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         ) revert InvalidParams();
         _token = token_;
         _registry = registry_;
-        _params = params_;
+        _bondFactorBps = params_.bondFactorBps;
+        _verificationWindow = params_.verificationWindow;
+        _sampleLookahead = params_.sampleLookahead;
+        _sampleCount = params_.sampleCount;
+        _missedDeadlineSlashBps = params_.missedDeadlineSlashBps;
+        _challengeBond = params_.challengeBond;
+        _attestorSlashBps = params_.attestorSlashBps;
+        _maxAttestorsPerSegment = params_.maxAttestorsPerSegment;
     }
 
     /// @notice Wire the dispute game. Once, by the owner.
@@ -106,7 +130,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         Job storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
         if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
-        uint256 bond = j.reward * _params.bondFactorBps / BPS;
+        uint256 bond = j.reward * _bondFactorBps / BPS;
         j.status = JobStatus.Claimed;
         j.solver = msg.sender;
         j.bond = bond;
@@ -137,8 +161,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         j.segmentCount = segmentCount;
         j.stepsPerSegment = stepsPerSegment;
         j.committedAt = uint64(block.timestamp);
-        j.windowEnd = uint64(block.timestamp + _params.verificationWindow);
-        j.sampleBlock = uint64(block.number + _params.sampleLookahead);
+        j.windowEnd = uint64(block.timestamp + _verificationWindow);
+        j.sampleBlock = uint64(block.number + _sampleLookahead);
         emit ResultCommitted(
             jobId, msg.sender, traceRoot, finalStateHash, segmentCount, stepsPerSegment, j.windowEnd, j.sampleBlock
         );
@@ -156,7 +180,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         if (seed == bytes32(0)) {
             // Nobody fixed it while blockhash(sampleBlock) was readable: re-arm on a future block.
             uint64 old = j.sampleBlock;
-            j.sampleBlock = uint64(block.number + _params.sampleLookahead);
+            j.sampleBlock = uint64(block.number + _sampleLookahead);
             emit SeedRearmed(jobId, old, j.sampleBlock);
         }
     }
@@ -188,7 +212,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         _requireStatus(jobId, j, JobStatus.Claimed);
         if (block.timestamp <= j.deadline) revert DeadlineNotPassed(j.deadline);
         address solver = j.solver;
-        uint256 penalty = j.bond * _params.missedDeadlineSlashBps / BPS;
+        uint256 penalty = j.bond * _missedDeadlineSlashBps / BPS;
         uint256 slashed;
         if (penalty != 0) slashed = _registry.slash(solver, penalty, address(this));
         uint256 rest = j.bond - penalty;
@@ -223,13 +247,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
             if (seed == bytes32(0)) revert SeedNotFixed();
         }
         // INVARIANT: only sampled segments earn a share of the verification budget.
-        if (!SegmentSampler.contains(seed, j.segmentCount, _params.sampleCount, segment)) {
+        if (!SegmentSampler.contains(seed, j.segmentCount, _sampleCount, segment)) {
             revert SegmentNotSampled(segment);
         }
         uint32 round = j.round;
         if (_attested[jobId][round][segment][msg.sender]) revert AlreadyAttested(segment);
         address[] storage segAtts = _segmentAttestors[jobId][round][segment];
-        if (segAtts.length >= _params.maxAttestorsPerSegment) revert TooManyAttestors(segment);
+        if (segAtts.length >= _maxAttestorsPerSegment) revert TooManyAttestors(segment);
         _attested[jobId][round][segment][msg.sender] = true;
         segAtts.push(msg.sender);
         _roundAttestors[jobId][round].push(msg.sender);
@@ -259,7 +283,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
     function resolveDispute(uint256 jobId, uint256 disputeId, bool solverWon) external nonReentrant {
         // INVARIANT: only the dispute game settles disputes.
         if (msg.sender != disputeGame) revert Unauthorized(msg.sender);
-        DisputeRef storage d = _disputes[disputeId];
+        DisputeRec storage d = _disputes[disputeId];
         if (d.jobId != jobId || jobId == 0) revert UnknownDispute(disputeId);
         if (!_isLive(d)) revert DisputeNotLive(disputeId);
         Job storage j = _jobs[jobId];
@@ -272,13 +296,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
             return;
         }
         // Invalid step: attestors of the segment pay part of their stake to the challenger.
-        uint256 cut = _registry.minVerifierStake() * _params.attestorSlashBps / BPS;
+        uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
         if (cut != 0) {
-            address[] storage atts = _segmentAttestors[jobId][d.round][d.segment];
-            for (uint256 i; i < atts.length; ++i) {
-                uint256 s = _registry.slashUnlocked(atts[i], cut, address(this));
-                if (s != 0) _credit(d.challenger, s);
-                emit AttestorSlashed(jobId, atts[i], s, d.challenger);
+            address[] memory atts = _segmentAttestors[jobId][d.round][d.segment];
+            if (atts.length != 0) {
+                address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
+                uint256[] memory slashed = _registry.slashUnlockedBatch(atts, cut, address(this));
+                uint256 total;
+                for (uint256 i; i < atts.length; ++i) {
+                    total += slashed[i];
+                    emit AttestorSlashed(jobId, atts[i], slashed[i], challenger);
+                }
+                _credit(challenger, total);
             }
         }
         // The dispute game slashes the solver's bond (still locked in the registry) itself.
@@ -288,7 +317,16 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
     // --- views ---
 
     function params() external view returns (Params memory) {
-        return _params;
+        return Params({
+            bondFactorBps: _bondFactorBps,
+            verificationWindow: _verificationWindow,
+            sampleLookahead: _sampleLookahead,
+            sampleCount: _sampleCount,
+            missedDeadlineSlashBps: _missedDeadlineSlashBps,
+            challengeBond: _challengeBond,
+            attestorSlashBps: _attestorSlashBps,
+            maxAttestorsPerSegment: _maxAttestorsPerSegment
+        });
     }
 
     function getJob(uint256 jobId) external view returns (Job memory) {
@@ -306,7 +344,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
             seed = blockhash(j.sampleBlock);
         }
         if (seed == bytes32(0)) revert SeedNotFixed();
-        return SegmentSampler.sample(seed, j.segmentCount, _params.sampleCount);
+        return SegmentSampler.sample(seed, j.segmentCount, _sampleCount);
     }
 
     function attestorsOf(uint256 jobId, uint256 segment) external view returns (address[] memory) {
@@ -322,7 +360,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
     }
 
     function disputeRef(uint256 disputeId) external view returns (DisputeRef memory) {
-        return _disputes[disputeId];
+        DisputeRec storage d = _disputes[disputeId];
+        address challenger = d.jobId == 0 ? address(0) : IDisputeGame(disputeGame).challengerOf(disputeId);
+        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled);
+    }
+
+    function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond) {
+        Job storage j = _jobs[jobId];
+        return (j.submitter, j.bond);
     }
 
     function isDisputeLive(uint256 disputeId) external view returns (bool) {
@@ -352,7 +397,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         if (j.status != s) revert InvalidStatus(jobId, j.status);
     }
 
-    function _isLive(DisputeRef storage d) internal view returns (bool) {
+    function _isLive(DisputeRec storage d) internal view returns (bool) {
         if (d.jobId == 0 || d.settled) return false;
         Job storage j = _jobs[d.jobId];
         return j.status == JobStatus.Committed && j.round == d.round;
@@ -402,20 +447,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuard {
         returns (uint256 disputeId)
     {
         uint256 k = j.stepsPerSegment;
-        uint256 bond = _params.challengeBond;
+        uint256 bond = _challengeBond;
         if (bond != 0) _registry.lock(msg.sender, bond);
         j.openDisputes += 1;
         disputeId = IDisputeGame(disputeGame).open(
             jobId, segment, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
         );
-        DisputeRef storage d = _disputes[disputeId];
+        DisputeRec storage d = _disputes[disputeId];
         // INVARIANT: dispute ids are unique (the game never reuses one).
         if (d.jobId != 0) revert UnknownDispute(disputeId);
-        d.jobId = jobId;
-        d.segment = segment;
-        d.challenger = msg.sender;
-        d.round = j.round;
-        emit Challenged(jobId, disputeId, segment, msg.sender, j.round);
+        uint32 round = j.round;
+        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false);
+        emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 
     function _reopen(uint256 jobId, Job storage j) internal {

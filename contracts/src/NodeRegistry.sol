@@ -4,14 +4,14 @@ pragma solidity ^0.8.24;
 import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
-import {ReentrancyGuard} from "@openzeppelin/contracts/utils/ReentrancyGuard.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 
 /// @title NodeRegistry
 /// @notice Roles, identities and stake of polnet nodes. See {INodeRegistry}.
 /// @dev The owner wires the market and the dispute game once (`setAuthorized`);
 ///      from then on only they can lock, unlock and slash stake.
-contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuard {
+contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
     uint8 public constant SOLVER = 1;
@@ -143,7 +143,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuard {
         Node storage n = _nodes[node];
         slashed = amount < n.lockedStake ? amount : n.lockedStake;
         n.lockedStake -= slashed;
-        _payOut(node, slashed, to, true);
+        emit Slashed(node, slashed, to, true);
+        _payOut(slashed, to);
     }
 
     function slashUnlocked(address node, uint256 amount, address to)
@@ -153,14 +154,25 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuard {
         returns (uint256 slashed)
     {
         _checkRecipient(to);
-        Node storage n = _nodes[node];
-        uint256 fromFree = amount < n.freeStake ? amount : n.freeStake;
-        n.freeStake -= fromFree;
-        uint256 rest = amount - fromFree;
-        uint256 fromUnbonding = rest < n.unbondingStake ? rest : n.unbondingStake;
-        n.unbondingStake -= fromUnbonding;
-        slashed = fromFree + fromUnbonding;
-        _payOut(node, slashed, to, false);
+        slashed = _takeUnlocked(node, amount, to);
+        _payOut(slashed, to);
+    }
+
+    function slashUnlockedBatch(address[] calldata nodes, uint256 amount, address to)
+        external
+        onlyAuthorized
+        nonReentrant
+        returns (uint256[] memory slashed)
+    {
+        _checkRecipient(to);
+        slashed = new uint256[](nodes.length);
+        uint256 total;
+        for (uint256 i; i < nodes.length; ++i) {
+            uint256 s = _takeUnlocked(nodes[i], amount, to);
+            slashed[i] = s;
+            total += s;
+        }
+        _payOut(total, to);
     }
 
     // --- views ---
@@ -201,6 +213,11 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuard {
         return _verifiers[i];
     }
 
+    function verifierAtIfEligible(uint256 i) external view returns (address node, bool eligible) {
+        node = _verifiers[i];
+        eligible = _hasRole(node, VERIFIER, minVerifierStake);
+    }
+
     function totalOwed() external view returns (uint256) {
         return _totalStaked;
     }
@@ -209,7 +226,9 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuard {
 
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
         Node storage n = _nodes[node];
-        return n.registered && (n.roles & role) != 0 && n.freeStake + n.lockedStake >= minStake;
+        if (!n.registered || (n.roles & role) == 0) return false;
+        uint256 free = n.freeStake;
+        return free >= minStake || free + n.lockedStake >= minStake;
     }
 
     function _checkIdentity(uint8 roles, string calldata peerId) internal pure {
@@ -252,9 +271,26 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuard {
         if (to != market && to != dispute) revert InvalidSlashRecipient(to);
     }
 
-    function _payOut(address node, uint256 amount, address to, bool fromLocked) internal {
+    /// @dev Free, then unbonding stake (never locked); emits Slashed, the caller pays out.
+    function _takeUnlocked(address node, uint256 amount, address to) internal returns (uint256 slashed) {
+        Node storage n = _nodes[node];
+        uint256 free = n.freeStake;
+        uint256 fromFree = amount < free ? amount : free;
+        n.freeStake = free - fromFree;
+        uint256 rest = amount - fromFree;
+        if (rest != 0) {
+            uint256 unbonding = n.unbondingStake;
+            uint256 fromUnbonding = rest < unbonding ? rest : unbonding;
+            n.unbondingStake = unbonding - fromUnbonding;
+            slashed = fromFree + fromUnbonding;
+        } else {
+            slashed = fromFree;
+        }
+        emit Slashed(node, slashed, to, false);
+    }
+
+    function _payOut(uint256 amount, address to) internal {
         _totalStaked -= amount;
         if (amount != 0) token.safeTransfer(to, amount);
-        emit Slashed(node, amount, to, fromLocked);
     }
 }

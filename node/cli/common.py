@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,3 +28,20 @@ def settings_from(config: Path | None, **flags: Any) -> NodeSettings:
     if flags.get("bootstrap") == []:
         flags["bootstrap"] = None
     return load_config(config, **flags)
+
+
+def run_daemon(settings: NodeSettings, role: str, make: Callable[[Any], Any],
+               duration: float | None) -> None:
+    """Run ``make(runtime).run(until)`` on one trio loop inside a started Runtime."""
+    import time
+
+    import trio
+
+    from node.roles.runtime import Runtime
+
+    async def main() -> None:
+        async with Runtime(settings, role) as rt:
+            until = None if duration is None else time.monotonic() + duration
+            await make(rt).run(until)
+
+    trio.run(main)

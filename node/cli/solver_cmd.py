@@ -13,6 +13,7 @@ from node.cli.common import (
     MetricsOpt,
     NameOpt,
     ThreadsOpt,
+    run_daemon,
     settings_from,
 )
 
@@ -37,23 +38,13 @@ def run(
                                           help="Stop after this many seconds."),
 ) -> None:
     """Register + stake if needed, then claim, train, commit and defend jobs until Ctrl-C."""
-    import time
-
-    import trio
-
-    from node.roles.runtime import Runtime
     from node.roles.solver import Solver
 
     settings = settings_from(config, name=name or "solver", dev_account=dev_account,
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
                              metrics_port=metrics_port, threads=threads)
-
-    async def main() -> None:
-        async with Runtime(settings, "solver") as rt:
-            until = None if duration is None else time.monotonic() + duration
-            await Solver(rt, behavior=behavior, max_jobs=max_jobs).run(until)
-
-    trio.run(main)
+    run_daemon(settings, "solver", lambda rt: Solver(rt, behavior=behavior, max_jobs=max_jobs),
+               duration)
 
 
 def register(root: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from node.cli.common import (
     MetricsOpt,
     NameOpt,
     ThreadsOpt,
+    run_daemon,
     settings_from,
 )
 
@@ -34,23 +35,12 @@ def run(
 ) -> None:
     """Register + stake, then replay sampled segments, attest, challenge, play disputes
     and serve on juries until Ctrl-C."""
-    import time
-
-    import trio
-
-    from node.roles.runtime import Runtime
     from verifier.daemon import Verifier
 
     settings = settings_from(config, name=name or "verifier", dev_account=dev_account,
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
                              metrics_port=metrics_port, threads=threads)
-
-    async def main() -> None:
-        async with Runtime(settings, "verifier") as rt:
-            until = None if duration is None else time.monotonic() + duration
-            await Verifier(rt, malicious=malicious).run(until)
-
-    trio.run(main)
+    run_daemon(settings, "verifier", lambda rt: Verifier(rt, malicious=malicious), duration)
 
 
 def challenge(

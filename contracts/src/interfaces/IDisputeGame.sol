@@ -22,4 +22,7 @@ interface IDisputeGame {
         bytes32 startHash,
         bytes32 endHash
     ) external returns (uint256 id);
+
+    /// @notice The challenger of dispute `id` (0 for an unknown id).
+    function challengerOf(uint256 id) external view returns (address);
 }

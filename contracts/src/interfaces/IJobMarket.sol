@@ -243,6 +243,8 @@ interface IJobMarket {
     function hasAttested(uint256 jobId, uint256 segment, address verifier) external view returns (bool);
     function isUpheld(uint256 jobId, uint256 segment) external view returns (bool);
     function disputeRef(uint256 disputeId) external view returns (DisputeRef memory);
+    /// @notice The job's submitter and current solver bond (what the dispute game settles).
+    function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond);
     /// @notice A dispute still counts against its job: not settled, job Committed, same round.
     function isDisputeLive(uint256 disputeId) external view returns (bool);
     function token() external view returns (address);

@@ -86,6 +86,12 @@ interface INodeRegistry {
     ///         (the market or the dispute game, which credits it). Returns what was taken.
     function slash(address node, uint256 amount, address to) external returns (uint256 slashed);
 
+    /// @notice `slashUnlocked(nodes[i], amount, to)` for each node, in one token transfer.
+    ///         Returns what was taken from each.
+    function slashUnlockedBatch(address[] calldata nodes, uint256 amount, address to)
+        external
+        returns (uint256[] memory slashed);
+
     /// @notice Take up to `amount` from the node's free stake, then its unbonding
     ///         stake (never its locked stake, which backs other bonds), and transfer it
     ///         to `to` (the market or the dispute game). Returns what was taken.
@@ -105,6 +111,8 @@ interface INodeRegistry {
     function verifierCount() external view returns (uint256);
     /// @notice The i-th node with the VERIFIER role (order changes when a node drops the role).
     function verifierAt(uint256 i) external view returns (address);
+    /// @notice `verifierAt(i)` and whether it `isVerifier`, in one call.
+    function verifierAtIfEligible(uint256 i) external view returns (address node, bool eligible);
     function unbondDelay() external view returns (uint256);
     function minSolverStake() external view returns (uint256);
     function minVerifierStake() external view returns (uint256);
