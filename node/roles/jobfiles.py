@@ -7,21 +7,20 @@ ids, so whatever a peer serves is checked by the store before we parse it.
 
 from __future__ import annotations
 
+import trio
+
 from node.datasets import Dataset, load_dataset
+from node.errors import SpecError
 from node.roles.runtime import Runtime
 from node.spec import JobSpec, parse_spec_json
 
 
 async def fetch_job_inputs(rt: Runtime, spec_hash: bytes, dataset_hash: bytes,
                            hint_accounts: tuple[str, ...] = ()) -> tuple[JobSpec, Dataset]:
-    import trio  # noqa: PLC0415
-
     spec_path = await rt.fetch(spec_hash.hex(), hint_accounts)
     spec = parse_spec_json(spec_path.read_bytes())
     if spec.spec_hash() != spec_hash:
         # The store checked the file's sha256; a non-canonical encoding would land here.
-        from node.errors import SpecError  # noqa: PLC0415
-
         raise SpecError("the served spec is not in canonical form", field="spec")
     ds_path = await rt.fetch(dataset_hash.hex(), hint_accounts)
     dataset = await trio.to_thread.run_sync(load_dataset, ds_path, dataset_hash.hex())

@@ -122,7 +122,9 @@ class Solver:
         with self.state as st:
             st["jobs"][str(jid)]["phase"] = phase
         log.info("job_phase", job=jid, phase=phase)
-        self.rt.metrics.jobs.labels(phase).inc()
+        for name in ("training", "committing", "committed", "paid", "lost"):
+            self.rt.metrics.jobs.labels(name).set(
+                sum(1 for i in self.state.data["jobs"].values() if i["phase"] == name))
 
     # --- claiming ----------------------------------------------------------------------
 
