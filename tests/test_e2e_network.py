@@ -165,12 +165,14 @@ def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
             net.start_verifier(name, acct)
         net.start_solver("cheat", CHEATER, "skip")
         job = net.submit("sub", SUBMITTER, spec, dataset)
-        challenged = net.wait_event("Challenged", 180, jobId=job)
+        net.wait_event("Challenged", 180, jobId=job)
         net.kill("cheat", signal.SIGKILL)  # gone: it will never post a midpoint
-        did = int(challenged.args["disputeId"])
-        timed_out = net.wait_event("TimedOut", 200, id=did)
-        assert int(timed_out.args["loser"]) == 0  # Side.Solver
-        resolved = net.wait_event("DisputeResolved", 30, contract="DisputeGame", id=did)
+        # Verifiers may race to challenge; whichever dispute settles first decides.
+        resolved = net.wait_event("DisputeResolved", 260, contract="DisputeGame", jobId=job)
         assert resolved.args["solverWon"] is False
+        did = int(resolved.args["id"])
+        timed_out = [e for e in net.events() if e.event == "TimedOut" and e.args["id"] == did]
+        assert timed_out and int(timed_out[0].args["loser"]) == 0  # Side.Solver
+        assert not any(e.event == "JuryDrawn" and e.args["id"] == did for e in net.events())
         assert int(net.c.market.get_job(job).status) == 0  # reopened for another solver
         assert net.conserved()
