@@ -269,8 +269,11 @@ class Solver:
                     job_id=int(key), trace_root="0x" + info["root"],
                     final_state_hash="0x" + info["final"],
                     artifact_ids=[info["manifest"]]))
+        live = {int(k) for k, i in self.state.data["jobs"].items()
+                if i["phase"] in ("committing", "committed")}
         for s in list(self.state.data["served"]):
-            await self.rt.p2p.announce("state_served", StateServed(**s))
+            if s["job_id"] in live:  # states of settled jobs need no more gossip
+                await self.rt.p2p.announce("state_served", StateServed(**s))
         self.rt.metrics.bytes_served.set(self.rt.p2p.server.served_bytes)
 
     # --- disputes ---------------------------------------------------------------------
