@@ -86,16 +86,11 @@ def main() -> None:
     result: dict[str, Any] = dict(measure_job_gas())
     rows = [(k, v) for k, v in result.items()]
     if not args.no_dispute:
-        try:
-            from bench.gas_dispute import measure_dispute_gas  # noqa: PLC0415
-        except ImportError:  # not written yet in this checkout
-            dispute: dict[str, Any] = {}
-        else:
-            dispute = measure_dispute_gas()
-        if dispute:
-            for k, v in dispute.items():
-                result.setdefault(k, v)
-                rows.append((k, v))
+        from bench.gas_dispute import measure_dispute_gas  # noqa: PLC0415
+
+        for k, v in measure_dispute_gas().items():
+            result.setdefault(k, v)
+            rows.append((k, v))
     print(f"one job life: {SEGMENTS} segments of {K} steps, {ATTESTORS} attestations")
     for k, v in rows:
         print(f"  {k:<34} {v:>12,}" if isinstance(v, int) and not isinstance(v, bool)

@@ -1,17 +1,24 @@
 """Gas of one whole dispute over a k-step segment (default k = 64).
 
 Deploys the contracts on a fresh anvil, commits a job whose segment is
-attested, then plays: challenge -> log2(k) bisection rounds (postMid + choose;
-the last choose draws the jury) -> every juror commits and reveals -> resolve
--> everyone credited withdraws from the game. Gas is each receipt's gasUsed.
+attested, then plays: challenge -> ceil(log_fanout(k)) bisection rounds
+(postMids + choose; the last choose draws the jury) -> every juror commits and
+reveals -> resolve -> everyone credited withdraws from the game. Gas is each
+receipt's gasUsed.
 
 The default outcome is the costlier one: the step is invalid (the market
-reopens the job and slashes the segment's attestors). ``--valid`` measures the
-solver winning instead.
+reopens the job and slashes the segment's attestors), and the challenger picks
+a middle part whenever there is one (both range ends move: two hash writes).
+``--valid`` measures the solver winning instead.
+
+The same run also plays the game deployed with fanout 2 (plain halving) for
+comparison, unless ``--fanout`` picks one.
 
 Usage: python bench/gas_dispute.py [--k 64] [--jurors 3] [--attestors 2] [--valid]
+                                   [--fanout N]
 Last stdout line: JSON with per-call gas, ``total_full_dispute_k<k>`` and
-``target_ok`` (total < 1.5M gas). ``measure_dispute_gas`` returns the same
+``target_ok`` (total < 1.5M gas) for the devnet's fanout, and
+``total_full_dispute_k<k>_fanout2``. ``measure_dispute_gas`` returns one run's
 dict for bench/gas.py to merge.
 """
 
@@ -45,22 +52,25 @@ def _avg(xs: list[int]) -> int:
 
 
 def measure_dispute_gas(k: int = 64, jurors: int = 3, attestors: int = 2,
-                        solver_wins: bool = False, anvil: AnvilProcess | None = None,
-                        ) -> dict[str, Any]:
+                        solver_wins: bool = False, fanout: int | None = None,
+                        anvil: AnvilProcess | None = None) -> dict[str, Any]:
     """Run one full dispute over a ``k``-step segment and return its gas figures.
 
     Starts (and stops) its own anvil unless ``anvil`` is given; always deploys
-    fresh contracts. ``k`` must be a power of two >= 2 for log2(k) rounds.
+    fresh contracts, with the devnet's fanout unless ``fanout`` is given.
     """
-    if k < 2 or k & (k - 1):
-        raise ValueError("k must be a power of two >= 2")
+    if k < 2:
+        raise ValueError("k must be >= 2")
     n_accounts = max(10, 4 + max(jurors, attestors))
+    dispute: dict[str, Any] = {"jury_size": jurors}
+    if fanout is not None:
+        dispute["fanout"] = fanout
     params = DevnetParams.model_validate({
         "accounts": n_accounts,
         "registry": {"unbond_delay": 7200},
         "market": {"verification_window": 3600, "sample_count": SEGMENTS,
                    "max_attestors_per_segment": max(1, attestors)},
-        "dispute": {"jury_size": jurors},
+        "dispute": dispute,
     })
     own = anvil is None
     node = anvil or start_anvil(accounts=n_accounts)
@@ -94,7 +104,7 @@ def _play(c: LocalChain, k: int, jurors: int, attestors: int,
         c[i].market.attest(job, seg)
 
     gas: dict[str, list[int]] = {n: [] for n in (
-        "challenge", "postMid", "choose", "commitVote", "revealVote", "resolve", "withdraw")}
+        "challenge", "postMids", "choose", "commitVote", "revealVote", "resolve", "withdraw")}
     r = chal.market.transact("challenge", job, seg, leaves[seg].state_hash, leaves[seg].loss_e9,
                              tree.proof(seg), leaves[seg + 1].state_hash,
                              leaves[seg + 1].loss_e9, tree.proof(seg + 1))
@@ -102,9 +112,11 @@ def _play(c: LocalChain, k: int, jurors: int, attestors: int,
     did = int(c.reader.market.event_arg(r, "Challenged", "disputeId"))
     d = c.reader.dispute.get_dispute(did)
     while d.phase == Phase.BISECTION:
-        r = solver.dispute.post_mid(did, keccak(b"mid%d" % d.mid))
-        gas["postMid"].append(r["gasUsed"])
-        r = chal.dispute.choose(did, bool(d.rounds % 2))
+        hs = [keccak(b"mid%d" % t) for t in d.mid_steps]
+        r = solver.dispute.post_mids(did, hs)
+        gas["postMids"].append(r["gasUsed"])
+        part = len(hs) // 2 if len(hs) > 1 else d.rounds % 2  # a middle part: both ends move
+        r = chal.dispute.choose(did, part, hs)
         gas["choose"].append(r["gasUsed"])
         d = c.reader.dispute.get_dispute(did)
     assert len(d.jury) == jurors, f"drew {len(d.jury)} jurors, wanted {jurors}"
@@ -127,20 +139,21 @@ def _play(c: LocalChain, k: int, jurors: int, attestors: int,
             gas["withdraw"].append(r["gasUsed"])
     assert c.reader.dispute.total_owed() == 0
 
-    rounds = len(gas["postMid"])
+    rounds = len(gas["postMids"])
     total = sum(sum(v) for v in gas.values())
-    per_round = [p + ch for p, ch in zip(gas["postMid"], gas["choose"], strict=True)]
+    per_round = [p + ch for p, ch in zip(gas["postMids"], gas["choose"], strict=True)]
     return {
-        "k": k, "jurors": jurors, "attestors": attestors,
+        "k": k, "fanout": int(c.reader.dispute.call("params").fanout),
+        "jurors": jurors, "attestors": attestors,
         "outcome": "valid" if solver_wins else "invalid",
         "bisection_rounds": rounds,
         "challenge": gas["challenge"][0],
-        "postMid_avg": _avg(gas["postMid"]),
+        "postMids_avg": _avg(gas["postMids"]),
         "choose_avg": _avg(gas["choose"]),
         "choose_last_with_jury_draw": gas["choose"][-1],
         "bisection_round_avg": _avg(per_round),
         "bisection_round_max": max(per_round),
-        "bisection_round_avg_excl_jury_draw": _avg(per_round[:-1]),
+        "bisection_round_avg_excl_jury_draw": _avg(per_round[:-1]) if rounds > 1 else None,
         "commitVote_avg": _avg(gas["commitVote"]),
         "revealVote_avg": _avg(gas["revealVote"]),
         "resolve": gas["resolve"][0],
@@ -158,17 +171,33 @@ def main() -> None:
     ap.add_argument("--jurors", type=int, default=3)
     ap.add_argument("--attestors", type=int, default=2)
     ap.add_argument("--valid", action="store_true", help="the solver wins (step valid)")
+    ap.add_argument("--fanout", type=int, default=None,
+                    help="parts per round (default: the devnet's, compared with 2)")
     a = ap.parse_args()
-    out = measure_dispute_gas(a.k, a.jurors, a.attestors, a.valid)
-    print(f"full dispute, k={out['k']} ({out['bisection_rounds']} rounds), "
-          f"{out['jurors']} jurors, {out['attestors']} attestors, step {out['outcome']}:")
-    for key in ("challenge", "postMid_avg", "choose_avg", "choose_last_with_jury_draw",
-                "bisection_round_avg", "commitVote_avg", "revealVote_avg", "resolve",
-                "withdraw_avg"):
-        print(f"  {key:<28} {out[key]:>10,}")
-    total = out[f"total_full_dispute_k{out['k']}"]
-    print(f"  {'total (all calls)':<28} {total:>10,}  target < {TARGET:,}: "
-          f"{'ok' if out['target_ok'] else 'MISSED'}")
+    n_accounts = max(10, 4 + max(a.jurors, a.attestors))
+    node = start_anvil(accounts=n_accounts)
+    try:
+        out = measure_dispute_gas(a.k, a.jurors, a.attestors, a.valid, a.fanout, anvil=node)
+        runs = [out]
+        if a.fanout is None:
+            runs.append(measure_dispute_gas(a.k, a.jurors, a.attestors, a.valid, 2,
+                                            anvil=node))
+    finally:
+        node.stop()
+    total_key = f"total_full_dispute_k{out['k']}"
+    for run in runs:
+        print(f"full dispute, k={run['k']}, fanout {run['fanout']} "
+              f"({run['bisection_rounds']} rounds), {run['jurors']} jurors, "
+              f"{run['attestors']} attestors, step {run['outcome']}:")
+        for key in ("challenge", "postMids_avg", "choose_avg", "choose_last_with_jury_draw",
+                    "bisection_round_avg", "commitVote_avg", "revealVote_avg", "resolve",
+                    "withdraw_avg"):
+            print(f"  {key:<28} {run[key]:>10,}")
+        print(f"  {'total (all calls)':<28} {run[total_key]:>10,}  target < {TARGET:,}: "
+              f"{'ok' if run['target_ok'] else 'MISSED'}")
+    if len(runs) > 1:
+        out[f"{total_key}_fanout2"] = runs[1][total_key]
+        out["bisection_rounds_fanout2"] = runs[1]["bisection_rounds"]
     print(json.dumps(out, sort_keys=True))
 
 

@@ -74,6 +74,10 @@ class DisputeParams(BaseModel):
     submitter_share_bps: int = Field(default=2_000, ge=0, le=10_000)
     solver_share_of_challenger_bond_bps: int = Field(default=5_000, ge=0, le=10_000)
     juror_share_of_challenger_bond_bps: int = Field(default=5_000, ge=0, le=10_000)
+    fanout: int = Field(
+        default=8, ge=2, le=64,
+        description="parts per bisection round (2 = halves); a k-step segment takes "
+                    "ceil(log_fanout(k)) rounds")
 
     @model_validator(mode="after")
     def _shares_sum(self) -> DisputeParams:

@@ -23,7 +23,7 @@ from devnet.localnet import REPO, TOKEN, LocalNet
 # dev account indices
 SUBMITTER, HONEST, CHEATER, VERIFIERS = 1, 2, 3, (4, 5, 6)
 NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "Attested", "Challenged",
-            "MidPosted", "RangeNarrowed", "JuryDrawn", "VoteRevealed", "TimedOut",
+            "MidsPosted", "RangeNarrowed", "JuryDrawn", "VoteRevealed", "TimedOut",
             "DisputeResolved", "JobReopened", "JobFinalized", "AttestorSlashed", "Slashed",
             "JurorSlashed", "JobReclaimed", "DisputeMooted"}
 ALARM = {"Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut"}

@@ -29,7 +29,7 @@ from devnet.testing import LocalChain
 from node.chain.artifacts import artifacts_dir
 from node.chain.contracts import SOLVER, VERIFIER, DisputeState, JobStatus, Phase, Side
 from node.chain.rpc import make_web3
-from node.errors import ContractRevert
+from node.errors import ChainError, ContractRevert
 from node.proof import MerkleTree, TraceLeaf, build_trace_tree
 
 BPS = 10_000
@@ -37,7 +37,9 @@ ZERO = bytes(32)
 SPEC, DATA = keccak(b"dispute-spec"), keccak(b"dispute-data")
 # Odd wei amounts so that every bps split and pool division leaves rounding dust.
 REWARD, BUDGET, DURATION = 100 * TOKEN + 7, 30 * TOKEN, 3600
-SEGMENTS, K = 4, 4  # sampleCount (8) >= SEGMENTS: every segment is sampled; k = 4: 2 rounds
+# sampleCount (8) >= SEGMENTS: every segment is sampled. k = 16 with fanout 4: two rounds
+# of three mids (16 -> 4 -> 1 steps), so first, middle and last parts are all reachable.
+SEGMENTS, K, FANOUT = 4, 16, 4
 SEG = 1  # the segment disputed by default
 
 # dev accounts: 0 deploys; the rest play these roles
@@ -49,6 +51,7 @@ PARAMS = DevnetParams.model_validate({
     "accounts": 10,
     "registry": {"unbond_delay": 7200},  # longer than a whole dispute (see contracts/README)
     "market": {"verification_window": 3600},
+    "dispute": {"fanout": FANOUT},
 })
 
 
@@ -155,18 +158,21 @@ def challenge(c: LocalChain, job: Job, who: int = CHAL, seg: int = SEG) -> int:
                                    job.leaves[seg + 1], job.tree.proof(seg + 1))
 
 
-def mid_hash(did: int, step: int) -> bytes:
-    return keccak(b"mid-%d-%d" % (did, step))
+def mids(c: LocalChain, did: int, tag: bytes = b"") -> list[bytes]:
+    """Mid hashes for the dispute's current ``mid_steps``."""
+    return [keccak(b"mid-%d-%d%s" % (did, t, tag)) for t in state(c, did).mid_steps]
 
 
 def bisect(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
-    """Play the bisection down to one step; returns the receipt that drew the jury."""
+    """Play the bisection down to one step, always disputing the first part (``lower``)
+    or the last; returns the receipt that drew the jury."""
     d = state(c, did)
     solver, chal = c[idx(c, d.solver)].dispute, c[idx(c, d.challenger)].dispute
     r: TxReceipt | None = None
     while d.phase == Phase.BISECTION:
-        solver.post_mid(did, mid_hash(did, d.mid))
-        r = chal.choose(did, lower)
+        hs = mids(c, did)
+        solver.post_mids(did, hs)
+        r = chal.choose(did, 0 if lower else len(hs), hs)
         d = state(c, did)
     assert r is not None and d.phase == Phase.COMMIT
     return r
@@ -328,9 +334,10 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
     bad = PARAMS.dispute.model_copy(update={"challenger_share_bps": 5_001})
     assert revert(c[0].deploy, "DisputeGame",
                   *constructor_args("DisputeGame", addrs, bad)).error == "InvalidParams"
-    bad = PARAMS.dispute.model_copy(update={"clock": 0})
-    assert revert(c[0].deploy, "DisputeGame",
-                  *constructor_args("DisputeGame", addrs, bad)).error == "InvalidParams"
+    for update in ({"clock": 0}, {"fanout": 1}, {"fanout": 65}):
+        bad = PARAMS.dispute.model_copy(update=update)
+        assert revert(c[0].deploy, "DisputeGame",
+                      *constructor_args("DisputeGame", addrs, bad)).error == "InvalidParams"
     zero = {**addrs, "NodeRegistry": "0x" + "00" * 20}
     assert revert(c[0].deploy, "DisputeGame",
                   *constructor_args("DisputeGame", zero, PARAMS.dispute)).error == "ZeroAddress"
@@ -343,7 +350,7 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
         assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
     assert int(r.dispute.call("disputeCount")) == 0
 
-    for fn, extra in (("post_mid", (keccak(b"x"),)), ("choose", (True,)), ("timeout", ()),
+    for fn, extra in (("post_mids", ([keccak(b"x")],)), ("choose", (0, [])), ("timeout", ()),
                       ("commit_vote", (True, ZERO)), ("reveal_vote", (True, ZERO)),
                       ("resolve", ())):
         e = revert(getattr(c[CHAL].dispute, fn), 99, *extra)
@@ -366,54 +373,72 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     solver, chal, out = c[SOLVER_I].dispute, c[CHAL].dispute, c[OUTSIDER].dispute
     d = state(c, did)
     bond = c.reader.market.market_params().challenge_bond
+    lo0, hi0 = SEG * K, (SEG + 1) * K
     assert (d.job_id, d.segment, d.solver, d.challenger, d.challenge_bond) == (
         job.id, SEG, addr(c, SOLVER_I), addr(c, CHAL), bond)
-    assert (d.start_step, d.end_step, d.lo, d.hi) == (SEG * K, (SEG + 1) * K, SEG * K,
-                                                      (SEG + 1) * K)
-    assert (d.lo_hash, d.hi_hash, d.mid_hash) == (job.leaves[SEG].state_hash,
-                                                  job.leaves[SEG + 1].state_hash, ZERO)
+    assert (d.start_step, d.end_step, d.lo, d.hi) == (lo0, hi0, lo0, hi0)
+    assert (d.lo_hash, d.hi_hash, d.mids_root) == (job.leaves[SEG].state_hash,
+                                                   job.leaves[SEG + 1].state_hash, ZERO)
     assert (d.phase, d.turn, d.rounds, d.jury, d.votes) == (Phase.BISECTION, Side.SOLVER, 0,
                                                             [], [])
+    q = K // FANOUT
+    assert d.mid_steps == [lo0 + q, lo0 + 2 * q, lo0 + 3 * q]
+    assert c.reader.dispute.call("midSteps", did) == d.mid_steps
 
-    # solver to move: nobody else may, and not with a zero hash
-    for poster, who in ((chal.post_mid, CHAL), (out.post_mid, OUTSIDER)):
-        e = revert(poster, did, keccak(b"m"))
+    # solver to move: nobody else may; exactly parts - 1 non-zero hashes
+    m1 = mids(c, did)
+    for poster, who in ((chal.post_mids, CHAL), (out.post_mids, OUTSIDER)):
+        e = revert(poster, did, m1)
         assert (e.error, e.error_args) == ("NotYourTurn", {"caller": addr(c, who)})
     for chooser in (chal.choose, solver.choose):
-        assert revert(chooser, did, True).error == "NotYourTurn"
-    assert revert(solver.post_mid, did, ZERO).error == "ZeroHash"
+        assert revert(chooser, did, 0, m1).error == "NotYourTurn"
+    for wrong in (m1[:2], [*m1, keccak(b"extra")], []):
+        e = revert(solver.post_mids, did, wrong)
+        assert (e.error, e.error_args) == ("WrongMidCount", {"given": len(wrong),
+                                                            "expected": FANOUT - 1})
+    assert revert(solver.post_mids, did, [m1[0], ZERO, m1[2]]).error == "ZeroHash"
 
-    m1 = mid_hash(did, d.mid)
-    r = solver.post_mid(did, m1)
-    (e,) = ev(c, r, "MidPosted")
-    assert (e["id"], e["mid"], e["midHash"]) == (did, (SEG * K + (SEG + 1) * K) // 2, m1)
+    r = solver.post_mids(did, m1)
+    (e,) = ev(c, r, "MidsPosted")
+    assert (e["id"], e["steps"], [bytes(h) for h in e["hashes"]]) == (did, d.mid_steps, m1)
     d = state(c, did)
-    assert (d.turn, d.mid_hash) == (Side.CHALLENGER, m1)
-    # challenger to move
-    assert revert(solver.post_mid, did, keccak(b"again")).error == "NotYourTurn"
+    assert (d.turn, d.mids_root) == (Side.CHALLENGER, keccak(b"".join(m1)))
+    assert c.reader.dispute.posted_mids(did, d.mids_root) == m1
+    with pytest.raises(ChainError, match="no MidsPosted log matches"):
+        c.reader.dispute.posted_mids(did, keccak(b"not posted"))
+    # challenger to move, with exactly the posted hashes and an existing part
+    assert revert(solver.post_mids, did, mids(c, did, b"again")).error == "NotYourTurn"
     for chooser in (solver.choose, out.choose):
-        assert revert(chooser, did, False).error == "NotYourTurn"
+        assert revert(chooser, did, 1, m1).error == "NotYourTurn"
+    e = revert(chal.choose, did, FANOUT, m1)
+    assert (e.error, e.error_args) == ("NoSuchPart", {"part": FANOUT, "parts": FANOUT})
+    forged = [m1[0], keccak(b"forged"), m1[2]]
+    e = revert(chal.choose, did, 1, forged)
+    assert e.error == "MidsMismatch" and e.error_args["posted"] == d.mids_root
+    assert revert(chal.choose, did, 1, m1[:2]).error == "MidsMismatch"
 
-    lo, hi, mid = d.lo, d.hi, d.mid
-    r = chal.choose(did, False)  # accepts the mid state: [mid, hi]
+    pts = d.points
+    r = chal.choose(did, 1, m1)  # accepts the state at p1, disputes the one at p2
     (e,) = ev(c, r, "RangeNarrowed")
-    assert (e["lo"], e["hi"], e["loHash"], e["hiHash"]) == (mid, hi, m1, d.hi_hash)
+    assert (e["lo"], e["hi"], e["loHash"], e["hiHash"]) == (pts[1], pts[2], m1[0], m1[1])
     d = state(c, did)
-    assert (d.lo, d.hi, d.lo_hash, d.mid_hash, d.turn, d.rounds) == (mid, hi, m1, ZERO,
-                                                                     Side.SOLVER, 1)
-    assert d.lo > lo and d.phase == Phase.BISECTION and not ev(c, r, "JuryDrawn")
+    assert (d.lo, d.hi, d.lo_hash, d.hi_hash, d.mids_root, d.turn, d.rounds) == (
+        pts[1], pts[2], m1[0], m1[1], ZERO, Side.SOLVER, 1)
+    assert d.phase == Phase.BISECTION and not ev(c, r, "JuryDrawn")
+    assert d.mid_steps == [pts[1] + 1, pts[1] + 2, pts[1] + 3]
 
-    m2 = mid_hash(did, d.mid)
-    solver.post_mid(did, m2)
-    r = chal.choose(did, True)  # disputes the mid state: [lo, mid]
+    m2 = mids(c, did)
+    solver.post_mids(did, m2)
+    r = chal.choose(did, FANOUT - 1, m2)  # the last part: accepts every mid
     d = state(c, did)
-    assert (d.lo, d.hi, d.lo_hash, d.hi_hash) == (mid, (mid + hi) // 2, m1, m2)
-    assert d.hi - d.lo == 1 and d.rounds == 2
+    assert (d.lo, d.hi, d.lo_hash, d.hi_hash) == (pts[2] - 1, pts[2], m2[-1], m1[1])
+    assert d.rounds == 2 and d.mid_steps == []
     assert d.phase == Phase.COMMIT and len(ev(c, r, "JuryDrawn")) == 1
+    assert d.jury_seed not in (ZERO, d.lo_hash, d.hi_hash)
 
     # bisection is over
     moves: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
-        (solver.post_mid, (keccak(b"m3"),)), (chal.choose, (True,)), (out.timeout, ())]
+        (solver.post_mids, ([keccak(b"m3")],)), (chal.choose, (0, m2)), (out.timeout, ())]
     for fn, args in moves:
         e = revert(fn, did, *args)
         assert (e.error, e.error_args) == ("WrongPhase", {"id": did, "phase": Phase.COMMIT})
@@ -422,13 +447,71 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     check_books(c)
 
 
+@pytest.mark.parametrize("parts_seq", [[0, 0], [3, 0], [0, 3], [2, 1]])
+def test_every_part_choice_keeps_the_ends_the_solver_posted(c: LocalChain,
+                                                           parts_seq: list[int]) -> None:
+    """Whichever parts are chosen, the final one-step range's end hashes are the start
+    state, a posted mid or the disputed end state, at the matching steps (the three
+    rotating hash words never lose one)."""
+    job = new_job(c, attest=())
+    did = challenge(c, job)
+    known = {SEG * K: job.leaves[SEG].state_hash, (SEG + 1) * K: job.leaves[SEG + 1].state_hash}
+    for part in parts_seq:
+        d = state(c, did)
+        hs = mids(c, did)
+        known.update(zip(d.mid_steps, hs, strict=True))
+        c[SOLVER_I].dispute.post_mids(did, hs)
+        c[CHAL].dispute.choose(did, part, hs)
+        nd = state(c, did)
+        assert (nd.lo, nd.hi) == (d.points[part], d.points[part + 1])
+        assert (nd.lo_hash, nd.hi_hash) == (known[nd.lo], known[nd.hi])
+    assert state(c, did).phase == Phase.COMMIT
+
+
+def test_uneven_ranges_and_plain_bisection(c: LocalChain) -> None:
+    """A game deployed with fanout 2 is the classic bisection; ranges that do not
+    divide evenly use p_j = lo + span * j // parts, and a short range uses every step."""
+    accts = dev_accounts(10)
+    params = PARAMS.model_copy(update={"dispute": PARAMS.dispute.model_copy(
+        update={"fanout": 2})})
+    dep = deploy_all(c.w3, accts[0], params, fund=accts, rpc_url=c.url)
+    c2 = LocalChain(c.anvil, dep)
+    c2.join(SOLVER_I, SOLVER, 500 * TOKEN)
+    for i in (CHAL, *VERIFIERS):
+        c2.join(i, VERIFIER, 100 * TOKEN)
+    job = new_job(c2, k=10, attest=())
+    did = challenge(c2, job)
+    seen = []
+    while (d := state(c2, did)).phase == Phase.BISECTION:
+        span = d.hi - d.lo
+        assert d.mid_steps == [d.lo + span // 2]
+        seen.append((d.lo, d.hi))
+        hs = mids(c2, did)
+        c2[SOLVER_I].dispute.post_mids(did, hs)
+        c2[CHAL].dispute.choose(did, 1, hs)
+    assert seen == [(10, 20), (15, 20), (17, 20), (18, 20)] and (d.lo, d.hi) == (19, 20)
+
+    # fanout 4 over 10 steps: 2, 5, 7; then part [5, 7] has two parts, one mid
+    job = new_job(c, k=10, attest=())
+    did = challenge(c, job)
+    assert state(c, did).mid_steps == [12, 15, 17]
+    hs = mids(c, did)
+    c[SOLVER_I].dispute.post_mids(did, hs)
+    c[CHAL].dispute.choose(did, 2, hs)
+    d = state(c, did)
+    assert (d.lo, d.hi, d.mid_steps) == (15, 17, [16])
+    e = revert(c[SOLVER_I].dispute.post_mids, did, hs)
+    assert e.error_args == {"given": 3, "expected": 1}
+
+
 def test_single_step_segment_draws_the_jury_at_open(c: LocalChain) -> None:
     job = new_job(c, k=1, attest=())
     did = challenge(c, job)
     d = state(c, did)
     assert (d.lo, d.hi, d.rounds, d.phase) == (SEG, SEG + 1, 0, Phase.COMMIT)
     assert len(d.jury) == c.reader.dispute.call("params").jurySize
-    e = revert(c[SOLVER_I].dispute.post_mid, did, keccak(b"m"))
+    assert d.mid_steps == []
+    e = revert(c[SOLVER_I].dispute.post_mids, did, [keccak(b"m")])
     assert (e.error, e.error_args["phase"]) == ("WrongPhase", Phase.COMMIT)
 
 
@@ -451,8 +534,9 @@ def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
     assert (d.solver_clock_left, d.challenger_clock_left) == (clock - 3, clock)
 
     next_ts(c, t0 + 7)  # solver thinks 7 s
-    r = solver.post_mid(did, mid_hash(did, 1))
-    assert ev(c, r, "MidPosted")[0]["solverClockLeft"] == clock - 7
+    m1 = mids(c, did)
+    r = solver.post_mids(did, m1)
+    assert ev(c, r, "MidsPosted")[0]["solverClockLeft"] == clock - 7
     mine_at(c, t0 + 27)  # challenger thinks 20 s: only its clock runs
     d = state(c, did)
     assert (d.solver_clock_left, d.challenger_clock_left) == (clock - 7, clock - 20)
@@ -460,7 +544,7 @@ def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
     assert (e.error, e.error_args) == ("ClockNotExpired", {"id": did,
                                                            "expiresAt": t0 + 7 + clock})
     next_ts(c, t0 + 32)
-    r = chal.choose(did, False)
+    r = chal.choose(did, 1, m1)
     assert ev(c, r, "RangeNarrowed")[0]["challengerClockLeft"] == clock - 25
     mine_at(c, t0 + 62)  # solver thinks 30 s more
     d = state(c, did)
@@ -473,12 +557,12 @@ def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
     assert revert(out.timeout, did).error == "ClockNotExpired"
     snap = c.snapshot()
     next_ts(c, expires - 1)  # the last second still belongs to the solver
-    r = solver.post_mid(did, mid_hash(did, 2))
-    assert ev(c, r, "MidPosted")[0]["solverClockLeft"] == 1
+    r = solver.post_mids(did, mids(c, did))
+    assert ev(c, r, "MidsPosted")[0]["solverClockLeft"] == 1
     c.revert(snap)
 
     next_ts(c, expires)  # out of time: a move can no longer steal the win ...
-    e = revert(solver.post_mid, did, mid_hash(did, 2))
+    e = revert(solver.post_mids, did, mids(c, did))
     assert (e.error, e.error_args) == ("ClockExpired", {"id": did})
     next_ts(c, expires)  # ... but the timeout is claimable at that very second
     r = out.timeout(did)
@@ -501,7 +585,7 @@ def test_solver_out_of_time_loses(c: LocalChain) -> None:
     assert revert(out.timeout, did).error == "ClockNotExpired"
     before, escrow = worth(c), m.totalEscrow()
     c.advance(clock)
-    e = revert(c[SOLVER_I].dispute.post_mid, did, mid_hash(did, 1))
+    e = revert(c[SOLVER_I].dispute.post_mids, did, mids(c, did))
     assert (e.error, e.error_args) == ("ClockExpired", {"id": did})
     d = state(c, did)
     assert d.solver_clock_left == 0 and d.challenger_clock_left == clock
@@ -537,12 +621,13 @@ def test_challenger_out_of_time_loses_and_the_segment_is_upheld(c: LocalChain) -
     m = c.reader.market
     job = new_job(c)
     did = challenge(c, job)
-    c[SOLVER_I].dispute.post_mid(did, mid_hash(did, 1))
+    hs = mids(c, did)
+    c[SOLVER_I].dispute.post_mids(did, hs)
     out = c[OUTSIDER].dispute
     assert revert(out.timeout, did).error == "ClockNotExpired"
     before = worth(c)
     c.advance(clock)
-    e = revert(c[CHAL].dispute.choose, did, True)
+    e = revert(c[CHAL].dispute.choose, did, 0, hs)
     assert (e.error, e.error_args) == ("ClockExpired", {"id": did})
     d = state(c, did)
     r = out.timeout(did)

@@ -83,7 +83,10 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         evs = dispute_events(net, did)
         last = evs["RangeNarrowed"][-1] if "RangeNarrowed" in evs else None
         jury = evs["JuryDrawn"][0]["jury"]
-        assert last is not None and int(last["hi"]) - int(last["lo"]) == 1  # one step
+        assert last is not None and int(last["hi"]) - int(last["lo"]) == 1  # one step ...
+        # ... exactly the skipped one: the last step of the disputed segment
+        assert int(last["hi"]) == int(evs["DisputeOpened"][0]["endStep"])
+        assert len(evs["MidsPosted"]) == len(evs["RangeNarrowed"]) >= 1
         assert net.address(CHEATER) not in jury and challenger not in jury
         assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
         assert net.holdings(net.address(CHEATER)) < cheat_before  # bond slashed
@@ -150,6 +153,15 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         report = json.loads(out.stdout)
         assert report["status"] == "finalized" and report["solver"] == net.address(HONEST)
         assert any(e["event"] == "Challenged" for e in report["events"])
+        out = subprocess.run([sys.executable, "-m", "node.cli.main", "dispute", "status",
+                              str(challenged.args["disputeId"]), "--json"], env=env,
+                             capture_output=True, text=True, timeout=60)
+        game = json.loads(out.stdout)
+        lo, hi = game["range"]
+        assert (game["phase"], game["solver_won"], hi - lo, game["mid_steps"]) == (
+            "resolved", True, 1, [])
+        assert hi == game["steps"][1]  # the malicious challenger always took the last part
+        assert game["rounds"] >= 1 and game["invalid_votes"] == 0
         model = tmp_path / "model.safetensors"
         fetch = net.polnet("fetch", "job", "fetch", str(job), "--out", str(model),
                            *net.node_args("fetch", SUBMITTER))

@@ -239,16 +239,17 @@ class Market(RuleBasedStateMachine):
                  tree.proof(seg), leaves[seg + 1], tree.proof(seg + 1))
 
     @precondition(lambda self: bool(self.disputes))
-    @rule(data=st.data(), lower=st.booleans(), valid=st.booleans())
-    def dispute_move(self, data: st.DataObject, lower: bool, valid: bool) -> None:
+    @rule(data=st.data(), valid=st.booleans())
+    def dispute_move(self, data: st.DataObject, valid: bool) -> None:
         did = data.draw(st.sampled_from(self.disputes))
         d = self.c.reader.dispute.get_dispute(did)
         idx = self.c.addresses.index
+        hs = [keccak(b"mid%d" % t) for t in d.mid_steps]
         if d.phase == Phase.BISECTION and d.turn == Side.SOLVER:
-            self.act("postMid", self.c[idx(d.solver)].dispute.post_mid, did,
-                     keccak(b"mid%d" % d.mid))
+            self.act("postMids", self.c[idx(d.solver)].dispute.post_mids, did, hs)
         elif d.phase == Phase.BISECTION:
-            self.act("choose", self.c[idx(d.challenger)].dispute.choose, did, lower)
+            part = data.draw(st.integers(0, len(hs)))
+            self.act("choose", self.c[idx(d.challenger)].dispute.choose, did, part, hs)
         elif d.phase == Phase.COMMIT and d.jury:
             juror = data.draw(st.sampled_from(d.jury))
             salt = keccak(b"salt%d" % did)

@@ -293,11 +293,12 @@ def test_dispute_facade_reads_the_opened_game(chain: LocalChain, roles: Roles) -
     assert (d.lo, d.hi, d.lo_hash, d.hi_hash) == (3 * K, 4 * K, leaves[3].state_hash,
                                                   leaves[4].state_hash)
     assert d.phase == Phase.BISECTION and d.turn == Side.SOLVER
-    e = revert(v.dispute.post_mid, did, keccak(b"mid"))
+    hs = [keccak(b"mid%d" % t) for t in d.mid_steps]
+    e = revert(v.dispute.post_mids, did, hs)
     assert e.error == "NotYourTurn"
-    roles.solver.dispute.post_mid(did, keccak(b"mid"))
-    v.dispute.choose(did, True)
-    assert v.dispute.get_dispute(did).hi == d.mid
+    roles.solver.dispute.post_mids(did, hs)
+    v.dispute.choose(did, 0, hs)
+    assert v.dispute.get_dispute(did).hi == d.mid_steps[0]
 
 
 def test_upheld_segment_cannot_be_challenged_again(chain: LocalChain) -> None:
@@ -318,7 +319,8 @@ def test_upheld_segment_cannot_be_challenged_again(chain: LocalChain) -> None:
     v = roles.verifiers[0]
     args = (job, 2, leaves[2], tree.proof(2), leaves[3], tree.proof(3))
     did = v.market.challenge(*args)
-    roles.solver.dispute.post_mid(did, keccak(b"mid"))
+    d = v.dispute.get_dispute(did)
+    roles.solver.dispute.post_mids(did, [keccak(b"mid%d" % t) for t in d.mid_steps])
     long.advance(int(v.dispute.call("params").clock) + 1)  # the challenger never answers
     r = roles.outsider.dispute.timeout(did)
     assert v.market.events(r, "SegmentUpheld")[0]["args"]["segment"] == 2

@@ -27,7 +27,13 @@ from node.train.step import (
     state_tensors,
     train_step,
 )
-from node.train.trace import checkpoint_name, load_checkpoint, regenerate, run_training
+from node.train.trace import (
+    checkpoint_name,
+    load_checkpoint,
+    regenerate,
+    regenerate_many,
+    run_training,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -124,6 +130,15 @@ def test_trace_and_regenerate_are_bitwise(make: Any, data_dir: Path, tmp_path: P
     rnd = random.Random(0)
     for step in [0, k, spec.total_steps, *rnd.sample(range(1, spec.total_steps), 5)]:
         assert_bitwise(regenerate(ctx, tmp_path, step), ref[step])
+    # a dispute round's mids: several steps of one segment (and of the next, and a
+    # checkpoint) in one walk, given out of order
+    steps = [k + 3, k + 1, k + k // 2, 2 * k, 2 * k + 1, 1]
+    many = regenerate_many(ctx, tmp_path, steps)
+    assert sorted(many) == sorted(steps)
+    for step in steps:
+        assert_bitwise(many[step], ref[step])
+    with pytest.raises(TrainingError, match="outside"):
+        regenerate_many(ctx, tmp_path, [1, spec.total_steps + 1])
 
 
 def test_global_rng_and_reloads_do_not_leak_into_steps(data_dir: Path) -> None:

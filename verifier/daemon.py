@@ -231,34 +231,46 @@ class Verifier:
             self._busy.discard(f"d{did}")
 
     async def _choose(self, d: Any) -> None:
-        """Replay lo -> mid from the solver's own states: if the solver's mid agrees
-        with our replay the fault is above it, else at or below it."""
+        """Walk the round's parts from lo, replaying each from the solver's own state
+        at its start: dispute the first part whose end the solver's state disagrees
+        with (or did not serve); if every mid agrees, the fault is in the last part."""
         ev = await self.evidence.for_job(d.job_id)
         if ev is None:
             return
-        lo = await ev.state(d.lo, d.lo_hash)
-        assert lo is not None, "the low end of a live range is always a state we checked"
-        # Wait for the solver's midpoint a bounded share of our clock: a state the
-        # solver does not serve counts against it, so then we dispute the lower half.
-        patience = max(5.0, d.challenger_clock_left / 3)
-        mid = None
-        with trio.move_on_after(patience):
-            try:
-                mid = await ev.state(d.mid, d.mid_hash, wait=True, timeout=patience)
-            except PolnetError as exc:  # unreachable or bad bytes: not served
-                log.info("mid_fetch_failed", dispute=d.id, error=str(exc))
-        if mid is None:
-            log.warning("mid_state_not_served", dispute=d.id, step=d.mid, waited_s=patience)
-            ok = False
-        else:
-            ok = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo, mid, d.mid)
-        lower = not ok
+        c = self.rt.chain_client
+        dep = c.deployment
+        hashes = await self.rt.chain(c.dispute.posted_mids, d.id, d.mids_root,
+                                     dep.deploy_block if dep is not None else 0)
+        points = d.points
+        cur = await ev.state(d.lo, d.lo_hash)
+        assert cur is not None, "the low end of a live range is always a state we checked"
+        # Wait for the solver's mids a bounded share of our clock: a state the solver
+        # does not serve counts against it, so then we dispute the part ending there.
+        deadline = trio.current_time() + max(5.0, d.challenger_clock_left / 3)
+        part, why = len(points) - 2, "all mids agree"
+        for j, h in enumerate(hashes):
+            step = points[j + 1]
+            nxt = None
+            with trio.move_on_at(deadline):
+                try:
+                    nxt = await ev.state(step, h, wait=True,
+                                         timeout=max(1.0, deadline - trio.current_time()))
+                except PolnetError as exc:  # unreachable or bad bytes: not served
+                    log.info("mid_fetch_failed", dispute=d.id, step=step, error=str(exc))
+            if nxt is None:
+                log.warning("mid_state_not_served", dispute=d.id, step=step)
+                part, why = j, f"state {step} not served"
+                break
+            if not await trio.to_thread.run_sync(ev.step_range_ok, cur, points[j], nxt, step):
+                part, why = j, f"state {step} out of tolerance"
+                break
+            cur = nxt
         if self.malicious:
-            lower = False  # walk to the last step and hope the jury errs
-        await self.rt.transact_ok(self.rt.chain_client.dispute.choose, d.id, lower,
+            part = len(points) - 2  # walk to the last step and hope the jury errs
+        await self.rt.transact_ok(c.dispute.choose, d.id, part, hashes,
                                   benign=("NotYourTurn", "WrongPhase"))
-        log.info("half_chosen", dispute=d.id, range=[d.lo, d.hi], mid=d.mid,
-                 mid_ok=ok, disputed="lower" if lower else "upper")
+        log.info("part_chosen", dispute=d.id, range=[d.lo, d.hi],
+                 disputed=[points[part], points[part + 1]], why=why)
 
     async def _vote(self, d: Any) -> None:
         """One step, replayed: S_lo -> S_lo+1 against the solver's S_hi. A state

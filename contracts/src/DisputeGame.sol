@@ -9,13 +9,19 @@ import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 
 /// @title DisputeGame
-/// @notice Bisection to one training step, then a commit-reveal jury.
+/// @notice N-way bisection to one training step, then a commit-reveal jury.
 /// @dev Game of dispute `id` over steps [lo, hi], loHash / hiHash the states there.
 ///      The challenger accepts the state at `lo` and disputes the state at `hi`.
-///      1. Bisection. Solver to move: `postMid(id, midHash)`, the state hash after step
-///         `mid = (lo + hi) / 2`. Challenger to move: `choose(id, disputeLower)`;
-///         disputeLower = true -> [lo, mid] (it disputes the mid state), false ->
-///         [mid, hi] (it accepts the mid state). Chess clock: each side has
+///      1. Bisection (n-way dissection, as in Arbitrum's challenge protocol: fewer
+///         rounds, so fewer transactions). Each round splits [lo, hi] into
+///         `parts = min(fanout, hi - lo)` parts at the points
+///         `p_j = lo + (hi - lo) * j / parts` (j = 0..parts; `midSteps(id)` lists
+///         p_1..p_{parts-1}). Solver to move: `postMids(id, hashes)`, the state hashes
+///         after steps p_1..p_{parts-1}; the game keeps only their keccak256 (`midsRoot`)
+///         and emits them in `MidsPosted`. Challenger to move: `choose(id, part, hashes)`
+///         with the same hashes: it disputes [p_part, p_part+1] (it accepts the state at
+///         p_part and disputes the one at p_part+1). fanout = 2 is plain bisection.
+///         Chess clock: each side has
 ///         `params.clock` seconds for all its moves together; time runs only for the
 ///         side to move. A move at or after the mover's clock ran out reverts
 ///         `ClockExpired`; then anyone may call `timeout(id)` and the side to move loses.
@@ -48,9 +54,9 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      unlocks the challenger's bond; nobody is paid or slashed.
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
 ///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 3 rotating
-///      hash words (lo / hi / mid: `choose` only moves indices; the free word holds the
-///      jury seed once drawn); the jury is one word per juror (address | revealed | valid),
-///      commitments one word per committed juror; commitEnd / revealEnd / vote counts are
+///      hash words (lo / hi / the third: the pending mids' commitment, then the jury seed
+///      once drawn); the jury is a bit stream of 162-bit entries (address | revealed |
+///      valid; 3 jurors in 2 words), commitments one word per committed juror; commitEnd / revealEnd / vote counts are
 ///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
 contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
@@ -70,6 +76,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 submitterShareBps; // of a slashed solver bond, to the job's submitter
         uint256 solverShareOfChallengerBondBps; // of a losing challenger's bond, to the solver
         uint256 jurorShareOfChallengerBondBps; // of a losing challenger's bond, to the majority jurors
+        uint256 fanout; // parts per bisection round, 2..MAX_FANOUT (2 = halves)
     }
 
     /// @notice Stored phase; `getDispute` reports Reveal once the commit window is over.
@@ -100,7 +107,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 hi;
         bytes32 loHash;
         bytes32 hiHash;
-        bytes32 midHash; // solver's pending mid claim (0 when none)
+        bytes32 midsRoot; // keccak256(abi.encodePacked(hashes)) of the solver's pending mids (0 when none)
         Phase phase;
         Side turn;
         uint64 solverClock; // seconds left (as of lastMove)
@@ -114,6 +121,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint32 invalidVotes;
         bool solverWon;
         address[] jury;
+        uint256[] midSteps; // p_1..p_{parts-1} of the current range while bisecting
     }
 
     struct Vote {
@@ -144,7 +152,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         bytes32 startHash,
         bytes32 endHash
     );
-    event MidPosted(uint256 indexed id, uint256 mid, bytes32 midHash, uint64 solverClockLeft);
+    event MidsPosted(uint256 indexed id, uint256[] steps, bytes32[] hashes, uint64 solverClockLeft);
     event RangeNarrowed(
         uint256 indexed id, uint256 lo, uint256 hi, bytes32 loHash, bytes32 hiHash, uint64 challengerClockLeft
     );
@@ -171,6 +179,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     error ClockExpired(uint256 id);
     error ClockNotExpired(uint256 id, uint256 expiresAt);
     error ZeroHash();
+    error WrongMidCount(uint256 given, uint256 expected);
+    error MidsMismatch(bytes32 given, bytes32 posted);
+    error NoSuchPart(uint256 part, uint256 parts);
     error NotJuror(address caller);
     error CommitClosed(uint64 commitEnd);
     error RevealNotOpen(uint64 commitEnd, uint64 revealEnd);
@@ -212,6 +223,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal constant NOT_FOUND = type(uint256).max;
     uint256 internal constant ENTRY_BITS = 162;
     uint256 internal constant ENTRY_MASK = (1 << 162) - 1;
+    /// @dev Bounds the calldata and event of one move.
+    uint256 internal constant MAX_FANOUT = 64;
 
     IERC20 public immutable token;
     INodeRegistry public immutable registry;
@@ -227,6 +240,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal immutable _submitterShareBps;
     uint256 internal immutable _solverShareOfChallengerBondBps;
     uint256 internal immutable _jurorShareOfChallengerBondBps;
+    uint256 internal immutable _fanout;
     /// @dev market.params().challengeBond, fixed for the market's life: what every dispute locked.
     uint256 internal immutable _challengeBond;
 
@@ -255,6 +269,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
                 || params_.commitWindow > type(uint64).max || params_.revealWindow > type(uint64).max
                 || params_.challengerShareBps + params_.jurorShareBps + params_.submitterShareBps != BPS
                 || params_.solverShareOfChallengerBondBps + params_.jurorShareOfChallengerBondBps != BPS
+                || params_.fanout < 2 || params_.fanout > MAX_FANOUT
         ) revert InvalidParams();
         token = token_;
         registry = registry_;
@@ -269,6 +284,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         _submitterShareBps = params_.submitterShareBps;
         _solverShareOfChallengerBondBps = params_.solverShareOfChallengerBondBps;
         _jurorShareOfChallengerBondBps = params_.jurorShareOfChallengerBondBps;
+        _fanout = params_.fanout;
         _challengeBond = market_.params().challengeBond;
     }
 
@@ -311,44 +327,62 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     // --- bisection ---
 
-    /// @notice Solver: the state hash after step (lo + hi) / 2.
-    function postMid(uint256 id, bytes32 midHash) external {
+    /// @notice Solver: the state hashes after steps `midSteps(id)` (p_1..p_{parts-1}).
+    function postMids(uint256 id, bytes32[] calldata hashes) external {
         State memory s = _bisecting(id);
         Core storage c = _core[id];
         if (s.turn != Side.Solver || msg.sender != c.solver) revert NotYourTurn(msg.sender);
-        if (midHash == bytes32(0)) revert ZeroHash();
+        uint256 parts = _parts(s);
+        if (hashes.length != parts - 1) revert WrongMidCount(hashes.length, parts - 1);
+        for (uint256 j; j < hashes.length; ++j) {
+            if (hashes[j] == bytes32(0)) revert ZeroHash();
+        }
         uint48 left = _charge(id, s, s.solverClock);
         s.solverClock = left;
         s.turn = Side.Challenger;
-        _hashes[id][3 - s.loIdx - s.hiIdx] = midHash;
+        // Only the commitment is stored (one word, not parts - 1): `choose` gets the
+        // hashes back as calldata and checks them against it.
+        _hashes[id][3 - s.loIdx - s.hiIdx] = keccak256(abi.encodePacked(hashes));
         _store(id, s);
-        unchecked {
-            emit MidPosted(id, uint256(c.startStep) + (uint256(s.loOff) + s.hiOff) / 2, midHash, left);
-        }
+        emit MidsPosted(id, _midSteps(c.startStep, s, parts), hashes, left);
     }
 
-    /// @notice Challenger: dispute [lo, mid] (true) or [mid, hi] (false).
-    function choose(uint256 id, bool disputeLower) external {
+    /// @notice Challenger: dispute part `part` of the range, [p_part, p_part+1]; `hashes`
+    ///         are the solver's posted mids (from `MidsPosted`).
+    function choose(uint256 id, uint256 part, bytes32[] calldata hashes) external {
         State memory s = _bisecting(id);
         if (s.turn != Side.Challenger || msg.sender != _core[id].challenger) revert NotYourTurn(msg.sender);
+        uint256 parts = _parts(s);
+        if (part >= parts) revert NoSuchPart(part, parts);
+        bytes32[3] storage h = _hashes[id];
+        uint8 m = 3 - s.loIdx - s.hiIdx;
+        bytes32 root = keccak256(abi.encodePacked(hashes));
+        // INVARIANT: the new range's end states are exactly ones the solver posted.
+        if (root != h[m]) revert MidsMismatch(root, h[m]);
         uint48 left = _charge(id, s, s.challengerClock);
         s.challengerClock = left;
-        uint32 midOff;
-        uint8 m;
         unchecked {
-            midOff = uint32((uint256(s.loOff) + s.hiOff) / 2);
-            m = 3 - s.loIdx - s.hiIdx;
+            uint256 span = s.hiOff - s.loOff;
+            uint32 newLo = uint32(s.loOff + span * part / parts);
+            uint32 newHi = uint32(s.loOff + span * (part + 1) / parts);
+            // Three rotating words: the commitment's word takes one new end state; when
+            // both ends move, the old hi word takes the other.
+            if (part == 0) {
+                h[m] = hashes[0];
+                s.hiIdx = m;
+            } else if (part == parts - 1) {
+                h[m] = hashes[part - 1];
+                s.loIdx = m;
+            } else {
+                h[m] = hashes[part - 1];
+                h[s.hiIdx] = hashes[part];
+                s.loIdx = m;
+            }
+            s.loOff = newLo;
+            s.hiOff = newHi;
             s.rounds += 1;
         }
-        if (disputeLower) {
-            s.hiOff = midOff;
-            s.hiIdx = m;
-        } else {
-            s.loOff = midOff;
-            s.loIdx = m;
-        }
         s.turn = Side.Solver;
-        bytes32[3] storage h = _hashes[id];
         Core storage c = _core[id];
         uint256 start = c.startStep;
         unchecked {
@@ -450,7 +484,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             jurorShareBps: _jurorShareBps,
             submitterShareBps: _submitterShareBps,
             solverShareOfChallengerBondBps: _solverShareOfChallengerBondBps,
-            jurorShareOfChallengerBondBps: _jurorShareOfChallengerBondBps
+            jurorShareOfChallengerBondBps: _jurorShareOfChallengerBondBps,
+            fanout: _fanout
         });
     }
 
@@ -481,7 +516,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         d.loHash = h[s.loIdx];
         d.hiHash = h[s.hiIdx];
         bytes32 third = s.phase == Phase.None ? bytes32(0) : h[3 - s.loIdx - s.hiIdx];
-        if (s.turn == Side.Challenger) d.midHash = third;
+        if (s.phase == Phase.Bisection) {
+            if (s.turn == Side.Challenger) d.midsRoot = third;
+            d.midSteps = _midSteps(c.startStep, s, _parts(s));
+        }
         d.phase = s.phase;
         d.turn = s.turn;
         d.solverClock = s.solverClock;
@@ -565,6 +603,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         }
     }
 
+    /// @notice Steps p_1..p_{parts-1} whose states the solver posts this round (empty
+    ///         once bisection is over).
+    function midSteps(uint256 id) external view returns (uint256[] memory) {
+        State memory s = _load(id);
+        if (s.phase != Phase.Bisection) return new uint256[](0);
+        return _midSteps(_core[id].startStep, s, _parts(s));
+    }
+
     /// @notice Unpaid credits: what the game owes.
     function totalOwed() external view returns (uint256) {
         return totalCredits();
@@ -592,6 +638,22 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             | (uint256(s.loIdx) << 24) | (uint256(s.hiIdx) << 32) | (s.solverWon ? uint256(1) << 40 : 0)
             | (uint256(s.loOff) << 48) | (uint256(s.hiOff) << 80) | (uint256(s.lastMove) << 112)
             | (uint256(s.solverClock) << 160) | (uint256(s.challengerClock) << 208);
+    }
+
+    function _parts(State memory s) internal view returns (uint256) {
+        uint256 span = s.hiOff - s.loOff;
+        return span < _fanout ? span : _fanout;
+    }
+
+    function _midSteps(uint256 start, State memory s, uint256 parts) internal pure returns (uint256[] memory steps) {
+        steps = new uint256[](parts - 1);
+        unchecked {
+            uint256 lo = start + s.loOff;
+            uint256 span = s.hiOff - s.loOff;
+            for (uint256 j = 1; j < parts; ++j) {
+                steps[j - 1] = lo + span * j / parts;
+            }
+        }
     }
 
     function _bisecting(uint256 id) internal view returns (State memory s) {

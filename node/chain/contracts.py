@@ -20,6 +20,8 @@ from eth_utils import keccak
 from web3.types import TxReceipt
 
 from node.chain.bound import Bound
+from node.chain.rpc import rpc_guard
+from node.errors import ChainError
 from node.proof import TraceLeaf
 
 T = TypeVar("T")
@@ -295,7 +297,7 @@ class DisputeState:
     hi: int
     lo_hash: bytes
     hi_hash: bytes
-    mid_hash: bytes
+    mids_root: bytes  # keccak of the solver's pending mid hashes (zero when none)
     phase: Phase  # as of now (Reveal once the commit window is over)
     turn: Side
     solver_clock_left: int
@@ -309,10 +311,17 @@ class DisputeState:
     solver_won: bool
     jury: list[ChecksumAddress]
     votes: list[Vote]
+    mid_steps: list[int]  # p_1..p_{parts-1} of [lo, hi] while bisecting
 
     @property
-    def mid(self) -> int:
-        return (self.lo + self.hi) // 2
+    def points(self) -> list[int]:
+        """lo, the mid steps, hi: part j of this round is [points[j], points[j + 1]]."""
+        return [self.lo, *self.mid_steps, self.hi]
+
+
+def mids_root(hashes: list[bytes]) -> bytes:
+    """``keccak256(abi.encodePacked(hashes))``: what ``postMids`` stores."""
+    return keccak(b"".join(hashes))
 
 
 def vote_commitment(dispute_id: int, juror: str, valid: bool, salt: bytes) -> bytes:
@@ -323,13 +332,35 @@ def vote_commitment(dispute_id: int, juror: str, valid: bool, salt: bytes) -> by
 
 class Dispute(Bound):
     # bisection
-    def post_mid(self, dispute_id: int, mid_hash: bytes) -> TxReceipt:
-        """Solver: the state hash after step (lo + hi) // 2."""
-        return self.transact("postMid", dispute_id, mid_hash)
+    def post_mids(self, dispute_id: int, hashes: list[bytes]) -> TxReceipt:
+        """Solver: the state hashes after the dispute's ``mid_steps``, in order."""
+        return self.transact("postMids", dispute_id, hashes)
 
-    def choose(self, dispute_id: int, dispute_lower: bool) -> TxReceipt:
-        """Challenger: dispute [lo, mid] (True) or [mid, hi] (False)."""
-        return self.transact("choose", dispute_id, dispute_lower)
+    def choose(self, dispute_id: int, part: int, hashes: list[bytes]) -> TxReceipt:
+        """Challenger: dispute part ``part`` ([points[part], points[part + 1]]);
+        ``hashes`` are the solver's posted mids (:meth:`posted_mids`)."""
+        return self.transact("choose", dispute_id, part, hashes)
+
+    def posted_mids(self, dispute_id: int, root: bytes, earliest: int = 0,
+                    window: int = 5_000) -> list[bytes]:
+        """The mid hashes behind ``root`` (the dispute's pending ``mids_root``), from
+        the newest ``MidsPosted`` log of the dispute: searched backwards from the head
+        in ``window``-block ranges down to block ``earliest``."""
+        event = self.contract.events.MidsPosted
+        with rpc_guard(self._url):
+            hi = int(self.w3.eth.block_number)
+        while hi >= earliest:
+            lo = max(earliest, hi - window + 1)
+            with rpc_guard(self._url):
+                logs = list(event.get_logs(argument_filters={"id": dispute_id},
+                                           from_block=lo, to_block=hi))
+            for log in reversed(logs):
+                hashes = [bytes(h) for h in log["args"]["hashes"]]
+                if mids_root(hashes) == root:
+                    return hashes
+            hi = lo - 1
+        raise ChainError(f"dispute {dispute_id}: no MidsPosted log matches mids root "
+                         f"0x{root.hex()} (searched blocks {earliest}..head)")
 
     def timeout(self, dispute_id: int) -> TxReceipt:
         return self.transact("timeout", dispute_id)
@@ -360,8 +391,9 @@ class Dispute(Bound):
                    solver_clock_left=int(view.solverClockLeft),
                    challenger_clock_left=int(view.challengerClockLeft),
                    votes=[from_struct(Vote, v) for v in view.votes])
-        for k in ("lo_hash", "hi_hash", "mid_hash", "jury_seed"):
+        for k in ("lo_hash", "hi_hash", "mids_root", "jury_seed"):
             raw[k] = bytes(raw[k])
+        raw["mid_steps"] = [int(x) for x in raw["mid_steps"]]
         known = {f.name for f in dataclasses.fields(DisputeState)}
         return DisputeState(**{k: v for k, v in raw.items() if k in known})
 

@@ -31,6 +31,7 @@ def status(
     d = c.dispute.get_dispute(dispute_id)
     data = {"id": d.id, "job": d.job_id, "segment": d.segment, "phase": d.phase.name.lower(),
             "range": [d.lo, d.hi], "steps": [d.start_step, d.end_step], "rounds": d.rounds,
+            "mid_steps": d.mid_steps,
             "turn": d.turn.name.lower(), "solver": d.solver, "challenger": d.challenger,
             "solver_clock_left": d.solver_clock_left,
             "challenger_clock_left": d.challenger_clock_left, "jury": d.jury,

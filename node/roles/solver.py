@@ -290,7 +290,8 @@ class Solver:
         key = f"d{did}"
         if d.phase == Phase.BISECTION and d.turn == Side.SOLVER and key not in self._busy:
             self._busy.add(key)
-            nursery.start_soon(guarded, "_post_mid", self._post_mid, did, d.job_id, d.lo, d.hi)
+            nursery.start_soon(guarded, "_post_mids", self._post_mids, did, d.job_id,
+                               d.mid_steps)
         elif d.phase == Phase.BISECTION and d.turn == Side.CHALLENGER \
                 and d.challenger_clock_left == 0:
             await self.rt.transact_ok(c.dispute.timeout, did,
@@ -313,18 +314,18 @@ class Solver:
         await self.rt.p2p.announce("state_served", served)
         return "0x" + h.hex()
 
-    async def _post_mid(self, did: int, jid: int, lo: int, hi: int) -> None:
-        from node.train.trace import regenerate  # noqa: PLC0415
+    async def _post_mids(self, did: int, jid: int, steps: list[int]) -> None:
+        from node.train.trace import regenerate_many  # noqa: PLC0415
 
         try:
-            mid = (lo + hi) // 2
             ctx = await self._context(jid)
-            tensors = await trio.to_thread.run_sync(regenerate, ctx, self._trace_dir(jid), mid)
+            states = await trio.to_thread.run_sync(regenerate_many, ctx, self._trace_dir(jid),
+                                                   steps)
             # lo and hi are checkpoints or mids served before: jurors can fetch both.
-            h = await self.serve_state(jid, mid, tensors)
-            await self.rt.transact_ok(self.rt.chain_client.dispute.post_mid, did,
-                                      bytes.fromhex(h[2:]),
+            hashes = [await self.serve_state(jid, t, states[t]) for t in steps]
+            await self.rt.transact_ok(self.rt.chain_client.dispute.post_mids, did,
+                                      [bytes.fromhex(h[2:]) for h in hashes],
                                       benign=("NotYourTurn", "WrongPhase"))
-            log.info("mid_posted", dispute=did, job=jid, step=mid, state_hash=h)
+            log.info("mids_posted", dispute=did, job=jid, steps=steps)
         finally:
             self._busy.discard(f"d{did}")

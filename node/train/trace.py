@@ -32,7 +32,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -355,18 +355,32 @@ def merkle_proof(manifest: TraceManifest, index: int) -> tuple[TraceLeaf, list[b
 
 def regenerate(ctx: TrainContext, trace_dir: str | Path, step: int) -> dict[str, torch.Tensor]:
     """S_step rebuilt from the nearest checkpoint at or before it, by honest steps."""
+    return regenerate_many(ctx, trace_dir, [step])[step]
+
+
+def regenerate_many(ctx: TrainContext, trace_dir: str | Path,
+                    steps: Sequence[int]) -> dict[int, dict[str, torch.Tensor]]:
+    """S_t for every t in ``steps``, by honest steps from the nearest checkpoint at or
+    before each; steps sharing a checkpoint cost one walk (a dispute round's mids)."""
     manifest = read_manifest(trace_dir)
-    if not 0 <= step <= manifest.total_steps:
-        raise TrainingError(f"step {step} outside 0..{manifest.total_steps}")
-    base = step // manifest.k
-    ck = load_checkpoint(Path(trace_dir) / checkpoint_name(base * manifest.k),
-                         manifest.state_hashes[base])
-    if base * manifest.k == step:
-        return ck.tensors
-    state = load_state(ctx, ck.tensors, step=ck.step)
-    for t in range(ck.step + 1, step + 1):
-        train_step(ctx, state, t)
-    return state_tensors(state)
+    for step in steps:
+        if not 0 <= step <= manifest.total_steps:
+            raise TrainingError(f"step {step} outside 0..{manifest.total_steps}")
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    state: TrainState | None = None
+    for step in sorted(set(steps)):
+        base = step // manifest.k
+        if base * manifest.k == step or state is None or state.step // manifest.k != base:
+            ck = load_checkpoint(Path(trace_dir) / checkpoint_name(base * manifest.k),
+                                 manifest.state_hashes[base])
+            if base * manifest.k == step:
+                out[step] = ck.tensors
+                continue
+            state = load_state(ctx, ck.tensors, step=ck.step)
+        for t in range(state.step + 1, step + 1):
+            train_step(ctx, state, t)
+        out[step] = state_tensors(state)
+    return out
 
 
 def write_state_file(path: str | Path, tensors: dict[str, torch.Tensor], job_id: int,
