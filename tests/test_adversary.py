@@ -10,12 +10,14 @@ import pytest
 from node.behaviors import CHEATS, make_behavior
 from node.behaviors.steps import Cheat
 from node.train.behavior import behavior_names
-from node.train.trace import run_training
+from node.proof import state_hash
+from node.train.step import load_state, state_tensors
+from node.train.trace import read_manifest, regenerate_many, run_training
 from verifier.jobs import job
 from verifier.replay import verify_trace_segment
 
 K, T = 5, 20  # 4 segments of 5 steps: tiny on a shared CPU
-CNN_CHEATS = ["skip", "fewer_steps", "more_steps", "other_data", "half_batch", "low_lr:0.9",
+CNN_CHEATS = ["skip", "fewer_steps", "bad_step", "more_steps", "other_data", "half_batch", "low_lr:0.9",
               "noise:0.01", "bf16", "stale:2", "spoof", "blindfold:0.25", "lazy:0.5",
               "lazy:0.5,mode=spoof,salt=3"]
 LM_CHEATS = ["skip", "fewer_steps", "low_lr:0.9", "noise:0.01", "bf16", "spoof"]
@@ -59,3 +61,21 @@ def test_make_behavior_parses_positional_and_keywords() -> None:
     b = make_behavior("lazy:0.25,mode=spoof,salt=9")
     assert (b.fraction, b.mode, b.salt) == (0.25, "spoof", 9)  # type: ignore[attr-defined]
     assert make_behavior("noise,rel=0.02").rel == 0.02  # type: ignore[attr-defined]
+
+
+def test_bad_step_answers_disputes_along_its_own_trajectory(cache: Path, tmp_path: Path) -> None:
+    """The consistent liar's bisection states agree with honest ones before its bad
+    step, differ from it on, and lead to its own committed checkpoint."""
+    ctx = job("cnn", cache, k=K, total_steps=T)
+    b = make_behavior("bad_step")
+    run_training(ctx, tmp_path, job_id=3, behavior=b)
+    manifest = read_manifest(tmp_path)
+    bad = K + K // 2 + 1  # segment 1's middle step
+    steps = list(range(K + 1, 2 * K))
+    own = regenerate_many(ctx, tmp_path, steps, b.dispute_step)
+    honest = regenerate_many(ctx, tmp_path, steps)
+    for t in steps:
+        assert (state_hash(own[t]) == state_hash(honest[t])) == (t < bad), t
+    last = load_state(ctx, own[2 * K - 1], step=2 * K - 1)
+    b.dispute_step(ctx, last, 2 * K)
+    assert state_hash(state_tensors(last)).hex() == manifest.state_hashes[2]

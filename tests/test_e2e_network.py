@@ -170,6 +170,34 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         assert weights and all(not k.startswith(("optim.", "meta.")) for k in weights)
 
 
+def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None:
+    """A solver with one wrong step in the middle of each segment defends its own
+    trajectory in the dispute (its mids follow the bad step). The challenger walks the
+    round's parts, disputes the first state out of tolerance, and the game ends on
+    exactly the bad step; the jury votes invalid and the solver is slashed."""
+    spec, dataset = small_job(tmp_path)
+    with LocalNet(tmp_path / "net", params()) as net:
+        for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
+            net.start_verifier(name, acct)
+        net.start_solver("liar", CHEATER, "bad_step")
+        liar_before = net.holdings(net.address(CHEATER))
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
+        assert resolved.args["solverWon"] is False
+        evs = dispute_events(net, int(resolved.args["id"]))
+        start = int(evs["DisputeOpened"][0]["startStep"])
+        k = int(evs["DisputeOpened"][0]["endStep"]) - start
+        bad = start + k // 2 + 1  # bad_step's default: the middle step of each segment
+        last = evs["RangeNarrowed"][-1]
+        assert (int(last["lo"]), int(last["hi"])) == (bad - 1, bad)
+        # the first round's mids were the liar's own: the ones after the bad step differ
+        # from what the challenger replayed, and it did not simply take the last part
+        assert int(evs["RangeNarrowed"][0]["hi"]) < start + k
+        assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
+        assert net.holdings(net.address(CHEATER)) < liar_before
+        assert net.conserved()
+
+
 def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:
@@ -178,7 +206,7 @@ def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
         net.start_solver("cheat", CHEATER, "skip")
         job = net.submit("sub", SUBMITTER, spec, dataset)
         net.wait_event("Challenged", 180, jobId=job)
-        net.kill("cheat", signal.SIGKILL)  # gone: it will never post a midpoint
+        net.kill("cheat", signal.SIGKILL)  # gone: it will never post its mids
         # Verifiers may race to challenge; whichever dispute settles first decides.
         resolved = net.wait_event("DisputeResolved", 260, contract="DisputeGame", jobId=job)
         assert resolved.args["solverWon"] is False

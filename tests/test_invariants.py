@@ -31,7 +31,7 @@ ACTORS = range(1, 8)  # dev accounts 1..7 play; 0 deployed everything
 SEGMENTS, K = 6, 4
 MAX_DURATION = 300
 WINDOW = 60  # DevnetParams().market.verification_window, asserted in the test
-MAX_EXAMPLES, STEPS = int(os.environ.get("POLNET_INVARIANT_EXAMPLES", 60)), 40
+MAX_EXAMPLES, STEPS = int(os.environ.get("POLNET_INVARIANT_EXAMPLES", 80)), 40
 STATS: Counter[str] = Counter()
 
 

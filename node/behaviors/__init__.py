@@ -6,6 +6,8 @@ bench/verify_cost.py) and must never be a default. Names (kwargs):
 
     skip                         claim S_start unchanged
     fewer_steps (missing=1)      k - missing steps
+    bad_step (at=0, offset=7)    one step per segment on another batch (0 = the
+                                 middle one); disputes answered along that trajectory
     more_steps (extra=1)         k + extra steps
     other_data (offset=7)        another step's batch
     half_batch (fraction=0.5)    part of each batch
@@ -35,6 +37,7 @@ from node.behaviors.steps import (
     LowLR,
     MoreSteps,
     Noise,
+    OneBadStep,
     OtherData,
     SkipSteps,
     Stale,
@@ -42,9 +45,9 @@ from node.behaviors.steps import (
 from node.errors import TrainingError
 from node.train.behavior import SegmentBehavior, get_behavior, register_behavior
 
-CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, MoreSteps, OtherData, HalfBatch, LowLR,
-                                   Noise, BF16, Stale, InfinitesimalSpoof, Blindfold,
-                                   LazyFraction)
+CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, OneBadStep, MoreSteps, OtherData,
+                                   HalfBatch, LowLR, Noise, BF16, Stale, InfinitesimalSpoof,
+                                   Blindfold, LazyFraction)
 for _cls in CHEATS:
     register_behavior(_cls.name, _cls)
 

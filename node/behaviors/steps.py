@@ -59,6 +59,33 @@ class MoreSteps(Cheat):
         return set_step(state, start_step + k), sum(losses[:k]) / k
 
 
+class OneBadStep(Cheat):
+    """Honest but for one step per segment, the ``at``-th (1-based; 0 = the middle one,
+    k // 2 + 1), trained on the batch of step + ``offset``. It answers disputes along
+    this same trajectory (a consistent liar), so bisection must find that very step."""
+
+    name = "bad_step"
+
+    def __init__(self, at: int = 0, offset: int = 7) -> None:
+        self.at = at
+        self.offset = offset
+
+    def is_bad(self, ctx: TrainContext, step: int) -> bool:
+        k = ctx.spec.checkpoint_interval
+        return (step - 1) % k + 1 == (self.at or k // 2 + 1)
+
+    def dispute_step(self, ctx: TrainContext, state: TrainState, step: int) -> float:
+        if self.is_bad(ctx, step):
+            return cheat_step(ctx, state, step, data_step=step + self.offset)
+        return train_step(ctx, state, step)
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        total = sum(self.dispute_step(ctx, state, s)
+                    for s in range(start_step + 1, start_step + k + 1))
+        return state, total / k
+
+
 class _KnobCheat(Cheat):
     """k steps through ``cheat_step`` with one knob turned."""
 

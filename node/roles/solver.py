@@ -320,7 +320,7 @@ class Solver:
         try:
             ctx = await self._context(jid)
             states = await trio.to_thread.run_sync(regenerate_many, ctx, self._trace_dir(jid),
-                                                   steps)
+                                                   steps, self.behavior.dispute_step)
             # lo and hi are checkpoints or mids served before: jurors can fetch both.
             hashes = [await self.serve_state(jid, t, states[t]) for t in steps]
             await self.rt.transact_ok(self.rt.chain_client.dispute.post_mids, did,

@@ -11,6 +11,7 @@ Public API::
     class SegmentBehavior(ABC):
         def run_segment(self, ctx, state, segment_index, start_step, k)
             -> tuple[TrainState, float]   # (claimed S_{start_step+k}, mean loss)
+        def dispute_step(self, ctx, state, step) -> float   # honest unless overridden
     HonestBehavior()
     register_behavior(name, cls); get_behavior(name, **kwargs) -> SegmentBehavior
     behavior_names() -> list[str]
@@ -37,6 +38,12 @@ class SegmentBehavior(ABC):
                     start_step: int, k: int) -> tuple[TrainState, float]:
         """Return the claimed state after steps ``start_step+1 .. start_step+k``
         and the mean loss claimed for the segment."""
+
+    def dispute_step(self, ctx: TrainContext, state: TrainState, step: int) -> float:
+        """One step as this solver regenerates it for a dispute's bisection points
+        (``regenerate_many(step_fn=...)``). Honest steps by default: a segment-level
+        cheat has no intermediate states of its own to defend."""
+        return train_step(ctx, state, step)
 
 
 class HonestBehavior(SegmentBehavior):

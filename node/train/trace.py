@@ -358,10 +358,12 @@ def regenerate(ctx: TrainContext, trace_dir: str | Path, step: int) -> dict[str,
     return regenerate_many(ctx, trace_dir, [step])[step]
 
 
-def regenerate_many(ctx: TrainContext, trace_dir: str | Path,
-                    steps: Sequence[int]) -> dict[int, dict[str, torch.Tensor]]:
-    """S_t for every t in ``steps``, by honest steps from the nearest checkpoint at or
-    before each; steps sharing a checkpoint cost one walk (a dispute round's mids)."""
+def regenerate_many(ctx: TrainContext, trace_dir: str | Path, steps: Sequence[int],
+                    step_fn: Callable[[TrainContext, TrainState, int], float] = train_step,
+                    ) -> dict[int, dict[str, torch.Tensor]]:
+    """S_t for every t in ``steps``, by ``step_fn`` steps (honest ones unless given)
+    from the nearest checkpoint at or before each; steps sharing a checkpoint cost one
+    walk (a dispute round's mids)."""
     manifest = read_manifest(trace_dir)
     for step in steps:
         if not 0 <= step <= manifest.total_steps:
@@ -378,7 +380,7 @@ def regenerate_many(ctx: TrainContext, trace_dir: str | Path,
                 continue
             state = load_state(ctx, ck.tensors, step=ck.step)
         for t in range(state.step + 1, step + 1):
-            train_step(ctx, state, t)
+            step_fn(ctx, state, t)
         out[step] = state_tensors(state)
     return out
 
