@@ -31,7 +31,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check .
-	$(BIN)/mypy node verifier devnet
+	$(BIN)/mypy node verifier devnet tests
 	for b in bench/*.py; do $(BIN)/mypy $$b || exit 1; done
 
 contracts: node_modules/.installed

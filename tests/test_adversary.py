@@ -9,17 +9,17 @@ import pytest
 
 from node.behaviors import CHEATS, make_behavior
 from node.behaviors.steps import Cheat
-from node.train.behavior import behavior_names
 from node.proof import state_hash
+from node.train.behavior import behavior_names
 from node.train.step import load_state, state_tensors
 from node.train.trace import read_manifest, regenerate_many, run_training
 from verifier.jobs import job
 from verifier.replay import verify_trace_segment
 
 K, T = 5, 20  # 4 segments of 5 steps: tiny on a shared CPU
-CNN_CHEATS = ["skip", "fewer_steps", "bad_step", "more_steps", "other_data", "half_batch", "low_lr:0.9",
-              "noise:0.01", "bf16", "stale:2", "spoof", "blindfold:0.25", "lazy:0.5",
-              "lazy:0.5,mode=spoof,salt=3"]
+CNN_CHEATS = ["skip", "fewer_steps", "bad_step", "more_steps", "other_data", "half_batch",
+              "low_lr:0.9", "noise:0.01", "bf16", "stale:2", "spoof", "blindfold:0.25",
+              "lazy:0.5", "lazy:0.5,mode=spoof,salt=3"]
 LM_CHEATS = ["skip", "fewer_steps", "low_lr:0.9", "noise:0.01", "bf16", "spoof"]
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from eth_account import Account
+from eth_typing import HexStr
 
 from node.config import load_config
 from node.errors import ConfigError, PolnetError
@@ -49,7 +50,7 @@ def test_private_key_never_printed(tmp_path: Path) -> None:
 
 def test_keystore_roundtrip_and_wrong_password(tmp_path: Path) -> None:
     ks = tmp_path / "key.json"
-    ks.write_text(json.dumps(Account.encrypt(KEY, "correct horse")))
+    ks.write_text(json.dumps(Account.encrypt(HexStr(KEY), "correct horse")))
     s = load_config(None, keystore=ks, keystore_password="correct horse", home=tmp_path)
     assert s.load_private_key() == KEY
     bad = load_config(None, keystore=ks, keystore_password="wrong", home=tmp_path)

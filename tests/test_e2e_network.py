@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import safetensors.torch
@@ -49,8 +50,8 @@ def _hash(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, object]]]:
-    out: dict[str, list[dict[str, object]]] = {}
+def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
     for ev in net.events():
         if ev.contract == "DisputeGame" and ev.args.get("id") == did:
             out.setdefault(ev.event, []).append(ev.args)
