@@ -1,6 +1,6 @@
 """Announcement kinds the roles add to the p2p layer's set.
 
-A dispute needs states that are not checkpoints (bisection midpoints, the two
+A dispute needs states that are not checkpoints (bisection points, the two
 ends of the disputed step). The solver regenerates them, stores them as
 artifacts and says which artifact holds which state hash; receivers check the
 hash of what they fetch against the chain, so a lying announcement only wastes
