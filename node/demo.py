@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from devnet.localnet import REPO, TOKEN, LocalNet
@@ -73,21 +74,23 @@ class Narrator:
     def who(self, v: Any) -> str:
         return self.names.get(str(v), str(v)[:10])
 
+    def fmt(self, v: Any) -> str:
+        if isinstance(v, bytes):
+            return "0x" + v.hex()[:12] + "…"
+        if isinstance(v, str) and v.startswith("0x") and len(v) == 42:
+            return self.who(v)
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(self.fmt(x) for x in v) + "]"
+        if isinstance(v, int) and not isinstance(v, bool) and v > 10**15:
+            return f"{v / TOKEN:g} POL"
+        return str(v)
+
     def __call__(self) -> None:
         for ev in self.net.new_events():
             if ev.event not in NARRATED:
                 continue
-            parts = []
-            for k, v in ev.args.items():
-                if isinstance(v, bytes):
-                    v = "0x" + v.hex()[:12] + "…"
-                elif isinstance(v, str) and v.startswith("0x") and len(v) == 42:
-                    v = self.who(v)
-                elif isinstance(v, list):
-                    v = "[" + ", ".join(self.who(x) for x in v) + "]"
-                elif isinstance(v, int) and v > 10**15:
-                    v = f"{v / TOKEN:g} POL"
-                parts.append(f"{k}={v}")
+            # escaped: a list like jury=[verifier-1, ...] is not rich markup
+            parts = [escape(f"{k}={self.fmt(v)}") for k, v in ev.args.items()]
             style = "red" if ev.event in ALARM else "green" if ev.event == "JobFinalized" \
                 else "white"
             self.con.print(f"[dim]#{ev.block_number}[/] [{style}]{ev.contract}.{ev.event}[/] "
