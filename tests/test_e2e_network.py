@@ -50,6 +50,11 @@ def _hash(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+def start_verifiers(net: LocalNet) -> None:
+    for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
+        net.start_verifier(name, acct)
+
+
 def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for ev in net.events():
@@ -66,8 +71,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
     verifier killed right after the commit and a frozen RPC are both survived."""
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:
-        for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
-            net.start_verifier(name, acct)
+        start_verifiers(net)
         net.start_solver("cheat", CHEATER, "fewer_steps")
         cheat_before = net.holdings(net.address(CHEATER))
         job = net.submit("sub", SUBMITTER, spec, dataset)
@@ -178,8 +182,7 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
     exactly the bad step; the jury votes invalid and the solver is slashed."""
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:
-        for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
-            net.start_verifier(name, acct)
+        start_verifiers(net)
         net.start_solver("liar", CHEATER, "bad_step")
         liar_before = net.holdings(net.address(CHEATER))
         job = net.submit("sub", SUBMITTER, spec, dataset)
@@ -202,8 +205,7 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
 def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:
-        for name, acct in (("v1", V1), ("v2", V2), ("v3", V3)):
-            net.start_verifier(name, acct)
+        start_verifiers(net)
         net.start_solver("cheat", CHEATER, "skip")
         job = net.submit("sub", SUBMITTER, spec, dataset)
         net.wait_event("Challenged", 180, jobId=job)
