@@ -202,6 +202,27 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
         assert net.conserved()
 
 
+def test_states_the_solver_does_not_serve_count_against_it(tmp_path: Path) -> None:
+    """A challenged solver posts its bisection hashes but serves none of the states:
+    the challenger disputes the first part (its end is not served), the jury cannot
+    fetch S_lo+1 and votes invalid; no clock runs out."""
+    spec, dataset = small_job(tmp_path)
+    with LocalNet(tmp_path / "net", params()) as net:
+        start_verifiers(net)
+        net.start_solver("withholder", CHEATER, "withhold")
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
+        assert resolved.args["solverWon"] is False
+        evs = dispute_events(net, int(resolved.args["id"]))
+        start = int(evs["DisputeOpened"][0]["startStep"])
+        assert "MidsPosted" in evs and "TimedOut" not in evs
+        last = evs["RangeNarrowed"][-1]
+        assert (int(last["lo"]), int(last["hi"])) == (start, start + 1)
+        assert evs.get("VoteRevealed") and all(v["valid"] is False
+                                               for v in evs["VoteRevealed"])
+        assert net.conserved()
+
+
 def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:

@@ -8,6 +8,7 @@ bench/verify_cost.py) and must never be a default. Names (kwargs):
     fewer_steps (missing=1)      k - missing steps
     bad_step (at=0, offset=7)    one step per segment on another batch (0 = the
                                  middle one); disputes answered along that trajectory
+    withhold (missing=1)         fewer_steps; in a dispute posts hashes, serves no state
     more_steps (extra=1)         k + extra steps
     other_data (offset=7)        another step's batch
     half_batch (fraction=0.5)    part of each batch
@@ -41,13 +42,14 @@ from node.behaviors.steps import (
     OtherData,
     SkipSteps,
     Stale,
+    WithholdStates,
 )
 from node.errors import TrainingError
 from node.train.behavior import SegmentBehavior, get_behavior, register_behavior
 
 CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, OneBadStep, MoreSteps, OtherData,
                                    HalfBatch, LowLR, Noise, BF16, Stale, InfinitesimalSpoof,
-                                   Blindfold, LazyFraction)
+                                   Blindfold, LazyFraction, WithholdStates)
 for _cls in CHEATS:
     register_behavior(_cls.name, _cls)
 

@@ -44,6 +44,14 @@ class FewerSteps(Cheat):
         return set_step(state, start_step + k), loss
 
 
+class WithholdStates(FewerSteps):
+    """``fewer_steps`` that, when challenged, posts its bisection hashes but never
+    serves the states behind them."""
+
+    name = "withhold"
+    serves_dispute_states = False
+
+
 class MoreSteps(Cheat):
     """Run ``k + extra`` steps (e.g. to look better), claim k."""
 

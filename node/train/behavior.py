@@ -32,6 +32,9 @@ from node.train.step import TrainContext, TrainState, train_step
 
 class SegmentBehavior(ABC):
     name: str = "abstract"
+    #: False: in a dispute the solver posts its bisection hashes but never serves
+    #: the states behind them (a test cheat; the game must count that against it).
+    serves_dispute_states: bool = True
 
     @abstractmethod
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
