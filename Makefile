@@ -4,7 +4,7 @@
 PY       ?= python3
 VENV     := .venv
 BIN      := $(VENV)/bin
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=12
 
 .PHONY: demo test setup lint typecheck contracts bench clean devnet-up devnet-down
 

@@ -33,7 +33,7 @@ SUBMITTER, HONEST, CHEATER, V1, V2, V3 = 1, 2, 3, 4, 5, 6
 def params() -> DevnetParams:
     return DevnetParams.model_validate({
         "market": {"verification_window": 35, "sample_count": 4},
-        "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20},
+        "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20, "fanout": 8},
         "registry": {"unbond_delay": 3600}})
 
 
@@ -65,14 +65,16 @@ def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, Any]]]:
 
 def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         tmp_path: Path) -> None:
-    """A solver that skips the last step of every segment is challenged, bisected to
-    one step, found invalid by the jury and slashed; the challenger is paid; the job
-    reopens and an honest solver, SIGKILLed mid-job and restarted, still commits; a
-    verifier killed right after the commit and a frozen RPC are both survived."""
+    """A solver that skips the last step of every segment, and when challenged posts
+    its bisection hashes but serves none of the states, is bisected to one step (the
+    first unserved state: it counts against the solver, no clock has to run out),
+    found invalid by the jury and slashed; the challenger is paid; the job reopens
+    and an honest solver, SIGKILLed mid-job and restarted, still commits; a verifier
+    killed right after the commit and a frozen RPC are both survived."""
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:
         start_verifiers(net)
-        net.start_solver("cheat", CHEATER, "fewer_steps")
+        net.start_solver("cheat", CHEATER, "withhold")
         cheat_before = net.holdings(net.address(CHEATER))
         job = net.submit("sub", SUBMITTER, spec, dataset)
         net.wait_event("Challenged", 180, jobId=job)
@@ -88,10 +90,11 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         evs = dispute_events(net, did)
         last = evs["RangeNarrowed"][-1] if "RangeNarrowed" in evs else None
         jury = evs["JuryDrawn"][0]["jury"]
-        assert last is not None and int(last["hi"]) - int(last["lo"]) == 1  # one step ...
-        # ... exactly the skipped one: the last step of the disputed segment
-        assert int(last["hi"]) == int(evs["DisputeOpened"][0]["endStep"])
-        assert len(evs["MidsPosted"]) == len(evs["RangeNarrowed"]) >= 1
+        start = int(evs["DisputeOpened"][0]["startStep"])
+        # the first mid was not served: that part, one step, went to the jury
+        assert last is not None and (int(last["lo"]), int(last["hi"])) == (start, start + 1)
+        assert len(evs["MidsPosted"]) == len(evs["RangeNarrowed"]) == 1
+        assert "TimedOut" not in evs
         assert net.address(CHEATER) not in jury and challenger not in jury
         assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
         assert net.holdings(net.address(CHEATER)) < cheat_before  # bond slashed
@@ -176,50 +179,29 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
 
 
 def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None:
-    """A solver with one wrong step in the middle of each segment defends its own
+    """A solver with one wrong step inside each segment (the 5th of 10) defends its own
     trajectory in the dispute (its mids follow the bad step). The challenger walks the
-    round's parts, disputes the first state out of tolerance, and the game ends on
-    exactly the bad step; the jury votes invalid and the solver is slashed."""
+    round's parts and disputes the first state out of tolerance, then, when every mid
+    agrees, the last part; the game ends on exactly the bad step, the jury votes
+    invalid and the solver is slashed."""
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", params()) as net:
         start_verifiers(net)
-        net.start_solver("liar", CHEATER, "bad_step")
+        net.start_solver("liar", CHEATER, "bad_step:5")
         liar_before = net.holdings(net.address(CHEATER))
         job = net.submit("sub", SUBMITTER, spec, dataset)
         resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
         assert resolved.args["solverWon"] is False
         evs = dispute_events(net, int(resolved.args["id"]))
         start = int(evs["DisputeOpened"][0]["startStep"])
-        k = int(evs["DisputeOpened"][0]["endStep"]) - start
-        bad = start + k // 2 + 1  # bad_step's default: the middle step of each segment
-        last = evs["RangeNarrowed"][-1]
-        assert (int(last["lo"]), int(last["hi"])) == (bad - 1, bad)
-        # the first round's mids were the liar's own: the ones after the bad step differ
-        # from what the challenger replayed, and it did not simply take the last part
-        assert int(evs["RangeNarrowed"][0]["hi"]) < start + k
+        assert int(evs["DisputeOpened"][0]["endStep"]) - start == 10
+        # fanout 8 over 10 steps: mids at +1 2 3 5 6 7 8; S_5 is the first that is off,
+        # so part [3, 5]; then the mid at +4 agrees: the last part, [4, 5]
+        narrowed = [(int(e["lo"]) - start, int(e["hi"]) - start)
+                    for e in evs["RangeNarrowed"]]
+        assert narrowed == [(3, 5), (4, 5)]
         assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
         assert net.holdings(net.address(CHEATER)) < liar_before
-        assert net.conserved()
-
-
-def test_states_the_solver_does_not_serve_count_against_it(tmp_path: Path) -> None:
-    """A challenged solver posts its bisection hashes but serves none of the states:
-    the challenger disputes the first part (its end is not served), the jury cannot
-    fetch S_lo+1 and votes invalid; no clock runs out."""
-    spec, dataset = small_job(tmp_path)
-    with LocalNet(tmp_path / "net", params()) as net:
-        start_verifiers(net)
-        net.start_solver("withholder", CHEATER, "withhold")
-        job = net.submit("sub", SUBMITTER, spec, dataset)
-        resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
-        assert resolved.args["solverWon"] is False
-        evs = dispute_events(net, int(resolved.args["id"]))
-        start = int(evs["DisputeOpened"][0]["startStep"])
-        assert "MidsPosted" in evs and "TimedOut" not in evs
-        last = evs["RangeNarrowed"][-1]
-        assert (int(last["lo"]), int(last["hi"])) == (start, start + 1)
-        assert evs.get("VoteRevealed") and all(v["valid"] is False
-                                               for v in evs["VoteRevealed"])
         assert net.conserved()
 
 
