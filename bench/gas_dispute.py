@@ -51,6 +51,10 @@ def _avg(xs: list[int]) -> int:
     return round(sum(xs) / len(xs)) if xs else 0
 
 
+def _accounts(jurors: int, attestors: int) -> int:
+    return max(10, 4 + max(jurors, attestors))
+
+
 def measure_dispute_gas(k: int = 64, jurors: int = 3, attestors: int = 2,
                         solver_wins: bool = False, fanout: int | None = None,
                         anvil: AnvilProcess | None = None) -> dict[str, Any]:
@@ -61,7 +65,7 @@ def measure_dispute_gas(k: int = 64, jurors: int = 3, attestors: int = 2,
     """
     if k < 2:
         raise ValueError("k must be >= 2")
-    n_accounts = max(10, 4 + max(jurors, attestors))
+    n_accounts = _accounts(jurors, attestors)
     dispute: dict[str, Any] = {"jury_size": jurors}
     if fanout is not None:
         dispute["fanout"] = fanout
@@ -174,8 +178,7 @@ def main() -> None:
     ap.add_argument("--fanout", type=int, default=None,
                     help="parts per round (default: the devnet's, compared with 2)")
     a = ap.parse_args()
-    n_accounts = max(10, 4 + max(a.jurors, a.attestors))
-    node = start_anvil(accounts=n_accounts)
+    node = start_anvil(accounts=_accounts(a.jurors, a.attestors))
     try:
         out = measure_dispute_gas(a.k, a.jurors, a.attestors, a.valid, a.fanout, anvil=node)
         runs = [out]

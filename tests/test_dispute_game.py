@@ -63,8 +63,13 @@ def dchain(anvil: AnvilProcess) -> LocalChain:
     missing = [n for n in CONTRACTS if not (artifacts_dir() / f"{n}.json").is_file()]
     if missing:
         pytest.skip(f"contract artifacts missing ({', '.join(missing)}): run `make contracts`")
+    return deploy_game(anvil, PARAMS)
+
+
+def deploy_game(anvil: AnvilProcess, params: DevnetParams) -> LocalChain:
+    """Fresh contracts on ``anvil``, every account funded, the roles registered."""
     accts = dev_accounts(10)
-    dep = deploy_all(make_web3(anvil.url), accts[0], PARAMS, fund=accts, rpc_url=anvil.url)
+    dep = deploy_all(make_web3(anvil.url), accts[0], params, fund=accts, rpc_url=anvil.url)
     c = LocalChain(anvil, dep)
     c.join(SOLVER_I, SOLVER | VERIFIER, 500 * TOKEN)  # a verifier too: the draw must skip it
     for i in (CHAL, CHAL2, *VERIFIERS):
@@ -471,14 +476,8 @@ def test_every_part_choice_keeps_the_ends_the_solver_posted(c: LocalChain,
 def test_uneven_ranges_and_plain_bisection(c: LocalChain) -> None:
     """A game deployed with fanout 2 is the classic bisection; ranges that do not
     divide evenly use p_j = lo + span * j // parts, and a short range uses every step."""
-    accts = dev_accounts(10)
-    params = PARAMS.model_copy(update={"dispute": PARAMS.dispute.model_copy(
-        update={"fanout": 2})})
-    dep = deploy_all(c.w3, accts[0], params, fund=accts, rpc_url=c.url)
-    c2 = LocalChain(c.anvil, dep)
-    c2.join(SOLVER_I, SOLVER, 500 * TOKEN)
-    for i in (CHAL, *VERIFIERS):
-        c2.join(i, VERIFIER, 100 * TOKEN)
+    c2 = deploy_game(c.anvil, PARAMS.model_copy(update={"dispute": PARAMS.dispute.model_copy(
+        update={"fanout": 2})}))
     job = new_job(c2, k=10, attest=())
     did = challenge(c2, job)
     seen = []

@@ -253,8 +253,7 @@ class Verifier:
             nxt = None
             with trio.move_on_at(deadline):
                 try:
-                    nxt = await ev.state(step, h, wait=True,
-                                         timeout=max(1.0, deadline - trio.current_time()))
+                    nxt = await ev.state(step, h, wait=True)
                 except PolnetError as exc:  # unreachable or bad bytes: not served
                     log.info("mid_fetch_failed", dispute=d.id, step=step, error=str(exc))
             if nxt is None:

@@ -34,9 +34,8 @@ class JobEvidence:
     manifest: TraceManifest
     _states: dict[tuple[int, bytes], Tensors] = field(default_factory=dict)
 
-    async def _load(self, artifact_id: str, state_hash: bytes,
-                    timeout: float = 120.0) -> Tensors:
-        path = await self.rt.fetch(artifact_id, (self.job.solver,), timeout=timeout)
+    async def _load(self, artifact_id: str, state_hash: bytes) -> Tensors:
+        path = await self.rt.fetch(artifact_id, (self.job.solver,))
         ck = await trio.to_thread.run_sync(load_checkpoint, path, state_hash)
         return dict(ck.tensors)
 
@@ -48,8 +47,7 @@ class JobEvidence:
         self._states[(leaf.step, leaf.state_hash)] = tensors
         return CommittedState(tensors, leaf, proof)
 
-    async def state(self, step: int, state_hash: bytes, wait: bool = False,
-                    timeout: float = 120.0) -> Tensors | None:
+    async def state(self, step: int, state_hash: bytes, wait: bool = False) -> Tensors | None:
         """The state the solver committed to at ``step`` (a checkpoint or a served
         bisection state), or None if nobody has announced it (yet)."""
         if (step, state_hash) in self._states:
@@ -60,7 +58,7 @@ class JobEvidence:
                 return dict((await self.committed(step // k)).tensors)
             aid = self.rt.book.states.get((self.job_id, "0x" + state_hash.hex()))
             if aid is not None:
-                tensors = await self._load(aid, state_hash, timeout)
+                tensors = await self._load(aid, state_hash)
                 self._states[(step, state_hash)] = tensors
                 return tensors
             if not wait:

@@ -324,11 +324,11 @@ class Solver:
                                                    steps, self.behavior.dispute_step)
             # lo and hi are checkpoints or mids served before: jurors can fetch both.
             if self.behavior.serves_dispute_states:
-                hashes = [await self.serve_state(jid, t, states[t]) for t in steps]
+                hashes = [bytes.fromhex((await self.serve_state(jid, t, states[t]))[2:])
+                          for t in steps]
             else:  # a test cheat: claim the states, serve none of them
-                hashes = ["0x" + state_hash(states[t]).hex() for t in steps]
-            await self.rt.transact_ok(self.rt.chain_client.dispute.post_mids, did,
-                                      [bytes.fromhex(h[2:]) for h in hashes],
+                hashes = [state_hash(states[t]) for t in steps]
+            await self.rt.transact_ok(self.rt.chain_client.dispute.post_mids, did, hashes,
                                       benign=("NotYourTurn", "WrongPhase"))
             log.info("mids_posted", dispute=did, job=jid, steps=steps)
         finally:
