@@ -33,6 +33,11 @@ class SpecError(PolnetError, ValueError):
 # --- integrity ---------------------------------------------------------------
 
 
+class MalformedInput(PolnetError, ValueError):
+    """Bytes from a peer, a submitter or a file that do not decode within bounds:
+    too big, nested too deep, not UTF-8, not JSON, or not of the expected shape."""
+
+
 class IntegrityError(PolnetError, ValueError):
     """Bytes that do not match the hash they were promised to have."""
 

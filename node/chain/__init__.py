@@ -11,6 +11,7 @@ Reverts surface as :class:`node.errors.ContractRevert` with the custom error's n
 and decoded arguments; an unreachable node as :class:`node.errors.RpcUnavailable`.
 """
 
+from node.boundary import pin_recursion_limit
 from node.chain.bound import Bound, batch_call
 from node.chain.client import ChainClient
 from node.chain.contracts import (
@@ -27,6 +28,8 @@ from node.chain.contracts import (
 )
 from node.chain.deployment import Deployment, default_deployment_path
 from node.chain.events import ChainEvent, EventWatcher
+
+pin_recursion_limit()  # web3 -> py_ecc raised it to 100000: deep recursion would SIGSEGV
 
 __all__ = ["SOLVER", "VERIFIER", "Bound", "ChainClient", "ChainEvent", "Deployment",
            "DisputeState", "EventWatcher", "Job", "JobStatus", "MarketParamsView", "NodeInfo",

@@ -19,6 +19,8 @@ from libp2p.crypto.keys import PrivateKey
 from libp2p.peer.id import ID
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from node.boundary import decode_json_object
+from node.errors import MalformedInput
 from node.store.manifest import HEX64
 
 DOMAIN = b"polnet-announce-v1\n"
@@ -131,10 +133,8 @@ class AnnouncementVerifier:
         if len(raw) > MAX_ANNOUNCE_BYTES:
             return "oversized", None
         try:
-            obj = json.loads(raw)
-        except ValueError:
-            return "malformed", None
-        if not isinstance(obj, dict):
+            obj = decode_json_object(raw, max_bytes=MAX_ANNOUNCE_BYTES, what="announcement")
+        except MalformedInput:
             return "malformed", None
         if not obj.get("sig"):
             return "unsigned", None
@@ -150,11 +150,11 @@ class AnnouncementVerifier:
             return "bad_payload", None
         try:
             sender = ID.from_base58(ann.sender)
+            pub = sender.extract_public_key()  # garbage key bytes raise: drop, never propagate
         except Exception:
             return "bad_sender", None
         if from_peer is not None and from_peer != sender:
             return "sender_mismatch", None
-        pub = sender.extract_public_key()
         if pub is None:
             return "bad_sender", None
         try:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from libp2p.custom_types import TProtocol
 
+from node.boundary import decode_json_object
 from node.errors import PeerMisbehaved
 
 PROTOCOL_ID = TProtocol("/polnet/artifact/1.0.0")
@@ -56,13 +57,8 @@ async def read_frame(stream: Stream) -> dict[str, Any]:
     (length,) = struct.unpack(">I", await read_exactly(stream, 4))
     if length > MAX_HEADER:
         raise PeerMisbehaved(f"frame of {length} bytes exceeds {MAX_HEADER}")
-    try:
-        obj = json.loads(await read_exactly(stream, length))
-    except ValueError as exc:
-        raise PeerMisbehaved(f"frame is not JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise PeerMisbehaved("frame is not a JSON object")
-    return obj
+    return decode_json_object(await read_exactly(stream, length), max_bytes=MAX_HEADER,
+                              what="frame", error=PeerMisbehaved)
 
 
 def encode_frame(obj: dict[str, Any]) -> bytes:
