@@ -27,7 +27,6 @@ is accepted for cheap jobs where a weaker per-segment check is acceptable.
 
 from __future__ import annotations
 
-import json
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from node.boundary import decode_json_object
 from node.errors import SpecError
 from node.proof import canonical_json, content_hash, samples_for_detection
 
@@ -42,6 +42,7 @@ SPEC_VERSION = 1
 MAX_CHECKPOINT_INTERVAL = 1000
 RECOMMENDED_MAX_CHECKPOINT_INTERVAL = 50
 MAX_STEPS = 10_000_000
+MAX_SPEC_BYTES = 64 * 1024  # a real spec is < 2 KiB of JSON
 
 # Precision-dependent tolerance defaults. fp32 from NOTES.md (honest <= 1.7e-4,
 # cheats >= 1.3e-2 of the replayed update). bf16 honest runs differ by up to
@@ -358,13 +359,9 @@ def parse_spec(data: Mapping[str, Any]) -> JobSpec:
 
 
 def parse_spec_json(raw: bytes | str) -> JobSpec:
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise SpecError("a spec must be a JSON object")
-    return parse_spec(data)
+    """A spec from a submitter or a peer: bounded decode, then strict validation."""
+    return parse_spec(decode_json_object(raw, max_bytes=MAX_SPEC_BYTES, what="spec JSON",
+                                         error=SpecError))
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -378,6 +375,6 @@ def load_spec(path: str | Path) -> JobSpec:
         return parse_spec_json(raw)
     try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, a 5000-digit int
         raise SpecError(f"{p} is not valid TOML: {exc}") from None
     return parse_spec(data)

@@ -12,7 +12,10 @@ import hashlib
 import json
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from node.boundary import decode_json_object
+from node.errors import MalformedInput
 
 MiB = 1024 * 1024
 MIN_CHUNK = 1 * MiB
@@ -56,9 +59,14 @@ class Manifest(BaseModel):
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Manifest:
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise ValueError(f"manifest of {len(raw)} bytes exceeds {MAX_MANIFEST_BYTES}")
-        return cls.model_validate_json(raw)
+        """A manifest from a peer or disk; MalformedInput (a ValueError) if bad."""
+        obj = decode_json_object(raw, max_bytes=MAX_MANIFEST_BYTES, what="chunk manifest")
+        try:
+            return cls.model_validate(obj, strict=True)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(map(str, err["loc"])) or "top level"
+            raise MalformedInput(f"chunk manifest is invalid at {where}: {err['msg']}") from None
 
     @property
     def manifest_hash(self) -> str:
