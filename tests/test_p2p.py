@@ -158,7 +158,7 @@ def test_per_peer_stream_limit(tmp_path: Path) -> None:
     async def main() -> None:
         with trio.fail_after(60):
             async with nodes(tmp_path, 2, bootstrap_first=False,
-                             serve=ServeLimits(max_streams_per_peer=1),
+                             serve=ServeLimits(max_streams_per_stranger=1),
                              streams_per_peer=3) as (server, client):
                 aid = server.store.put_bytes(data)
                 await client.connect(server.addrs[0])

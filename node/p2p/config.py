@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.p2p.limits import ServeLimits
+from node.p2p.limits import FetchPolicy, ServeLimits
 from node.store.store import DEFAULT_MAX_SIZE
 
 DEFAULT_HOME = Path.home() / ".polnet"
@@ -19,6 +19,8 @@ class NodeConfig:
     bootstrap: list[str] = field(default_factory=list)  # full multiaddrs with /p2p/<id>
     max_artifact_size: int = DEFAULT_MAX_SIZE
     serve: ServeLimits = field(default_factory=ServeLimits)
+    fetch: FetchPolicy = field(default_factory=FetchPolicy)
+    ban_s: float = 600.0             # how long a misbehaving or too slow peer stays banned
     # py-libp2p's yamux is fastest with one busy stream per peer (measured: 1 stream
     # 47 MB/s, 4: 36, 8: 21), so parallelism comes from pipelined requests.
     streams_per_peer: int = 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, cast
@@ -20,6 +21,7 @@ import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost, IMuxedConn
+from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
@@ -50,18 +52,62 @@ logging.getLogger("libp2p.kad_dht.kad_dht").setLevel(logging.ERROR)
 PeerSpec = tuple[str, Sequence[str]]  # (peer id base58, multiaddrs) as the registry holds them
 
 
+def make_host(key_pair: KeyPair, listen: str = "/ip4/127.0.0.1/tcp/0") -> IHost:
+    """A bare libp2p host speaking what our nodes speak (TCP + Noise + Yamux)."""
+    return new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_ID: NoiseTransport(
+            key_pair, noise_privkey=create_x25519_key_pair().private_key)},
+        muxer_opt={TProtocol(YAMUX_ID): cast("type[IMuxedConn]", Yamux)},
+        listen_addrs=[multiaddr.Multiaddr(listen)],
+    )
+
+
+class BanList:
+    """Peers we do not fetch from, each until its ban runs out (bounded in size)."""
+
+    MAX = 4096
+
+    def __init__(self, ban_s: float) -> None:
+        self.ban_s = ban_s
+        self._until: dict[ID, float] = {}
+
+    def add(self, peer: ID) -> None:
+        if len(self._until) >= self.MAX:
+            self._expire()
+            while len(self._until) >= self.MAX:
+                del self._until[next(iter(self._until))]
+        self._until.pop(peer, None)
+        self._until[peer] = time.monotonic() + self.ban_s
+
+    def discard(self, peer: ID) -> None:
+        self._until.pop(peer, None)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for p in [p for p, t in self._until.items() if t <= now]:
+            del self._until[p]
+
+    def __contains__(self, peer: object) -> bool:
+        t = self._until.get(peer)  # type: ignore[call-overload]
+        if t is None:
+            return False
+        if t <= time.monotonic():
+            del self._until[peer]  # type: ignore[arg-type]
+            return False
+        return True
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._until)
+
+
 class PolnetNode:
     def __init__(self, config: NodeConfig, store: ArtifactStore | None = None) -> None:
         self.config = config
         self.store = store or ArtifactStore(config.store_root, config.max_artifact_size)
         self.key_pair = load_or_create_keypair(config.key_path)
-        self.host: IHost = new_host(
-            key_pair=self.key_pair,
-            sec_opt={NOISE_ID: NoiseTransport(
-                self.key_pair, noise_privkey=create_x25519_key_pair().private_key)},
-            muxer_opt={TProtocol(YAMUX_ID): cast("type[IMuxedConn]", Yamux)},
-            listen_addrs=[multiaddr.Multiaddr(config.listen)],
-        )
+        self.host: IHost = make_host(self.key_pair, config.listen)
         self.peer_id: ID = self.host.get_id()
         self.gossipsub = GossipSub(
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
@@ -72,7 +118,7 @@ class PolnetNode:
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self.server = ArtifactServer(self.store, config.serve)
         self.verifier = AnnouncementVerifier()
-        self.banned: set[ID] = set()
+        self.banned = BanList(config.ban_s)
         self._buckets: dict[str, TokenBucket] = {}
         self._seq = 0
         self._stack: AsyncExitStack | None = None
@@ -176,6 +222,10 @@ class PolnetNode:
                 log.info("registry_peer_unreachable", peer=pid_str, error=repr(exc))
         return n
 
+    def set_registered(self, peer_ids: Iterable[str]) -> None:
+        """Peer ids of registered nodes (from the chain): served from reserved slots."""
+        self.server.set_registered(set(peer_ids))
+
     def registry_hook(self) -> Callable[[Iterable[PeerSpec]], int]:
         """A plain function for a worker thread (e.g. a web3 poller) to feed registry peers."""
         token = trio.lowlevel.current_trio_token()
@@ -232,12 +282,15 @@ class PolnetNode:
         return list(seen.values())
 
     async def fetch(self, artifact_id: str, peers: Sequence[str] | None = None,
-                    progress: Progress | None = None, provide: bool = True) -> FetchStats:
+                    progress: Progress | None = None, provide: bool = True,
+                    expected_size: int | None = None) -> FetchStats:
         """Fetch an artifact into the local store.
 
         `peers`: multiaddrs to fetch from; by default providers come from the DHT.
-        Resumes an interrupted download. Raises PeerUnavailable when no provider
-        could finish it (the verified chunks stay for the next try).
+        `expected_size`: an upper bound on the size, when the caller knows one (a
+        bigger claim is refused before any download). Resumes an interrupted
+        download. Raises PeerUnavailable when no provider could finish it (the
+        verified chunks stay for the next try).
         """
         if self.store.has(artifact_id):
             return FetchStats()
@@ -247,26 +300,41 @@ class PolnetNode:
                 infos.append(info_from_p2p_addr(multiaddr.Multiaddr(a)))
         else:
             infos = await self.find_providers(artifact_id)
-        reachable: list[ID] = []
-        for info in infos:
-            if info.peer_id in self.banned:
-                continue
-            try:
-                await self._dial(info)
-                reachable.append(info.peer_id)
-            except Exception as exc:
-                log.info("provider_unreachable", peer=info.peer_id.to_base58(), error=repr(exc))
+        reachable = await self._dial_all(
+            [i for i in infos if i.peer_id not in self.banned and i.peer_id != self.peer_id])
         if not reachable:
             raise PeerUnavailable(f"no reachable provider for {artifact_id}")
         dl = Downloader(self.host, self.store, self.config.streams_per_peer,
-                        on_bad_peer=self._drop_peer)
-        stats = await dl.fetch(artifact_id, reachable, progress)
+                        on_bad_peer=self._drop_peer, policy=self.config.fetch)
+        stats = await dl.fetch(artifact_id, reachable, progress, expected_size)
         if provide:
             try:
                 await self.provide(artifact_id)
             except Exception as exc:  # we have it; advertising is best effort
                 log.info("provide_failed", artifact=artifact_id, error=repr(exc))
         return stats
+
+    async def _dial_all(self, infos: Sequence[PeerInfo]) -> list[ID]:
+        """Dial providers at once, each within the open timeout; the reachable, in order."""
+        ok: set[ID] = set()
+        merged: dict[ID, PeerInfo] = {}
+        for info in infos:
+            prev = merged.get(info.peer_id)
+            addrs = list(dict.fromkeys([*(prev.addrs if prev else []), *info.addrs]))
+            merged[info.peer_id] = PeerInfo(info.peer_id, addrs)
+
+        async def dial(info: PeerInfo) -> None:
+            try:
+                with trio.fail_after(self.config.fetch.open_timeout_s):
+                    await self._dial(info)
+                ok.add(info.peer_id)
+            except Exception as exc:
+                log.info("provider_unreachable", peer=info.peer_id.to_base58(), error=repr(exc))
+
+        async with trio.open_nursery() as nursery:
+            for info in list(merged.values())[:32]:
+                nursery.start_soon(dial, info)
+        return [p for p in merged if p in ok]
 
     async def _drop_peer(self, peer: ID, why: str) -> None:
         self.banned.add(peer)
