@@ -135,3 +135,8 @@ class VerificationError(PolnetError, RuntimeError):
 
 class DisputeError(PolnetError, RuntimeError):
     """A dispute move could not be made."""
+
+
+class JobRejected(PolnetError, ValueError):
+    """A posted job this node will not take: its spec or inputs are unusable, or it
+    needs more memory or time than this node has. The reason says which."""

@@ -43,6 +43,10 @@ MAX_CHECKPOINT_INTERVAL = 1000
 RECOMMENDED_MAX_CHECKPOINT_INTERVAL = 50
 MAX_STEPS = 10_000_000
 MAX_SPEC_BYTES = 64 * 1024  # a real spec is < 2 KiB of JSON
+#: The most memory a spec may declare (and so need): 256 GiB. A node compares a
+#: spec's needs with its own budget too (node.train.budget, node.train.probe).
+MAX_MEMORY_MB = 262_144
+MAX_VOCAB = 262_144
 
 # Precision-dependent tolerance defaults. fp32 from NOTES.md (honest <= 1.7e-4,
 # cheats >= 1.3e-2 of the replayed update). bf16 honest runs differ by up to
@@ -136,7 +140,7 @@ class TransformerLMConfig(_Strict):
     """Decoder-only, pre-LayerNorm, learned positions, untied output head."""
 
     family: Literal["transformer_lm"]
-    vocab_size: int = Field(ge=2, le=1_000_000)
+    vocab_size: int = Field(ge=2, le=MAX_VOCAB)
     context: int = Field(ge=2, le=8192)
     d_model: int = Field(ge=8, le=16_384)
     n_heads: int = Field(ge=1, le=256)
@@ -213,7 +217,7 @@ class Schedule(_Strict):
 
 
 class Resources(_Strict):
-    max_memory_mb: int = Field(default=4096, ge=16, le=10_000_000)
+    max_memory_mb: int = Field(default=4096, ge=16, le=MAX_MEMORY_MB)
 
 
 class TolerancePolicy(_Strict):

@@ -19,32 +19,49 @@ import trio
 
 from node.chain.contracts import JobStatus, Phase, Side
 from node.chain.events import ChainEvent, EventWatcher
-from node.errors import ContractRevert, PolnetError
+from node.errors import ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
 from node.roles.announce_kinds import StateServed
 from node.roles.jobfiles import fetch_job_inputs
-from node.roles.runtime import SOLVER, Runtime, guarded
+from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.state import RoleState
+from node.train.budget import machine_memory_mb
+from node.train.probe import probe_job
 
 log = get_logger("polnet.solver")
 
 ANNOUNCE_EVERY_S = 3.0
 SAFETY_FACTOR = 2.0  # claim only if the estimated training time x this fits the deadline
+PROBE_TIMEOUT_S = 120.0  # a job's trial (child start, build, a few steps) must end in this
+MAX_CONSIDER_TRIES = 3   # considerations the daemon died in before a job is rejected
+MAX_REJECTED = 10_000    # remembered rejections (each costs its submitter a posted job)
+REASON_CHARS = 300
 
 
 class Solver:
-    def __init__(self, rt: Runtime, behavior: str = "honest", max_jobs: int = 1) -> None:
+    """``memory_mb``: the most memory this solver gives one job (default: half of the
+    machine's); a job whose estimate or probe needs more is rejected."""
+
+    def __init__(self, rt: Runtime, behavior: str = "honest", max_jobs: int = 1,
+                 memory_mb: int | None = None,
+                 probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
         from node.behaviors import make_behavior  # noqa: PLC0415 - torch is heavy
 
         self.rt = rt
         self.behavior_name = behavior
         self.behavior = make_behavior(behavior)  # fails early on an unknown name
         self.max_jobs = max_jobs
+        self.memory_mb = memory_mb or machine_memory_mb() // 2
+        self.probe_timeout_s = probe_timeout_s
+        # rejected: job id -> why, never considered again; considering: job id -> times
+        # a consideration began and did not finish (the daemon died during it).
         self.state = RoleState(rt.dir / "solver.json",
-                               {"jobs": {}, "candidates": [], "disputes": [], "served": []})
+                               {"jobs": {}, "candidates": [], "disputes": [], "served": [],
+                                "rejected": {}, "considering": {}})
         self._busy: set[str] = set()  # task keys running now (not persisted)
         self._contexts: dict[int, Any] = {}
+        self._gflops: float | None = None
 
     # --- events (worker thread; persisted before the cursor moves) ----------------------
 
@@ -52,7 +69,7 @@ class Solver:
         with self.state as st:
             if ev.event in ("JobPosted", "JobReopened"):
                 jid = int(ev.args["jobId"])
-                if jid not in st["candidates"]:
+                if jid not in st["candidates"] and str(jid) not in st["rejected"]:
                     st["candidates"].append(jid)
             elif ev.event == "DisputeOpened" and str(ev.args.get("solver", "")).lower() \
                     == self.rt.address.lower():
@@ -129,59 +146,90 @@ class Solver:
     # --- claiming ----------------------------------------------------------------------
 
     async def _consider(self, jid: int) -> bool:
+        """Claim ``jid`` if this solver can finish it in time. Nothing a submitter posts
+        can stop the daemon here: its inputs are tried in a child process
+        (node.train.probe), and any failure rejects the job for good (persisted)."""
         rt, c = self.rt, self.rt.chain_client
         job = await rt.chain(c.market.get_job, jid)
         if job.status != JobStatus.OPEN:
-            with self.state as st:
-                st["candidates"].remove(jid)
+            self._drop(jid)
+            return False
+        with self.state as st:
+            tries = st["considering"][str(jid)] = st["considering"].get(str(jid), 0) + 1
+        if tries > MAX_CONSIDER_TRIES:
+            self._reject(jid, f"the solver stopped {tries - 1} times while considering it")
             return False
         try:
             with trio.fail_after(60):
-                spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash)
-            est = await trio.to_thread.run_sync(self._estimate_seconds, spec, dataset)
-        except (PolnetError, trio.TooSlowError) as exc:
+                spec_path = await rt.fetch(job.spec_hash.hex())
+                ds_path = await rt.fetch(job.dataset_hash.hex())
+        except (PeerUnavailable, trio.TooSlowError) as exc:  # maybe later: drop, no verdict
             log.warning("job_skipped", job=jid, reason=str(exc) or "inputs not reachable")
-            with self.state as st:
-                st["candidates"].remove(jid)
+            self._drop(jid)
             return False
+        except Exception as exc:  # noqa: BLE001 - whatever the inputs do, the daemon lives
+            self._reject(jid, f"inputs unusable: {type(exc).__name__}: {exc}")
+            return False
+        try:
+            probe = await probe_job(
+                spec_path, ds_path, job.spec_hash.hex(), job.dataset_hash.hex(),
+                memory_mb=self.memory_mb, max_seconds=job.solve_duration / SAFETY_FACTOR,
+                gflops=await self._machine_gflops(), threads=rt.settings.threads,
+                timeout_s=self.probe_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - JobRejected, or anything else at all
+            self._reject(jid, str(exc) if isinstance(exc, JobRejected)
+                         else f"{type(exc).__name__}: {exc}")
+            return False
+        est = probe.seconds_estimate
+        rt.metrics.steps_per_second.set(1 / probe.per_step_s if probe.per_step_s else 0)
         if est * SAFETY_FACTOR > job.solve_duration:
-            log.info("job_too_slow_for_us", job=jid, estimate_s=round(est, 1),
-                     allowed_s=job.solve_duration)
-            with self.state as st:
-                st["candidates"].remove(jid)
+            self._reject(jid, f"too slow for us: ~{est:.0f} s x {SAFETY_FACTOR:g} exceeds the "
+                         f"{job.solve_duration} s allowed", event="job_too_slow_for_us")
             return False
         need = job.reward * (await rt.chain(c.market.market_params)).bond_factor_bps // 10_000
         if await rt.chain(c.registry.free_stake, rt.address) < need:
             await rt.chain(c.token.ensure_allowance, c.registry.address, need)
             await rt.chain(c.registry.stake, need)
         if not await rt.transact_ok(c.market.claim_job, jid, benign=("WrongStatus",)):
-            with self.state as st:
-                st["candidates"].remove(jid)
+            self._drop(jid)
             return False
         job = await rt.chain(c.market.get_job, jid)
         with self.state as st:
             st["candidates"].remove(jid)
+            st["considering"].pop(str(jid), None)
             st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
                                     "spec": job.spec_hash.hex(),
                                     "dataset": job.dataset_hash.hex()}
         log.info("job_claimed", job=jid, bond=job.bond, deadline=job.deadline,
-                 estimate_s=round(est, 1))
+                 estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
+                 probe_rss_mb=probe.peak_rss_mb)
         await rt.refresh_stake_metrics()
         return True
 
-    def _estimate_seconds(self, spec: Any, dataset: Any) -> float:
-        from node.train.step import TrainContext, init_state, train_step  # noqa: PLC0415
+    def _drop(self, jid: int) -> None:
+        """No longer a candidate (a later JobReopened may bring it back)."""
+        with self.state as st:
+            if jid in st["candidates"]:
+                st["candidates"].remove(jid)
+            st["considering"].pop(str(jid), None)
 
-        ctx = TrainContext.create(spec, dataset, threads=self.rt.settings.threads)
-        state = init_state(ctx)
-        train_step(ctx, state, 1)  # warm-up
-        t0 = time.perf_counter()
-        for s in (2, 3):
-            train_step(ctx, state, s)
-        per_step = (time.perf_counter() - t0) / 2
-        self.rt.metrics.steps_per_second.set(1 / per_step if per_step else 0)
-        # + 30% for hashing and checkpoints, + 2 s for serving and the commit
-        return float(per_step * spec.total_steps * 1.3 + 2.0)
+    def _reject(self, jid: int, reason: str, event: str = "job_rejected") -> None:
+        """Never consider ``jid`` again, even after a restart or a JobReopened."""
+        reason = reason[:REASON_CHARS]
+        with self.state as st:
+            if jid in st["candidates"]:
+                st["candidates"].remove(jid)
+            st["considering"].pop(str(jid), None)
+            st["rejected"][str(jid)] = reason
+            while len(st["rejected"]) > MAX_REJECTED:  # oldest first
+                del st["rejected"][next(iter(st["rejected"]))]
+        log.warning(event, job=jid, reason=reason)
+
+    async def _machine_gflops(self) -> float:
+        if self._gflops is None:
+            profile = await trio.to_thread.run_sync(measure_profile)
+            self._gflops = float(profile.get("matmul_gflops", 0.0))
+        return self._gflops
 
     # --- training and commit -------------------------------------------------------------
 

@@ -1,0 +1,119 @@
+"""What a job needs, estimated from its spec alone: nothing is built, no torch.
+
+A solver compares this with its own memory and time before it spends anything
+on a job (node.train.probe measures the jobs that pass, in a child process).
+The figures are fp32 and deliberately generous: weights, gradients, optimizer
+state, forward and backward activations, one batch of inputs, the checkpoint
+copies the trace writer keeps in flight, the dataset as loaded, and the
+interpreter with torch.
+
+Public API::
+
+    estimate(spec, dataset_bytes=0) -> Budget     # .total_mb, .params, ...
+    train_flops_per_step(spec) -> int             # forward + backward, analytic
+    min_train_seconds(spec, gflops) -> float      # an optimistic lower bound
+    machine_memory_mb() -> int
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from node.spec import CNNConfig, JobSpec, MLPConfig, TransformerLMConfig
+
+BYTES_PER_FLOAT = 4
+RUNTIME_BASE_MB = 512          # python + torch + polnet imported, before any job data
+CHECKPOINT_COPIES = 3          # trace writer: depth 2 in flight + the one being exported
+DATASET_EXPANSION = 10         # raw bytes + parsed tensors + float32/int64 copies
+#: The probe's measured GFLOP/s is a busy machine's matmul; allow this much more
+#: before calling a job too slow from its FLOPs alone (the probe measures the rest).
+FLOPS_GENEROSITY = 4.0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes a job needs, by part; ``total_mb`` is what a solver compares."""
+
+    params: int
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    batch_bytes: int
+    checkpoint_bytes: int
+    dataset_bytes: int
+    runtime_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+                + self.activation_bytes + self.batch_bytes + self.checkpoint_bytes
+                + self.dataset_bytes + self.runtime_bytes)
+
+    @property
+    def total_mb(self) -> int:
+        return -(-self.total_bytes // 2**20)
+
+    def summary(self) -> str:
+        mb = {k: -(-v // 2**20) for k, v in asdict(self).items() if k.endswith("_bytes")}
+        parts = ", ".join(f"{k.removesuffix('_bytes')} {v}" for k, v in mb.items() if v)
+        return f"~{self.total_mb} MB for {self.params:,} params ({parts} MB)"
+
+
+def _batch_bytes(spec: JobSpec) -> int:
+    m, b = spec.model, spec.batch_size
+    if isinstance(m, TransformerLMConfig):
+        return 3 * b * (m.context + 1) * 8  # int64 windows, inputs and shifted targets
+    if isinstance(m, CNNConfig):
+        return b * (m.in_channels * m.image_size ** 2 * BYTES_PER_FLOAT + 8)
+    assert isinstance(m, MLPConfig)
+    return b * (m.input_dim * BYTES_PER_FLOAT + 8)
+
+
+def estimate(spec: JobSpec, dataset_bytes: int = 0) -> Budget:
+    """The memory a solver needs to train ``spec`` (``dataset_bytes``: the file size)."""
+    p = spec.model.param_count()
+    weights = p * BYTES_PER_FLOAT
+    opt = p * spec.optimizer.state_floats_per_param() * BYTES_PER_FLOAT
+    return Budget(
+        params=p, weights_bytes=weights, grads_bytes=weights, optimizer_bytes=opt,
+        activation_bytes=2 * spec.model.activation_floats(spec.batch_size) * BYTES_PER_FLOAT,
+        batch_bytes=_batch_bytes(spec),
+        checkpoint_bytes=CHECKPOINT_COPIES * (weights + opt),
+        dataset_bytes=DATASET_EXPANSION * max(0, dataset_bytes),
+        runtime_bytes=RUNTIME_BASE_MB * 2**20)
+
+
+def _forward_macs(spec: JobSpec) -> int:
+    m, b = spec.model, spec.batch_size
+    if isinstance(m, MLPConfig):
+        dims = [m.input_dim, *m.hidden, m.num_classes]
+        return b * sum(x * y for x, y in zip(dims, dims[1:], strict=False))
+    if isinstance(m, CNNConfig):
+        total, c_in, side = 0, m.in_channels, m.image_size
+        for c in m.channels:
+            total += side * side * c_in * c * 9
+            c_in, side = c, side // 2
+        return b * (total + m.flat_features() * m.hidden + m.hidden * m.num_classes)
+    assert isinstance(m, TransformerLMConfig)
+    d, t = m.d_model, m.context
+    per_token = m.n_layers * (4 * d * d + 2 * d * m.d_ff + 2 * t * d) + d * m.vocab_size
+    return b * t * per_token
+
+
+def train_flops_per_step(spec: JobSpec) -> int:
+    """Forward (2 FLOPs a multiply-accumulate) and backward (twice the forward)."""
+    return 3 * 2 * _forward_macs(spec)
+
+
+def min_train_seconds(spec: JobSpec, gflops: float) -> float:
+    """A lower bound on the training time at ``FLOPS_GENEROSITY`` x ``gflops``."""
+    if gflops <= 0:
+        return 0.0
+    return train_flops_per_step(spec) * spec.total_steps / (gflops * FLOPS_GENEROSITY * 1e9)
+
+
+def machine_memory_mb() -> int:
+    """Physical memory of this machine."""
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
