@@ -145,6 +145,13 @@ def _remote_ip(stream: INetStream) -> str | None:
     return str(addr[0]) if addr else None
 
 
+def _only_cancelled(exc: BaseException) -> bool:
+    """A group of nothing but Cancelled (libp2p's nurseries wrap ours): re-raise it."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_only_cancelled(e) for e in exc.exceptions)
+    return isinstance(exc, trio.Cancelled)
+
+
 async def _reset(stream: INetStream) -> None:
     with contextlib.suppress(Exception):  # already gone
         await stream.reset()
@@ -204,7 +211,6 @@ class ArtifactClient:
             raise PeerMisbehaved(
                 f"{self.peer} too slow: {size} bytes not sent in {deadline:.1f}s "
                 f"(minimum {self.policy.min_rate_bps / 1024:.0f} KiB/s)")
-        self.bytes_received += size
         return body
 
     async def manifest(self, artifact_id: str) -> Manifest:
@@ -232,6 +238,7 @@ class ArtifactClient:
     async def receive_range(self, req: dict[str, Any]) -> bytes:
         length = req["length"]
         data = await self.receive(req, length)
+        self.bytes_received += len(data)
         if len(data) != length:
             raise PeerMisbehaved(f"{self.peer} sent {len(data)} of {length} bytes")
         return data
@@ -556,6 +563,8 @@ class Downloader:
             except (trio.Cancelled, KeyboardInterrupt):
                 raise
             except BaseException as exc:  # stream reset, peer died, refused, ...
+                if _only_cancelled(exc):
+                    raise
                 stats.failed_peers[peer.to_base58()] = repr(exc)
                 log.info("provider_failed", peer=peer.to_base58(), error=repr(exc))
             finally:

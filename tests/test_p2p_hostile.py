@@ -1,0 +1,280 @@
+"""The artifact network under hostile or slow peers, with real libp2p hosts on 127.0.0.1.
+
+- a provider that answers and then trickles 1 byte/s beside an honest one;
+- a provider whose manifest lies about the size (every chunk matches its own lie);
+- throwaway identities holding serving streams beside an honest fetch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+import pytest
+import trio
+from libp2p.abc import IHost, INetStream
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.peerinfo import info_from_p2p_addr
+
+from node.errors import PeerUnavailable
+from node.p2p import NodeConfig, PolnetNode
+from node.p2p.host import make_host
+from node.p2p.limits import FetchPolicy, ServeLimits
+from node.p2p.wire import PROTOCOL_ID, encode_frame, read_frame, write_payload
+from node.store.manifest import Manifest, ManifestBuilder, MiB, chunk_size_for
+
+DEADLINE_S = 30  # every fetch here must finish well inside this
+
+
+@asynccontextmanager
+async def started(tmp: Path, names: list[str], **kw: Any) -> AsyncIterator[list[PolnetNode]]:
+    async with AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(
+            PolnetNode(NodeConfig.in_dir(tmp / n, **kw.get(n, {})))) for n in names]
+
+
+Handler = Callable[[INetStream], Awaitable[None]]
+
+
+def trickle_handler(node: PolnetNode) -> Handler:
+    """Answers manifests at once, then sends every chunk at 1 byte/s."""
+
+    async def handle(stream: INetStream) -> None:
+        try:
+            while True:
+                req = await read_frame(stream)
+                if req.get("op") == "manifest":
+                    await write_payload(stream, {"ok": True},
+                                        node.store.manifest(req["id"]).to_bytes())
+                    continue
+                data = node.store.read_range(req["id"], req["offset"], req["length"])
+                await stream.write(encode_frame({"ok": True, "size": len(data)}))
+                for i in range(len(data)):
+                    await stream.write(data[i:i + 1])
+                    await trio.sleep(1)
+        except Exception:
+            await stream.reset()
+
+    return handle
+
+
+def lying_handler(fake: bytes, manifest: Manifest) -> Handler:
+    """Serves `manifest` (a false size for a real id) and chunks that match it."""
+
+    async def handle(stream: INetStream) -> None:
+        try:
+            while True:
+                req = await read_frame(stream)
+                if req.get("op") == "manifest":
+                    await write_payload(stream, {"ok": True}, manifest.to_bytes())
+                else:
+                    off, n = req["offset"], req["length"]
+                    await write_payload(stream, {"ok": True}, fake[off:off + n])
+        except Exception:
+            await stream.reset()
+
+    return handle
+
+
+def delayed_manifest_handler(node: PolnetNode, delay: float) -> Handler:
+    """The node's real server, but manifests come `delay` seconds late."""
+
+    async def handle(stream: INetStream) -> None:
+        peer = stream.muxed_conn.peer_id.to_base58()
+        try:
+            while True:
+                req = await read_frame(stream)
+                if req.get("op") == "manifest":
+                    await trio.sleep(delay)
+                await node.server._answer(stream, peer, req)
+        except Exception:
+            await stream.reset()
+
+    return handle
+
+
+def false_manifest(real: bytes, claimed: int) -> tuple[bytes, Manifest]:
+    """A `claimed`-byte file that starts like `real`, and its manifest under real's id."""
+    fake = real + bytes(claimed - len(real))
+    b = ManifestBuilder(chunk_size_for(claimed))
+    b.update(fake)
+    m = b.finish()
+    return fake, Manifest(artifact_id=hashlib.sha256(real).hexdigest(), size=m.size,
+                          chunk_size=m.chunk_size, chunks=m.chunks)
+
+
+# --- a slow provider beside an honest one -------------------------------------------
+
+
+def test_slow_provider_is_banned_and_the_honest_one_serves(tmp_path: Path) -> None:
+    data = os.urandom(8 * MiB)
+    # The honest provider is paced (2 MiB/s, so >= 3 s for 8 MiB) so that the slow
+    # one's first deadline (1 MiB at >= 1 MiB/s + 0.5 s) falls inside the fetch.
+    policy = FetchPolicy(min_rate_bps=MiB, rate_grace_s=0.5, header_timeout_s=2)
+    cfg = {"honest": {"serve": ServeLimits(bytes_per_second_per_peer=2 * MiB)},
+           "fetcher": {"fetch": policy}}
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S + 30):
+            async with started(tmp_path, ["slow", "honest", "fetcher"], **cfg) as ns:
+                slow, honest, fetcher = ns
+                aid = honest.store.put_bytes(data)
+                assert slow.store.put_bytes(data) == aid
+                slow.host.set_stream_handler(PROTOCOL_ID, trickle_handler(slow))
+                t0 = trio.current_time()
+                with trio.fail_after(DEADLINE_S):
+                    stats = await fetcher.fetch(aid, peers=[slow.addrs[0], honest.addrs[0]])
+                assert trio.current_time() - t0 < DEADLINE_S
+                assert fetcher.store.path(aid).read_bytes() == data
+                assert stats.chunks_fetched == {honest.peer_id.to_base58(): 8}
+                assert slow.peer_id.to_base58() in stats.bad_peers
+                assert slow.peer_id in fetcher.banned
+                assert honest.peer_id not in fetcher.banned
+
+    trio.run(main)
+
+
+def test_stalled_chunks_are_reissued_without_waiting_for_a_deadline(tmp_path: Path) -> None:
+    """Default policy: the slow provider's deadline (> 6 s a chunk) never comes into
+    play; its chunks are asked of the honest provider as soon as it is idle."""
+    data = os.urandom(6 * MiB)
+
+    async def main() -> None:
+        async with started(tmp_path, ["slow", "honest", "fetcher"]) as (slow, honest, fetcher):
+            aid = honest.store.put_bytes(data)
+            assert slow.store.put_bytes(data) == aid
+            slow.host.set_stream_handler(PROTOCOL_ID, trickle_handler(slow))
+            with trio.fail_after(DEADLINE_S):
+                stats = await fetcher.fetch(aid, peers=[slow.addrs[0], honest.addrs[0]])
+            assert fetcher.store.path(aid).read_bytes() == data
+            assert stats.chunks_fetched == {honest.peer_id.to_base58(): 6}
+            assert stats.reissued_chunks >= 1  # the slow one had taken some first
+
+    trio.run(main)
+
+
+# --- a lying manifest ----------------------------------------------------------------
+
+
+def test_false_size_is_refused_before_any_download(tmp_path: Path) -> None:
+    real = os.urandom(4 * MiB)
+    aid = hashlib.sha256(real).hexdigest()
+    claimed = Manifest(artifact_id=aid, size=256 * MiB, chunk_size=MiB,
+                       chunks=["00" * 32] * 256)
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S + 30):
+            async with started(tmp_path, ["liar", "honest", "fetcher"]) as ns:
+                liar, honest, fetcher = ns
+                assert honest.store.put_bytes(real) == aid
+                liar.host.set_stream_handler(PROTOCOL_ID, lying_handler(b"", claimed))
+                stats = await fetcher.fetch(aid, peers=[liar.addrs[0], honest.addrs[0]],
+                                            expected_size=8 * MiB)
+                assert fetcher.store.path(aid).read_bytes() == real
+                assert liar.peer_id in fetcher.banned
+                assert stats.bytes_received == len(real)
+                assert stats.chunks_fetched == {honest.peer_id.to_base58(): 4}
+
+    trio.run(main)
+
+
+def test_lying_manifest_costs_one_download_and_the_honest_copy_wins(tmp_path: Path) -> None:
+    real = os.urandom(4 * MiB)
+    fake, lie = false_manifest(real, 24 * MiB)
+    aid = lie.artifact_id
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S + 30):
+            async with started(tmp_path, ["liar", "honest", "fetcher", "alone"]) as ns:
+                liar, honest, fetcher, alone = ns
+                assert honest.store.put_bytes(real) == aid
+                liar.host.set_stream_handler(PROTOCOL_ID, lying_handler(fake, lie))
+                # The honest manifest comes late, so the lie is the one used first.
+                honest.host.set_stream_handler(PROTOCOL_ID,
+                                               delayed_manifest_handler(honest, 1.0))
+                with trio.fail_after(DEADLINE_S):
+                    stats = await fetcher.fetch(aid, peers=[liar.addrs[0], honest.addrs[0]])
+                assert fetcher.store.path(aid).read_bytes() == real
+                assert stats.manifests_tried == 2
+                assert liar.peer_id in fetcher.banned and honest.peer_id not in fetcher.banned
+                # The lie was downloaded once, the truth once: not twice the lie.
+                assert stats.bytes_received <= len(fake) + len(real) + MiB
+                # A fetcher with only the liar: one download, then the liar is banned.
+                with pytest.raises(PeerUnavailable):
+                    await alone.fetch(aid, peers=[liar.addrs[0]])
+                assert liar.peer_id in alone.banned and not alone.store.has(aid)
+                with pytest.raises(PeerUnavailable):  # and not asked again
+                    await alone.fetch(aid, peers=[liar.addrs[0]])
+
+    trio.run(main)
+
+
+# --- throwaway identities --------------------------------------------------------------
+
+
+async def hold_streams(host: IHost, server: PolnetNode, aid: str, n: int) -> tuple[int, int]:
+    """Open `n` streams to `server`, one request each, then keep them open and idle.
+
+    Returns (served, refused)."""
+    info = info_from_p2p_addr(multiaddr.Multiaddr(server.addrs[0]))
+    await host.connect(info)
+    served = refused = 0
+    for _ in range(n):
+        stream = await host.new_stream(info.peer_id, [PROTOCOL_ID])
+        await stream.write(encode_frame({"op": "manifest", "id": aid}))
+        head = await read_frame(stream)
+        if head.get("ok"):
+            served += 1
+            await stream.read(head["size"])
+        else:
+            refused += 1
+    return served, refused
+
+
+@pytest.mark.parametrize("tight", [False, True], ids=["default-limits", "tight-limits"])
+def test_throwaway_identities_do_not_starve_an_honest_fetch(tmp_path: Path,
+                                                             tight: bool) -> None:
+    data = os.urandom(4 * MiB)
+    # tight: the strangers' pool (12 slots) is full, so the honest stranger must
+    # evict an idle stream; the registered node uses the reserved slots.
+    limits = ServeLimits(max_streams_total=16, reserved_for_registered=4) if tight \
+        else ServeLimits()
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S + 30):
+            async with started(tmp_path, ["server", "stranger", "member"],
+                               server={"serve": limits}) as (server, stranger, member):
+                aid = server.store.put_bytes(data)
+                server.set_registered({member.peer_id.to_base58()})
+                async with AsyncExitStack() as stack:
+                    sybils = []
+                    for _ in range(8):
+                        h = make_host(create_new_key_pair())
+                        await stack.enter_async_context(
+                            h.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
+                        sybils.append(h)
+                    results = [await hold_streams(h, server, aid, 8) for h in sybils]
+                    occupied = len(server.server.allowance.slots)
+                    await trio.sleep(limits.evict_idle_s + 0.2)  # the sybils' streams idle
+                    with trio.fail_after(DEADLINE_S):
+                        await stranger.fetch(aid, peers=[server.addrs[0]])
+                        await member.fetch(aid, peers=[server.addrs[0]])
+                # (asserted outside the sybils' hosts: their nurseries would bury an error)
+                held = sum(s for s, _ in results)
+                assert held + sum(r for _, r in results) == 64
+                assert stranger.store.path(aid).read_bytes() == data
+                assert member.store.path(aid).read_bytes() == data
+                allowance = server.server.allowance
+                assert allowance.refused >= 64 - held
+                # Strangers never hold more than their pool, and never the reserved slots.
+                assert occupied <= limits.max_streams_total - limits.reserved_for_registered
+                assert held >= occupied and held <= 8 * limits.max_streams_per_stranger
+                if tight:  # a newcomer took an idle stream's slot
+                    assert occupied == 12 and allowance.evicted >= 1
+
+    trio.run(main)
