@@ -16,6 +16,7 @@ Public API::
     decode_json(raw, max_bytes=..., what="...", error=MalformedInput) -> Any
     decode_json_object(raw, ...) -> dict[str, Any]     # the top level must be an object
     json_depth(text) -> int                            # deepest [ / { nesting
+    check_fields(obj, {"step": "int", ...}, what=..., optional=...)  # JSON field types
     pin_recursion_limit() -> None                      # call once where web3 is imported
 """
 
@@ -106,6 +107,43 @@ def decode_json_object(raw: bytes | bytearray | memoryview | str, *, max_bytes: 
     if not isinstance(obj, dict):
         raise error(f"{what} must be a JSON object, not a {type(obj).__name__}")
     return cast(dict[str, Any], obj)
+
+
+# Field kinds for check_fields: JSON types as Python sees them after decode_json.
+# "int" excludes bools; "float" accepts ints; a "?" suffix allows null; "[k]" is a list of k.
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: type(v) is int,
+    "float": lambda v: type(v) in (int, float),
+    "str": lambda v: isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "list": lambda v: isinstance(v, list),
+    "dict": lambda v: isinstance(v, dict),
+}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind.endswith("?"):
+        return value is None or _fits(value, kind[:-1])
+    if kind.startswith("["):
+        return isinstance(value, list) and all(_fits(v, kind[1:-1]) for v in value)
+    return _KINDS[kind](value)
+
+
+def check_fields(obj: dict[str, Any], required: dict[str, str], *, what: str,
+                 optional: dict[str, str] | None = None, extra_ok: bool = False,
+                 error: ErrorFactory = MalformedInput) -> None:
+    """Check a decoded object's field names and JSON types (kinds as in ``_KINDS``)."""
+    optional = optional or {}
+    missing = sorted(required.keys() - obj.keys())
+    extra = sorted(obj.keys() - required.keys() - optional.keys())
+    if missing:
+        raise error(f"{what} lacks fields {missing}")
+    if extra and not extra_ok:
+        raise error(f"{what} has unknown fields {[k[:40] for k in extra[:5]]}")
+    for name, kind in {**optional, **required}.items():
+        if name in obj and not _fits(obj[name], kind):
+            raise error(f"{what}: field {name!r} must be {kind}, "
+                        f"not {type(obj[name]).__name__}")
 
 
 def pin_recursion_limit() -> None:

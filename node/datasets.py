@@ -20,9 +20,9 @@ Public API::
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -31,12 +31,18 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from node.boundary import check_fields, decode_json_object
 from node.errors import IntegrityError
 from node.proof import canonical_json
+from node.tensorfile import Header, parse_header
 
 FORMAT = "polnet-dataset/1"
 META_KEY = "polnet"
 Kind = Literal["vision", "text"]
+# Two or three tensors and a vocab: a 1,000,000-symbol vocab, escaped twice
+# (canonical JSON inside the header's JSON), stays below this.
+MAX_HEADER_BYTES = 32 * 2**20
+_META_OPTIONAL = {"name": "str", "num_classes": "int", "shape": "[int]", "vocab": "[str]"}
 
 
 @dataclass(frozen=True)
@@ -134,26 +140,84 @@ def load_dataset(path: str | Path, expected_hash: str | None = None) -> Dataset:
     return parse_dataset(raw, expected_hash, origin=str(p))
 
 
+def _bad(origin: str) -> Callable[[str], IntegrityError]:
+    def make(message: str) -> IntegrityError:
+        return IntegrityError(f"{message}: not a usable polnet dataset; repack it with "
+                              "`polnet dataset pack` (or fix the file it was packed from)")
+    return make
+
+
+def _check_layout(header: Header, kind: str, origin: str) -> None:
+    """Names, dtypes and ranks from the header, before any tensor is read."""
+    bad = _bad(origin)
+    layout = header.layout()
+    want = {"vision": {"x": ("F32", 4), "y": ("I64", 1)}, "text": {"tokens": ("I32", 1)}}[kind]
+    for name, (dtype, rank) in want.items():
+        if name not in layout:
+            raise bad(f"{origin}: a {kind} dataset needs tensors {sorted(want)}")
+        got_dtype, shape = layout[name]
+        if got_dtype != dtype or len(shape) != rank or 0 in shape:
+            raise bad(f"{origin}: tensor {name!r} is {got_dtype}{list(shape)}, a {kind} "
+                      f"dataset needs a non-empty {dtype} tensor of rank {rank}")
+    if kind == "vision" and layout["x"][1][0] != layout["y"][1][0]:
+        raise bad(f"{origin}: {layout['x'][1][0]} samples in x but {layout['y'][1][0]} "
+                  "labels in y")
+    if kind == "text" and layout["tokens"][1][0] < 2:
+        raise bad(f"{origin}: a text dataset needs at least 2 tokens")
+
+
+def _check_values(tensors: dict[str, torch.Tensor], meta: dict[str, Any], origin: str) -> None:
+    """Labels and tokens in range, inputs finite: what training would index with."""
+    bad = _bad(origin)
+    if meta["kind"] == "vision":
+        y, classes = tensors["y"], meta.get("num_classes")
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or (classes is not None and hi >= classes):
+            raise bad(f"{origin}: labels span {lo}..{hi}, they must lie in "
+                      f"0..{'num_classes-1' if classes is None else classes - 1}")
+        if not bool(torch.isfinite(tensors["x"]).all()):
+            raise bad(f"{origin}: x holds NaN or infinite values")
+        shape = meta.get("shape")
+        if shape is not None and list(tensors["x"].shape[1:]) != shape:
+            raise bad(f"{origin}: samples are {list(tensors['x'].shape[1:])}, the metadata "
+                      f"says {shape}")
+    else:
+        vocab, tokens = meta.get("vocab", []), tensors["tokens"]
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if not vocab or lo < 0 or hi >= len(vocab):
+            raise bad(f"{origin}: tokens span {lo}..{hi}, they must index the "
+                      f"{len(vocab)}-symbol vocab")
+
+
 def parse_dataset(raw: bytes, expected_hash: str | None = None,
                   origin: str = "dataset") -> Dataset:
+    """Hash, then header (bounded, checked), then tensors, then their values.
+
+    A model's own limits (classes, vocab_size, input shape) are compared with the
+    dataset when it is bound to a spec (node.train.step.TrainContext.create)."""
     got = hashlib.sha256(raw).hexdigest()
     if expected_hash is not None and got != expected_hash.lower().removeprefix("0x"):
         raise IntegrityError(
             f"{origin} has sha256 {got} but the spec expects {expected_hash}: "
             "fetch the dataset the job names (or fix dataset_hash in the spec; "
             "`polnet dataset pack` prints the hash of a packed file)")
+    bad = _bad(origin)
+    header = parse_header(raw, max_header=MAX_HEADER_BYTES, what=origin, error=bad)
+    if META_KEY not in header.metadata:
+        raise bad(f"{origin} has no {META_KEY!r} metadata")
+    meta = decode_json_object(header.metadata[META_KEY], max_bytes=MAX_HEADER_BYTES,
+                              what=f"{origin} metadata", error=bad)
+    check_fields(meta, {"format": "str", "kind": "str"}, optional=_META_OPTIONAL,
+                 extra_ok=True, what=f"{origin} metadata", error=bad)
+    if meta["format"] != FORMAT or meta["kind"] not in ("vision", "text"):
+        raise IntegrityError(f"{origin}: unknown dataset format {meta['format'][:40]!r} or "
+                             f"kind {meta['kind'][:40]!r}; expected {FORMAT}, vision|text")
+    _check_layout(header, meta["kind"], origin)
     try:
         tensors = st_load(raw)
-        header_len = int.from_bytes(raw[:8], "little")
-        header = json.loads(raw[8:8 + header_len])
-        meta = json.loads(header["__metadata__"][META_KEY])
-    except Exception as exc:  # noqa: BLE001 - any parse failure means a bad file
-        raise IntegrityError(f"{origin} is not a polnet dataset: {exc}") from None
-    if meta.get("format") != FORMAT or meta.get("kind") not in ("vision", "text"):
-        raise IntegrityError(f"{origin}: unknown dataset format {meta.get('format')!r}")
-    need = {"vision": {"x", "y"}, "text": {"tokens"}}[meta["kind"]]
-    if not need <= tensors.keys():
-        raise IntegrityError(f"{origin}: a {meta['kind']} dataset needs tensors {sorted(need)}")
+    except Exception as exc:  # noqa: BLE001 - the header checked out, the bytes did not
+        raise bad(f"{origin} is corrupt ({exc})") from None
+    _check_values(tensors, meta, origin)
     return Dataset(kind=meta["kind"], name=str(meta.get("name", "")), hash_hex=got,
                    tensors=tensors, meta=meta)
 

@@ -36,7 +36,8 @@ class JobEvidence:
 
     async def _load(self, artifact_id: str, state_hash: bytes) -> Tensors:
         path = await self.rt.fetch(artifact_id, (self.job.solver,))
-        ck = await trio.to_thread.run_sync(load_checkpoint, path, state_hash)
+        # The spec bounds the file and its layout before a tensor byte is read.
+        ck = await trio.to_thread.run_sync(load_checkpoint, path, state_hash, self.ctx.spec)
         return dict(ck.tensors)
 
     async def committed(self, index: int) -> CommittedState:

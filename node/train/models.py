@@ -211,6 +211,19 @@ def register_family(family: str, builder: Builder) -> None:
     _REGISTRY[family] = builder
 
 
+def build_skeleton(config: ModelConfig) -> PolnetModel:
+    """The module on the meta device: names, shapes and dtypes, no memory, no init.
+
+    What a checkpoint of this config must hold is read from it before loading one."""
+    try:
+        builder = _REGISTRY[config.family]
+    except KeyError:
+        raise SpecError(f"unknown model family {config.family!r}", field="model.family") from None
+    with torch.device("meta"):
+        model, _ = builder(config)
+    return model
+
+
 def build_model(config: ModelConfig, init_seed: int) -> PolnetModel:
     """Build on the CPU and initialise from ``init_seed`` only."""
     try:

@@ -19,7 +19,7 @@ the same bytes and root as an unbroken run.
 Public API::
 
     run_training(ctx, out_dir, job_id, behavior=None, progress=None) -> TraceManifest
-    load_checkpoint(path, expected_hash=None) -> Checkpoint   # CheckpointError if bad
+    load_checkpoint(path, expected_hash=None, spec=None) -> Checkpoint  # CheckpointError if bad
     read_manifest(out_dir) -> TraceManifest
     merkle_proof(manifest, index) -> tuple[TraceLeaf, list[bytes]]
     regenerate(ctx, trace_dir, step) -> dict[str, Tensor]   # bitwise S_step
@@ -29,7 +29,6 @@ Public API::
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -42,11 +41,15 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from node.boundary import check_fields, decode_json_object
 from node.datasets import atomic_write, fsync_dir
-from node.errors import CheckpointError, TrainingError
+from node.errors import CheckpointError, MalformedInput, TrainingError
 from node.proof import MerkleTree, TraceLeaf, build_trace_tree, canonical_json, loss_to_e9
 from node.proof import state_hash as compute_state_hash
+from node.spec import JobSpec
+from node.tensorfile import Header, read_header
 from node.train.behavior import HonestBehavior, SegmentBehavior
+from node.train.layout import check_layout, max_file_bytes, max_header_bytes
 from node.train.step import (
     TrainContext,
     TrainState,
@@ -58,6 +61,18 @@ from node.train.step import (
 
 CKPT_FORMAT = "polnet-checkpoint/1"
 MANIFEST_FORMAT = "polnet-trace/1"
+# ~300 bytes per segment: 64 MiB is > 200,000 checkpoints, far past any real job.
+MAX_MANIFEST_BYTES = 64 * 2**20
+# A checkpoint's own (unknown-spec) header bound; with a spec it is much tighter.
+MAX_CKPT_HEADER = 16 * 2**20
+MAX_META_BYTES = 4096
+_MANIFEST_FIELDS = {"job_id": "int", "spec_hash": "str", "dataset_hash": "str", "k": "int",
+                    "total_steps": "int", "segment_count": "int", "state_hashes": "[str]",
+                    "losses": "[float]", "losses_e9": "[int]", "root": "str",
+                    "checkpoints": "list"}
+_ENTRY_FIELDS = {"step": "int", "file": "str", "sha256": "str", "bytes": "int"}
+_META_FIELDS = {"format": "str", "job_id": "int", "step": "int", "state_hash": "str",
+                "spec_hash": "str", "segment_loss": "float?", "loss_e9": "int"}
 MANIFEST_NAME = "trace.json"
 SPEC_NAME = "spec.json"
 META_KEY = "polnet"
@@ -120,7 +135,16 @@ class TraceManifest:
 
     @classmethod
     def from_json(cls, raw: bytes) -> TraceManifest:
-        d = json.loads(raw)
+        """A manifest from a peer or disk; MalformedInput (a ValueError) if bad."""
+        d = decode_json_object(raw, max_bytes=MAX_MANIFEST_BYTES, what="trace manifest")
+        check_fields(d, _MANIFEST_FIELDS, optional={"format": "str"}, what="trace manifest")
+        if d.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT:
+            raise MalformedInput(f"trace manifest format {d['format'][:40]!r} is not "
+                                 f"{MANIFEST_FORMAT}")
+        for c in d["checkpoints"]:
+            if not isinstance(c, dict):
+                raise MalformedInput("trace manifest: a checkpoint entry is not an object")
+            check_fields(c, _ENTRY_FIELDS, what="trace manifest checkpoint entry")
         d["checkpoints"] = [CheckpointEntry(**c) for c in d["checkpoints"]]
         return cls(**d)
 
@@ -136,30 +160,61 @@ def _encode_checkpoint(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -
     return st_save(tensors, metadata={META_KEY: canonical_json(meta).decode("utf-8")})
 
 
-def load_checkpoint(path: str | Path, expected_hash: bytes | str | None = None) -> Checkpoint:
+def _corrupt(message: str) -> CheckpointError:
+    return CheckpointError(f"{message}; delete it and regenerate or re-fetch it")
+
+
+def _checkpoint_meta(header: Header, what: str) -> dict[str, Any]:
+    if META_KEY not in header.metadata:
+        raise _corrupt(f"{what} has no {META_KEY!r} metadata")
+    meta = decode_json_object(header.metadata[META_KEY], max_bytes=MAX_META_BYTES,
+                              what=f"{what} metadata", error=_corrupt)
+    check_fields(meta, _META_FIELDS, what=f"{what} metadata", extra_ok=True, error=_corrupt)
+    return meta
+
+
+def load_checkpoint(path: str | Path, expected_hash: bytes | str | None = None,
+                    spec: JobSpec | None = None) -> Checkpoint:
     """Read, parse and re-hash a checkpoint; ``expected_hash`` is the state hash
-    (bytes or hex) it must have. The metadata's own claim is checked too."""
+    (bytes or hex) it must have. The metadata's own claim is checked too.
+
+    The safetensors header is read and checked first: bounded, self-consistent and,
+    given the job's ``spec``, holding exactly the tensors (names, dtypes, shapes) a
+    state of that spec has, in a file of exactly that size. Only then are tensor
+    bytes read, so a 1 GB file for a 1 MB model costs nothing but its header."""
     p = Path(path)
+    what = f"checkpoint {p}"
     try:
-        raw = p.read_bytes()
+        with open(p, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if spec is not None and size > max_file_bytes(spec):
+                raise CheckpointError(f"{what} is {size} bytes; a state of this job's spec is "
+                                      f"at most {max_file_bytes(spec)}: it is not this job's")
+            header = read_header(f, size, what=what, error=_corrupt,
+                                 max_header=MAX_CKPT_HEADER if spec is None
+                                 else max_header_bytes(spec))
+            if spec is not None:
+                check_layout(header, spec, what)
+            meta = _checkpoint_meta(header, what)
+            f.seek(0)
+            raw = f.read()
     except OSError as exc:
-        raise CheckpointError(f"checkpoint {p} cannot be read: {exc.strerror}") from None
+        raise CheckpointError(f"{what} cannot be read: {exc.strerror}") from None
+    if len(raw) != size:
+        raise _corrupt(f"{what} changed while it was read")
     try:
         tensors = st_load(raw)
-        hlen = int.from_bytes(raw[:8], "little")
-        meta = json.loads(json.loads(raw[8:8 + hlen])["__metadata__"][META_KEY])
-    except Exception as exc:  # noqa: BLE001 - truncated/garbled bytes fail in many ways
-        raise CheckpointError(f"checkpoint {p} is corrupt or truncated ({exc}); "
-                              "delete it and regenerate or re-fetch it") from None
+    except Exception as exc:  # noqa: BLE001 - the header checked out, the bytes did not
+        raise _corrupt(f"{what} is corrupt ({exc})") from None
     got = compute_state_hash(tensors)
-    if meta.get("format") != CKPT_FORMAT or meta.get("state_hash") != got.hex():
-        raise CheckpointError(f"checkpoint {p}: tensors hash to {got.hex()} but its metadata "
-                              f"claims {meta.get('state_hash')}: the file is corrupt")
+    if meta["format"] != CKPT_FORMAT or meta["state_hash"] != got.hex():
+        raise CheckpointError(f"{what}: tensors hash to {got.hex()} but its metadata "
+                              f"claims {meta['state_hash'][:80]}: the file is corrupt")
     if expected_hash is not None:
         want = expected_hash.hex() if isinstance(expected_hash, bytes) \
             else expected_hash.lower().removeprefix("0x")
         if got.hex() != want:
-            raise CheckpointError(f"checkpoint {p} holds state {got.hex()}, expected {want}")
+            raise CheckpointError(f"{what} holds state {got.hex()}, expected {want}")
     return Checkpoint(tensors, meta, got, hashlib.sha256(raw).hexdigest())
 
 
@@ -239,10 +294,10 @@ def _prepare_dir(ctx: TrainContext, out: Path) -> str:
     return spec_hash
 
 
-def _resume_point(out: Path, job_id: int, spec_hash: str, k: int,
-                  segments: int) -> tuple[list[_Record], Checkpoint | None]:
+def _resume_point(out: Path, job_id: int, spec: JobSpec) -> tuple[list[_Record], Checkpoint | None]:
     """The longest valid prefix S_0, S_k, ... on disk (later files are deleted)
     and the last checkpoint of it, to continue from."""
+    spec_hash, k, segments = spec.spec_hash_hex(), spec.checkpoint_interval, spec.segment_count
     done: list[_Record] = []
     last: Checkpoint | None = None
     for i in range(segments + 1):
@@ -250,7 +305,7 @@ def _resume_point(out: Path, job_id: int, spec_hash: str, k: int,
         if not path.exists():
             break
         try:
-            ck = load_checkpoint(path)
+            ck = load_checkpoint(path, spec=spec)
         except CheckpointError:
             break
         if ck.meta.get("job_id") != job_id or ck.meta.get("spec_hash") != spec_hash \
@@ -279,7 +334,7 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
     spec = ctx.spec
     k, segments = spec.checkpoint_interval, spec.segment_count
     spec_hash = _prepare_dir(ctx, out)
-    done, last = _resume_point(out, job_id, spec_hash, k, segments)
+    done, last = _resume_point(out, job_id, spec)
     writer = _Writer(out, job_id, spec_hash)
     try:
         if last is not None:
@@ -374,7 +429,7 @@ def regenerate_many(ctx: TrainContext, trace_dir: str | Path, steps: Sequence[in
         base = step // manifest.k
         if base * manifest.k == step or state is None or state.step // manifest.k != base:
             ck = load_checkpoint(Path(trace_dir) / checkpoint_name(base * manifest.k),
-                                 manifest.state_hashes[base])
+                                 manifest.state_hashes[base], ctx.spec)
             if base * manifest.k == step:
                 out[step] = ck.tensors
                 continue

@@ -1,0 +1,83 @@
+"""What a checkpoint of a spec must hold, known before any checkpoint is read.
+
+The names, dtypes and shapes follow ``node.train.step.state_tensors``: the
+model's state dict, the optimizer state per parameter, ``meta.step``. They are
+read off the model built on the meta device (no memory), so a checkpoint from
+a peer is compared with its spec from its safetensors header alone, and its
+file size bounded by the spec before one tensor byte is loaded.
+
+Public API::
+
+    expected_layout(spec) -> dict[name, (safetensors dtype, shape)]
+    expected_bytes(spec) -> int                  # the tensor data section
+    max_header_bytes(spec) -> int                # a generous bound on its header
+    check_layout(header, spec, what) -> None     # CheckpointError naming the mismatch
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from node.errors import CheckpointError
+from node.spec import JobSpec
+from node.tensorfile import DTYPE_BYTES, Header
+from node.train.models import build_skeleton
+from node.train.step import STEP_KEY, _optim_keys
+
+Layout = dict[str, tuple[str, tuple[int, ...]]]
+
+# Header JSON per tensor: its name twice as long as any real one, dtype, a rank-4
+# shape and two 12-digit offsets come to < 200 bytes; the metadata is < 1 KiB.
+HEADER_BYTES_PER_TENSOR = 512
+HEADER_BASE_BYTES = 8192
+
+_ST_DTYPE = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
+             torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+             torch.bool: "BOOL", torch.uint8: "U8"}
+_cache: dict[str, Layout] = {}
+_lock = threading.Lock()
+
+
+def expected_layout(spec: JobSpec) -> Layout:
+    key = spec.spec_hash_hex()
+    with _lock:
+        if key in _cache:
+            return _cache[key]
+    model = build_skeleton(spec.model)
+    out: Layout = {f"model.{n}": (_ST_DTYPE[t.dtype], tuple(t.shape))
+                   for n, t in model.state_dict().items()}
+    for n, p in model.named_parameters():
+        for k in _optim_keys(spec):  # AdamW's "step" is a scalar, as in step._fresh_state
+            out[f"optim.{n}.{k}"] = ("F32", () if k == "step" else tuple(p.shape))
+    out[STEP_KEY] = ("I64", ())
+    with _lock:
+        _cache.clear()  # one spec at a time is the common case; never grows
+        _cache[key] = out
+    return out
+
+
+def expected_bytes(spec: JobSpec) -> int:
+    return sum(math.prod(shape) * DTYPE_BYTES[dt] for dt, shape in expected_layout(spec).values())
+
+
+def max_header_bytes(spec: JobSpec) -> int:
+    return HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * len(expected_layout(spec))
+
+
+def max_file_bytes(spec: JobSpec) -> int:
+    return 8 + max_header_bytes(spec) + expected_bytes(spec)
+
+
+def check_layout(header: Header, spec: JobSpec, what: str) -> None:
+    want, got = expected_layout(spec), header.layout()
+    missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    if missing or extra:
+        raise CheckpointError(f"{what} does not fit the job's spec: missing {missing[:5]}, "
+                              f"unexpected {[n[:80] for n in extra[:5]]}")
+    for name, (dtype, shape) in want.items():
+        if got[name] != (dtype, shape):
+            raise CheckpointError(f"{what}: {name} is {got[name][0]}{list(got[name][1])} "
+                                  f"where the spec needs {dtype}{list(shape)}")
