@@ -170,7 +170,10 @@ def start_anvil(port: int | None = None, *, accounts: int = 10, block_time: floa
     out: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+        # anvil prints the dev accounts' private keys: owner-only from the first byte.
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a log left by an older version may be world-readable
+        out = os.fdopen(fd, "ab")
     try:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=detach)

@@ -52,7 +52,7 @@ def start(port: int = DEFAULT_PORT, accounts: int = 10, block_time: float | None
     d = devnet_dir(home)
     d.mkdir(parents=True, exist_ok=True)
     log_path = d / "anvil.log"
-    log_path.write_bytes(b"")
+    log_path.unlink(missing_ok=True)  # a fresh log per run, created 0600 by start_anvil
     node = start_anvil(port, accounts=accounts, block_time=block_time, log_path=log_path,
                        detach=True)
     _pid_file(home).write_text(json.dumps({"pid": node.pid, "port": node.port}))

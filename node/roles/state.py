@@ -35,7 +35,9 @@ class RoleState:
             # A unique temporary name: a stale or concurrent writer can never collide.
             tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}."
                                       f"{threading.get_ident()}.tmp")
-            with open(tmp, "w") as f:
+            # Owner-only from creation: the verifier's state holds its vote salts.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
                 json.dump(self.data, f, indent=1, sort_keys=True)
                 f.flush()
                 os.fsync(f.fileno())
