@@ -27,7 +27,12 @@ class RegistryParams(BaseModel):
         default=900, ge=0, description="seconds between requestUnbond and withdraw"
     )
     min_solver_stake: int = Field(default=100 * TOKEN, ge=0)
-    min_verifier_stake: int = Field(default=50 * TOKEN, ge=0)
+    min_verifier_stake: int = Field(default=50 * TOKEN, ge=1)
+    sortition_cap: int = Field(
+        default=200 * TOKEN, ge=1,
+        description="stake weight cap of one address in jury / committee draws (>= min "
+                    "verifier stake): a draw picks an address with probability ~ its capped "
+                    "free stake, so sybils gain nothing by splitting stake")
 
 
 class MarketParams(BaseModel):
@@ -54,40 +59,50 @@ class MarketParams(BaseModel):
     attestor_slash_bps: int = Field(
         default=5_000, ge=0, le=10_000, description="of min verifier stake, per wrong attestation"
     )
-    max_attestors_per_segment: int = Field(default=3, ge=1)
-
-
-class DisputeParams(BaseModel):
-    """DisputeGame ``Params`` (see DisputeGame.sol). The three bond shares sum to
-    10000, as do the two challenger-bond shares."""
-
-    model_config = ConfigDict(extra="forbid")
-    clock: int = Field(default=60, ge=1, description="seconds per side for all its bisection moves")
-    jury_size: int = Field(default=3, ge=1)
-    commit_window: int = Field(default=60, ge=1, description="seconds from the jury draw to commit")
-    reveal_window: int = Field(default=60, ge=1, description="seconds after that to reveal")
-    juror_slash_bps: int = Field(
-        default=1_000, ge=0, le=10_000, description="of min verifier stake, per minority juror"
-    )
+    attestors_per_job: int = Field(
+        default=3, ge=1, le=16,
+        description="committee seats drawn (stake-weighted) per round to verify the sample")
+    dispute_grace: int = Field(
+        default=30, ge=1,
+        description="seconds of window left to other challengers whenever a dispute ends")
     challenger_share_bps: int = Field(default=5_000, ge=0, le=10_000)
     juror_share_bps: int = Field(default=3_000, ge=0, le=10_000)
     submitter_share_bps: int = Field(default=2_000, ge=0, le=10_000)
-    solver_share_of_challenger_bond_bps: int = Field(default=5_000, ge=0, le=10_000)
-    juror_share_of_challenger_bond_bps: int = Field(default=5_000, ge=0, le=10_000)
+
+    @model_validator(mode="after")
+    def _shares_sum(self) -> MarketParams:
+        if self.challenger_share_bps + self.juror_share_bps + self.submitter_share_bps != 10_000:
+            raise ValueError("challenger + juror + submitter shares must sum to 10000 bps")
+        return self
+
+
+class DisputeParams(BaseModel):
+    """DisputeGame ``Params`` (see DisputeGame.sol)."""
+
+    model_config = ConfigDict(extra="forbid")
+    clock: int = Field(default=60, ge=1, description="seconds per side for all its bisection moves")
+    jury_size: int = Field(default=3, ge=1, le=15)
+    quorum: int = Field(default=2, ge=1, description="reveals needed for a verdict")
+    commit_window: int = Field(default=60, ge=1, description="seconds from the jury draw to commit")
+    reveal_window: int = Field(default=60, ge=1, description="seconds after that to reveal")
+    juror_slash_bps: int = Field(
+        default=1_000, ge=0, le=10_000,
+        description="of (solver bond + challenge bond), per minority or silent juror")
+    juror_share_of_challenger_bond_bps: int = Field(
+        default=5_000, ge=0, le=10_000,
+        description="of a losing challenger's bond, to the majority jurors; the rest is burned")
     fanout: int = Field(
         default=8, ge=2, le=64,
         description="parts per bisection round (2 = halves); a k-step segment takes "
                     "ceil(log_fanout(k)) rounds")
+    jury_lookahead: int = Field(
+        default=2, ge=1, le=128,
+        description="blocks between the jury request and the block whose hash seeds it")
 
     @model_validator(mode="after")
-    def _shares_sum(self) -> DisputeParams:
-        if self.challenger_share_bps + self.juror_share_bps + self.submitter_share_bps != 10_000:
-            raise ValueError("challenger + juror + submitter shares must sum to 10000 bps")
-        if (
-            self.solver_share_of_challenger_bond_bps + self.juror_share_of_challenger_bond_bps
-            != 10_000
-        ):
-            raise ValueError("the two challenger-bond shares must sum to 10000 bps")
+    def _quorum_fits(self) -> DisputeParams:
+        if self.quorum > self.jury_size:
+            raise ValueError("quorum must not exceed jury_size")
         return self
 
 

@@ -7,13 +7,36 @@ from typing import Any
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_utils import keccak
 from web3 import Web3
 
 from devnet.anvil import AnvilProcess
 from node.chain.client import ChainClient
+from node.chain.contracts import JobTerms
 from node.chain.deployment import Deployment
 from node.chain.rpc import make_web3
 from node.errors import ChainError
+from node.proof import MerkleTree, TraceLeaf, build_trace_tree
+
+TOKEN = 10**18
+FAKE_INIT = keccak(b"state0")  # S_0 of every fake trace below
+
+
+def job_terms(reward: int = 100 * TOKEN, budget: int = 30 * TOKEN, duration: int = 3600,
+              segments: int = 12, k: int = 5, init: bytes = FAKE_INIT,
+              spec: bytes = keccak(b"spec"), data: bytes = keccak(b"dataset")) -> JobTerms:
+    """Terms of a contract-level test job (no real training behind it)."""
+    return JobTerms(spec_hash=spec, dataset_hash=data, reward=reward,
+                    verification_budget=budget, solve_duration=duration,
+                    total_steps=segments * k, steps_per_segment=k, init_state_hash=init)
+
+
+def fake_trace(job_id: int, segments: int = 12, k: int = 5, tag: str = "state",
+               init: bytes = FAKE_INIT) -> tuple[list[TraceLeaf], MerkleTree]:
+    """A trace of made-up state hashes whose leaf 0 is ``init`` (the job's S_0);
+    ``tag`` varies the later states (two solvers, or an honest and a faked trace)."""
+    states = [init] + [keccak(f"{tag}{i}".encode()) for i in range(1, segments + 1)]
+    return build_trace_tree(job_id, k, states, [1_000_000 + i for i in range(segments)])
 
 
 class LocalChain:

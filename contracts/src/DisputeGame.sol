@@ -25,33 +25,33 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///         `params.clock` seconds for all its moves together; time runs only for the
 ///         side to move. A move at or after the mover's clock ran out reverts
 ///         `ClockExpired`; then anyone may call `timeout(id)` and the side to move loses.
-///      2. Jury. When hi - lo == 1 the jury is drawn: `jurySeed =
-///         keccak256(abi.encode(blockhash(block.number - 1), id))`, jurors =
-///         `drawJury(jurySeed, solver, challenger)` (registry verifiers with enough stake,
-///         parties excluded, up to `jurySize`; fewer when not enough verifiers exist).
-///         Jurors replay step lo -> hi from the state loHash and vote `valid` iff it
-///         yields hiHash (a step the solver cannot serve is invalid). Commit
-///         `keccak256(abi.encode(id, juror, valid, salt))` before `commitEnd`, reveal in
-///         [commitEnd, revealEnd).
-///      3. `resolve(id)` at or after revealEnd: solver wins iff valid >= invalid
-///         revealed votes (the challenger carries the burden: ties and no reveals
-///         uphold the step). Jurors who did not reveal or voted with the minority lose
-///         jurorSlashBps of registry.minVerifierStake (free / unbonding stake).
+///      2. Jury. When hi - lo == 1 the game asks for a jury (phase Drawing) at block Q and
+///         snapshots the registry's sortition pool length. After block Q + juryLookahead
+///         anyone calls `drawJury(id)`: seed = keccak256(abi.encode(blockhash(Q +
+///         juryLookahead), id)), unknown to both parties at their last move and the same
+///         whoever sends the draw and whenever; jurors = registry.sortition(seed, jurySize,
+///         poolLen, Q, [solver, challenger, the job's attestors]) (stake-weighted, only
+///         nodes whose stake did not move after Q, bounded tries). If blockhash(Q +
+///         juryLookahead) is no longer readable the request re-arms at the current block.
+///         Fewer than `quorum` jurors drawn: the dispute ends Void. Jurors replay step
+///         lo -> hi from loHash and vote `valid` iff it yields hiHash (a step the solver
+///         cannot serve is invalid). Commit `keccak256(abi.encode(id, juror, valid, salt))`
+///         before `commitEnd`, reveal in [commitEnd, revealEnd).
+///      3. `resolve(id)` at or after revealEnd: fewer than `quorum` reveals or a tie is Void;
+///         otherwise the majority decides (Valid / Invalid). Jurors who did not reveal or
+///         voted with the minority lose (solver bond + challenge bond) * jurorSlashBps of
+///         their free / unbonding stake: what a juror risks grows with what is at stake.
 ///      Settlement (all credited, pulled with `withdraw()`):
-///      - step valid (solver won): the challenger's bond is slashed;
-///        solverShareOfChallengerBondBps -> solver, jurorShareOfChallengerBondBps -> jury pool
-///        (the two sum to 10000; rounding dust -> solver).
-///      - step invalid (challenger won): the whole solver bond is slashed;
-///        challengerShareBps -> challenger, jurorShareBps -> jury pool,
-///        submitterShareBps -> job submitter (the three sum to 10000; rounding dust ->
-///        challenger); the challenger's bond is unlocked; the market reopens the job
-///        (escrow intact) and slashes the segment's attestors to the challenger.
-///      - jury pool (+ stake slashed from jurors) is split equally among the majority
-///        jurors; division remainder, or all of it when there are none (timeout, empty
-///        jury, no reveals), goes to the winner.
-///      Moot: when another dispute reopened the job (market `isDisputeLive(id)` false),
-///      `abortMoot(id)` (anyone; `resolve` / `timeout` do the same) ends the game and
-///      unlocks the challenger's bond; nobody is paid or slashed.
+///      - Valid (jury, or the challenger ran out of clock): the challenger's bond is slashed;
+///        jurorShareOfChallengerBondBps -> majority jurors (when a jury decided), the rest is
+///        burned. INVARIANT: a losing challenger's bond never reaches the solver, so a
+///        solver's puppet challenger cannot recycle it.
+///      - Invalid / SolverTimedOut / Void: the challenger's bond is unlocked. The market
+///        settles the solver's bond once per round (`IJobMarket.finalize`) and later hands
+///        each Invalid dispute's majority jurors their share (`creditJury`).
+///      - jury pool (stake slashed from jurors) is split equally among the majority jurors
+///        (on Void: those who revealed); division dust to the first of them; burned when
+///        there are none.
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
 ///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 3 rotating
 ///      hash words (lo / hi / the third: the pending mids' commitment, then the jury seed
@@ -67,26 +67,23 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     struct Params {
         uint256 clock; // seconds per side for all its bisection moves
         uint256 jurySize; // jurors drawn per dispute (fewer if not enough eligible verifiers)
+        uint256 quorum; // reveals (and drawn jurors) needed for a verdict; 1..jurySize
         uint256 commitWindow; // seconds from the jury draw to commit votes
         uint256 revealWindow; // seconds after the commit window to reveal
-        uint256 jurorSlashBps; // of registry.minVerifierStake, per minority / non-revealing juror
-        // The next three sum to 10000, as do the last two.
-        uint256 challengerShareBps; // of a slashed solver bond, to the challenger
-        uint256 jurorShareBps; // of a slashed solver bond, to the majority jurors
-        uint256 submitterShareBps; // of a slashed solver bond, to the job's submitter
-        uint256 solverShareOfChallengerBondBps; // of a losing challenger's bond, to the solver
-        uint256 jurorShareOfChallengerBondBps; // of a losing challenger's bond, to the majority jurors
+        uint256 jurorSlashBps; // of (solver bond + challenge bond), per minority / non-revealing juror
+        uint256 jurorShareOfChallengerBondBps; // of a losing challenger's bond, to the majority jurors; rest burned
         uint256 fanout; // parts per bisection round, 2..MAX_FANOUT (2 = halves)
+        uint256 juryLookahead; // blocks between the jury request and the block whose hash seeds it
     }
 
     /// @notice Stored phase; `getDispute` reports Reveal once the commit window is over.
     enum Phase {
         None,
         Bisection,
+        Drawing, // waiting for the jury seed block
         Commit,
         Reveal,
-        Resolved,
-        Moot
+        Resolved
     }
 
     enum Side {
@@ -119,7 +116,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint64 revealEnd;
         uint32 validVotes;
         uint32 invalidVotes;
-        bool solverWon;
+        bool solverWon; // verdict == Valid
+        IJobMarket.Verdict verdict;
+        uint64 drawBlock; // while Drawing: the block whose hash seeds the jury
         address[] jury;
         uint256[] midSteps; // p_1..p_{parts-1} of the current range while bisecting
     }
@@ -156,15 +155,21 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     event RangeNarrowed(
         uint256 indexed id, uint256 lo, uint256 hi, bytes32 loHash, bytes32 hiHash, uint64 challengerClockLeft
     );
+    event JuryRequested(uint256 indexed id, uint64 drawBlock, uint32 poolLen);
     event JuryDrawn(uint256 indexed id, bytes32 jurySeed, address[] jury, uint64 commitEnd, uint64 revealEnd);
     event VoteCommitted(uint256 indexed id, address indexed juror, bytes32 commitment);
     event VoteRevealed(uint256 indexed id, address indexed juror, bool valid);
     event TimedOut(uint256 indexed id, Side loser);
     event JurorSlashed(uint256 indexed id, address indexed juror, uint256 amount);
     event DisputeResolved(
-        uint256 indexed id, uint256 indexed jobId, bool solverWon, uint32 validVotes, uint32 invalidVotes, uint256 slashedBond
+        uint256 indexed id,
+        uint256 indexed jobId,
+        IJobMarket.Verdict verdict,
+        uint32 validVotes,
+        uint32 invalidVotes,
+        uint256 slashedBond
     );
-    event DisputeMooted(uint256 indexed id, uint256 indexed jobId);
+    event Burned(uint256 indexed id, uint256 amount);
     event Credited(address indexed account, uint256 amount);
     event Withdrawn(address indexed account, uint256 amount);
 
@@ -190,7 +195,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     error NoCommitment();
     error AlreadyRevealed();
     error BadReveal();
-    error DisputeStillLive(uint256 id);
+    error JuryNotReady(uint64 drawBlock);
     error NothingToWithdraw();
 
     /// @dev Packed storage of a dispute: words 0 and 1.
@@ -210,7 +215,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint8 rounds; // bisection steps taken
         uint8 loIdx; // index into _hashes of the state at lo
         uint8 hiIdx; // index into _hashes of the state at hi (the third one: mid / jury seed)
-        bool solverWon;
+        IJobMarket.Verdict verdict;
         uint32 loOff; // lo - startStep
         uint32 hiOff; // hi - startStep
         uint48 lastMove; // timestamp the side to move started thinking; the jury draw time after it
@@ -225,6 +230,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal constant ENTRY_MASK = (1 << 162) - 1;
     /// @dev Bounds the calldata and event of one move.
     uint256 internal constant MAX_FANOUT = 64;
+    uint256 internal constant MAX_JURY = 15;
+    /// @dev Where burned tokens go: nobody holds its key.
+    address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
     IERC20 public immutable token;
     INodeRegistry public immutable registry;
@@ -232,15 +240,13 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     uint256 internal immutable _clock;
     uint256 internal immutable _jurySize;
+    uint256 internal immutable _quorum;
     uint256 internal immutable _commitWindow;
     uint256 internal immutable _revealWindow;
     uint256 internal immutable _jurorSlashBps;
-    uint256 internal immutable _challengerShareBps;
-    uint256 internal immutable _jurorShareBps;
-    uint256 internal immutable _submitterShareBps;
-    uint256 internal immutable _solverShareOfChallengerBondBps;
     uint256 internal immutable _jurorShareOfChallengerBondBps;
     uint256 internal immutable _fanout;
+    uint256 internal immutable _juryLookahead;
     /// @dev market.params().challengeBond, fixed for the market's life: what every dispute locked.
     uint256 internal immutable _challengeBond;
 
@@ -248,6 +254,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal _nextId = 1;
     uint256 internal _creditsPlusOne = 1;
     mapping(address => uint256) public credits;
+    uint256 public totalBurned;
 
     mapping(uint256 => Core) internal _core;
     mapping(uint256 => uint256) internal _stateWord; // State, packed: see _store
@@ -263,29 +270,33 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
             revert ZeroAddress();
         }
+        IJobMarket.Params memory mp = market_.params();
         if (
-            params_.clock == 0 || params_.clock > type(uint48).max || params_.jurySize == 0
-                || params_.commitWindow == 0 || params_.revealWindow == 0 || params_.jurorSlashBps > BPS
-                || params_.commitWindow > type(uint64).max || params_.revealWindow > type(uint64).max
-                || params_.challengerShareBps + params_.jurorShareBps + params_.submitterShareBps != BPS
-                || params_.solverShareOfChallengerBondBps + params_.jurorShareOfChallengerBondBps != BPS
-                || params_.fanout < 2 || params_.fanout > MAX_FANOUT
+            params_.clock == 0 || params_.clock > 365 days || params_.jurySize == 0 || params_.jurySize > MAX_JURY
+                || params_.quorum == 0 || params_.quorum > params_.jurySize || params_.commitWindow == 0
+                || params_.revealWindow == 0 || params_.commitWindow > 365 days || params_.revealWindow > 365 days
+                || params_.jurorSlashBps > BPS || params_.jurorShareOfChallengerBondBps > BPS
+                || params_.fanout < 2 || params_.fanout > MAX_FANOUT || params_.juryLookahead == 0
+                || params_.juryLookahead > 128
+                // INVARIANT: stake stays slashable for longer than a window plus a whole dispute,
+                // so no attestor or juror can unbond and walk away from a slash it has coming.
+                || registry_.unbondDelay()
+                    <= mp.verificationWindow + mp.disputeGrace + 2 * params_.clock + params_.commitWindow
+                        + params_.revealWindow
         ) revert InvalidParams();
         token = token_;
         registry = registry_;
         market = market_;
         _clock = params_.clock;
         _jurySize = params_.jurySize;
+        _quorum = params_.quorum;
         _commitWindow = params_.commitWindow;
         _revealWindow = params_.revealWindow;
         _jurorSlashBps = params_.jurorSlashBps;
-        _challengerShareBps = params_.challengerShareBps;
-        _jurorShareBps = params_.jurorShareBps;
-        _submitterShareBps = params_.submitterShareBps;
-        _solverShareOfChallengerBondBps = params_.solverShareOfChallengerBondBps;
         _jurorShareOfChallengerBondBps = params_.jurorShareOfChallengerBondBps;
         _fanout = params_.fanout;
-        _challengeBond = market_.params().challengeBond;
+        _juryLookahead = params_.juryLookahead;
+        _challengeBond = mp.challengeBond;
     }
 
     // --- market ---
@@ -321,7 +332,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.solverClock = uint48(_clock);
         s.challengerClock = uint48(_clock);
         emit DisputeOpened(id, jobId, segment, solver, challenger, startStep, endStep, startHash, endHash);
-        if (k == 1) _drawJury(id, s, solver, challenger);
+        if (k == 1) _requestJury(id, s);
         _store(id, s);
     }
 
@@ -388,7 +399,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         unchecked {
             emit RangeNarrowed(id, start + s.loOff, start + s.hiOff, h[s.loIdx], h[s.hiIdx], left);
         }
-        if (s.hiOff - s.loOff == 1) _drawJury(id, s, c.solver, msg.sender);
+        if (s.hiOff - s.loOff == 1) _requestJury(id, s);
         _store(id, s);
     }
 
@@ -398,16 +409,53 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 left = s.turn == Side.Solver ? s.solverClock : s.challengerClock;
         // INVARIANT: exactly one of {move, timeout} is possible at any time.
         if (block.timestamp < s.lastMove + left) revert ClockNotExpired(id, s.lastMove + left);
-        if (!market.isDisputeLive(id)) return _moot(id, s);
         emit TimedOut(id, s.turn);
         if (s.turn == Side.Solver) s.solverClock = 0;
         else s.challengerClock = 0;
-        bool solverWon = s.turn == Side.Challenger;
-        uint256 slashedBond = _settle(id, s, solverWon, 0, new address[](0));
-        emit DisputeResolved(id, _core[id].jobId, solverWon, 0, 0, slashedBond);
+        IJobMarket.Verdict v = s.turn == Side.Challenger ? IJobMarket.Verdict.Valid : IJobMarket.Verdict.SolverTimedOut;
+        uint256 slashedBond = _settle(id, s, v, 0, new address[](0));
+        emit DisputeResolved(id, _core[id].jobId, v, 0, 0, slashedBond);
     }
 
     // --- jury ---
+
+    /// @notice Anyone, once block Q + juryLookahead is mined: draw the jury from its hash.
+    function drawJury(uint256 id) external nonReentrant {
+        State memory s = _load(id);
+        if (s.phase == Phase.None) revert UnknownDispute(id);
+        if (s.phase != Phase.Drawing) revert WrongPhase(id, s.phase);
+        bytes32[3] storage h = _hashes[id];
+        uint8 m = 3 - s.loIdx - s.hiIdx;
+        uint256 req = uint256(h[m]);
+        uint64 requestBlock = uint64(req);
+        uint64 drawBlock = requestBlock + uint64(_juryLookahead);
+        if (block.number <= drawBlock) revert JuryNotReady(drawBlock);
+        bytes32 bh = blockhash(drawBlock);
+        if (bh == bytes32(0)) {
+            // Nobody drew while the hash was readable (256 blocks): ask again from now on.
+            _requestJury(id, s);
+            _store(id, s);
+            return;
+        }
+        Core memory c = _core[id];
+        bytes32 seed = keccak256(abi.encode(bh, id));
+        address[] memory jury =
+            registry.sortition(seed, _jurySize, uint32(req >> 64), requestBlock, _juryExclusions(c));
+        h[m] = seed;
+        if (jury.length < _quorum) {
+            // Too few eligible jurors: an explicit outcome, nobody wins or pays.
+            emit JuryDrawn(id, seed, jury, 0, 0);
+            _settle(id, s, IJobMarket.Verdict.Void, 0, new address[](0));
+            emit DisputeResolved(id, c.jobId, IJobMarket.Verdict.Void, 0, 0, 0);
+            return;
+        }
+        _storeJury(id, jury);
+        s.lastMove = uint48(block.timestamp);
+        s.phase = Phase.Commit;
+        _store(id, s);
+        uint64 commitEnd = uint64(block.timestamp + _commitWindow);
+        emit JuryDrawn(id, seed, jury, commitEnd, uint64(commitEnd + _revealWindow));
+    }
 
     function commitVote(uint256 id, bytes32 commitment) external {
         State memory s = _inJury(id);
@@ -445,21 +493,29 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         State memory s = _inJury(id);
         uint64 revealEnd = uint64(s.lastMove + _commitWindow + _revealWindow);
         if (block.timestamp < revealEnd) revert RevealNotOver(revealEnd);
-        if (!market.isDisputeLive(id)) return _moot(id, s);
         uint256[] memory entries = _juryEntries(id);
         (uint32 validVotes, uint32 invalidVotes) = _count(entries);
-        bool solverWon = validVotes >= invalidVotes;
-        (uint256 pool, address[] memory majority) = _slashMinority(id, entries, solverWon);
-        uint256 slashedBond = _settle(id, s, solverWon, pool, majority);
-        emit DisputeResolved(id, _core[id].jobId, solverWon, validVotes, invalidVotes, slashedBond);
+        IJobMarket.Verdict v;
+        // INVARIANT: no verdict without a quorum and a strict majority; silence decides nothing.
+        if (validVotes + invalidVotes < _quorum || validVotes == invalidVotes) v = IJobMarket.Verdict.Void;
+        else v = validVotes > invalidVotes ? IJobMarket.Verdict.Valid : IJobMarket.Verdict.Invalid;
+        (uint256 pool, address[] memory majority) = _slashMinority(id, entries, v);
+        uint256 slashedBond = _settle(id, s, v, pool, majority);
+        emit DisputeResolved(id, _core[id].jobId, v, validVotes, invalidVotes, slashedBond);
     }
 
-    /// @notice Anyone: end a dispute whose job was reopened by another dispute.
-    function abortMoot(uint256 id) external nonReentrant {
+    /// @inheritdoc IDisputeGame
+    function creditJury(uint256 id, uint256 amount) external nonReentrant {
+        if (msg.sender != address(market)) revert Unauthorized(msg.sender);
         State memory s = _load(id);
-        if (s.phase != Phase.Bisection && s.phase != Phase.Commit) revert WrongPhase(id, s.phase);
-        if (market.isDisputeLive(id)) revert DisputeStillLive(id);
-        _moot(id, s);
+        if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) revert WrongPhase(id, s.phase);
+        uint256[] memory entries = _juryEntries(id);
+        address[] memory majority = new address[](entries.length);
+        uint256 n;
+        for (uint256 i; i < entries.length; ++i) {
+            if (entries[i] & (REVEALED | VALID) == REVEALED) majority[n++] = address(uint160(entries[i]));
+        }
+        _payOut(id, amount, majority, n);
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {
@@ -477,15 +533,13 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return Params({
             clock: _clock,
             jurySize: _jurySize,
+            quorum: _quorum,
             commitWindow: _commitWindow,
             revealWindow: _revealWindow,
             jurorSlashBps: _jurorSlashBps,
-            challengerShareBps: _challengerShareBps,
-            jurorShareBps: _jurorShareBps,
-            submitterShareBps: _submitterShareBps,
-            solverShareOfChallengerBondBps: _solverShareOfChallengerBondBps,
             jurorShareOfChallengerBondBps: _jurorShareOfChallengerBondBps,
-            fanout: _fanout
+            fanout: _fanout,
+            juryLookahead: _juryLookahead
         });
     }
 
@@ -531,7 +585,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             d.commitEnd = uint64(s.lastMove + _commitWindow);
             d.revealEnd = uint64(d.commitEnd + _revealWindow);
         }
-        d.solverWon = s.solverWon;
+        d.verdict = s.verdict;
+        d.solverWon = s.verdict == IJobMarket.Verdict.Valid;
+        if (s.phase == Phase.Drawing) d.drawBlock = uint64(uint256(third)) + uint64(_juryLookahead);
         uint256[] memory entries = _juryEntries(id);
         d.jury = new address[](entries.length);
         out.votes = new Vote[](entries.length);
@@ -575,34 +631,6 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return i != NOT_FOUND;
     }
 
-    /// @notice The jury for `seed` under the registry's current state: a partial
-    ///         Fisher-Yates shuffle of verifier indices, step i swapping slot i with slot
-    ///         `i + uint256(keccak256(abi.encode(seed, i))) % (count - i)`, keeping the
-    ///         verifier at slot i if it is `isVerifier` and neither party, until jurySize
-    ///         are kept or all verifiers were looked at.
-    function drawJury(bytes32 seed, address solver, address challenger) public view returns (address[] memory jury) {
-        INodeRegistry reg = registry;
-        uint256 count = reg.verifierCount();
-        uint256 want = _jurySize;
-        jury = new address[](want < count ? want : count);
-        uint256[] memory idx = new uint256[](count);
-        uint256 got;
-        unchecked {
-            for (uint256 i; i < count && got < want; ++i) {
-                uint256 r = i + uint256(keccak256(abi.encode(seed, i))) % (count - i);
-                // idx holds index + 1 for swapped slots, 0 = untouched (= its own index)
-                uint256 vr = idx[r] == 0 ? r : idx[r] - 1;
-                uint256 vi = idx[i] == 0 ? i : idx[i] - 1;
-                idx[r] = vi + 1;
-                (address a, bool eligible) = reg.verifierAtIfEligible(vr);
-                if (eligible && a != solver && a != challenger) jury[got++] = a;
-            }
-        }
-        assembly ("memory-safe") {
-            mstore(jury, got)
-        }
-    }
-
     /// @notice Steps p_1..p_{parts-1} whose states the solver posts this round (empty
     ///         once bisection is over).
     function midSteps(uint256 id) external view returns (uint256[] memory) {
@@ -625,7 +653,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.rounds = uint8(w >> 16);
         s.loIdx = uint8(w >> 24);
         s.hiIdx = uint8(w >> 32);
-        s.solverWon = uint8(w >> 40) != 0;
+        s.verdict = IJobMarket.Verdict(uint8(w >> 40));
         s.loOff = uint32(w >> 48);
         s.hiOff = uint32(w >> 80);
         s.lastMove = uint48(w >> 112);
@@ -635,7 +663,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     function _store(uint256 id, State memory s) internal {
         _stateWord[id] = uint256(uint8(s.phase)) | (uint256(uint8(s.turn)) << 8) | (uint256(s.rounds) << 16)
-            | (uint256(s.loIdx) << 24) | (uint256(s.hiIdx) << 32) | (s.solverWon ? uint256(1) << 40 : 0)
+            | (uint256(s.loIdx) << 24) | (uint256(s.hiIdx) << 32) | (uint256(uint8(s.verdict)) << 40)
             | (uint256(s.loOff) << 48) | (uint256(s.hiOff) << 80) | (uint256(s.lastMove) << 112)
             | (uint256(s.solverClock) << 160) | (uint256(s.challengerClock) << 208);
     }
@@ -670,7 +698,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     /// @dev The jury was drawn: the range is one step and bisection is over.
     function _drawn(State memory s) internal pure returns (bool) {
-        return s.phase != Phase.None && s.phase != Phase.Bisection && s.hiOff - s.loOff == 1;
+        return s.phase != Phase.None && s.phase != Phase.Bisection && s.phase != Phase.Drawing
+            && s.hiOff - s.loOff == 1;
     }
 
     function _findJuror(uint256 id, address a) internal view returns (uint256, uint256) {
@@ -725,24 +754,26 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         }
     }
 
-    /// @dev Slash jurors who did not reveal or voted with the minority; the rest is the majority.
-    function _slashMinority(uint256 id, uint256[] memory entries, bool solverWon)
+    /// @dev Slash jurors who did not reveal or voted with the minority (on Void: who did not
+    ///      reveal); the rest is the majority. The cut scales with the stakes of the dispute.
+    function _slashMinority(uint256 id, uint256[] memory entries, IJobMarket.Verdict v)
         internal
         returns (uint256 pool, address[] memory majority)
     {
         uint256 n = entries.length;
-        uint256 want = solverWon ? REVEALED | VALID : REVEALED;
+        uint256 mask = v == IJobMarket.Verdict.Void ? REVEALED : REVEALED | VALID;
+        uint256 want = v == IJobMarket.Verdict.Invalid ? REVEALED : mask;
         uint256 cut = type(uint256).max; // fetched on the first loser
         majority = new address[](n);
         uint256 m;
         for (uint256 i; i < n; ++i) {
             uint256 e = entries[i];
             address a = address(uint160(e));
-            if (e & (REVEALED | VALID) == want) {
+            if (e & mask == want) {
                 majority[m++] = a;
                 continue;
             }
-            if (cut == type(uint256).max) cut = registry.minVerifierStake() * _jurorSlashBps / BPS;
+            if (cut == type(uint256).max) cut = _jurorCut(id);
             if (cut != 0) {
                 uint256 slashed = registry.slashUnlocked(a, cut, address(this));
                 pool += slashed;
@@ -754,6 +785,11 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         }
     }
 
+    function _jurorCut(uint256 id) internal view returns (uint256) {
+        (, uint256 bond) = market.settlementOf(_core[id].jobId);
+        return (bond + _challengeBond) * _jurorSlashBps / BPS;
+    }
+
     /// @dev Charge the mover the time since lastMove; reverts when its clock ran out.
     function _charge(uint256 id, State memory s, uint48 left) internal view returns (uint48) {
         uint256 elapsed = block.timestamp - s.lastMove;
@@ -763,11 +799,28 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return uint48(left - elapsed);
     }
 
-    /// @dev Caller writes `s` back.
-    function _drawJury(uint256 id, State memory s, address solver, address challenger) internal {
-        bytes32 seed = keccak256(abi.encode(blockhash(block.number - 1), id));
-        address[] memory jury = drawJury(seed, solver, challenger);
-        _hashes[id][3 - s.loIdx - s.hiIdx] = seed;
+    /// @dev Caller writes `s` back. The jury seed is a block hash after this one, and the
+    ///      pool is snapshotted now: neither party's later move or timing can steer it.
+    function _requestJury(uint256 id, State memory s) internal {
+        uint32 poolLen = uint32(registry.verifierCount());
+        _hashes[id][3 - s.loIdx - s.hiIdx] = bytes32(uint256(block.number) | (uint256(poolLen) << 64));
+        s.phase = Phase.Drawing;
+        s.lastMove = uint48(block.timestamp);
+        emit JuryRequested(id, uint64(block.number + _juryLookahead), poolLen);
+    }
+
+    /// @dev The parties and the job's attestors never judge the dispute.
+    function _juryExclusions(Core memory c) internal view returns (address[] memory exclude) {
+        address[] memory atts = market.attestorsOf(c.jobId);
+        exclude = new address[](atts.length + 2);
+        exclude[0] = c.solver;
+        exclude[1] = c.challenger;
+        for (uint256 i; i < atts.length; ++i) {
+            exclude[i + 2] = atts[i];
+        }
+    }
+
+    function _storeJury(uint256 id, address[] memory jury) internal {
         unchecked {
             uint256[] memory buf = new uint256[]((jury.length * ENTRY_BITS + 255) >> 8);
             for (uint256 i; i < jury.length; ++i) {
@@ -782,68 +835,46 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
                 words[w] = buf[w];
             }
         }
-        s.lastMove = uint48(block.timestamp);
-        s.phase = Phase.Commit;
-        uint64 commitEnd = uint64(block.timestamp + _commitWindow);
-        emit JuryDrawn(id, seed, jury, commitEnd, uint64(commitEnd + _revealWindow));
     }
 
-    function _moot(uint256 id, State memory s) internal {
-        s.phase = Phase.Moot;
-        _store(id, s);
-        Core storage c = _core[id];
-        if (_challengeBond != 0) registry.unlock(c.challenger, _challengeBond);
-        emit DisputeMooted(id, c.jobId);
-    }
-
-    /// @dev Writes `s` (Resolved) before any external call; returns the slashed bond.
-    function _settle(uint256 id, State memory s, bool solverWon, uint256 pool, address[] memory majority)
+    /// @dev Writes `s` (Resolved) before any external call; returns the slashed challenger bond.
+    function _settle(uint256 id, State memory s, IJobMarket.Verdict v, uint256 pool, address[] memory majority)
         internal
         returns (uint256 slashedBond)
     {
         s.phase = Phase.Resolved;
-        s.solverWon = solverWon;
+        s.verdict = v;
         _store(id, s);
         Core memory c = _core[id];
-        address winner;
-        uint256 toWinner;
-        uint256 toJury;
-        uint256 credited;
-        if (solverWon) {
-            winner = c.solver;
-            market.resolveDispute(c.jobId, id, true);
+        market.resolveDispute(c.jobId, id, v);
+        if (v == IJobMarket.Verdict.Valid) {
             if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
-            toJury = slashedBond * _jurorShareOfChallengerBondBps / BPS;
-            toWinner = slashedBond - toJury; // solver share + rounding dust
-        } else {
-            winner = c.challenger;
-            (slashedBond, toJury, toWinner, credited) = _takeSolverBond(id, c);
+            uint256 toJury = majority.length == 0 ? 0 : slashedBond * _jurorShareOfChallengerBondBps / BPS;
+            _burn(id, slashedBond - toJury);
+            pool += toJury;
+        } else if (_challengeBond != 0) {
+            registry.unlock(c.challenger, _challengeBond);
         }
-        pool += toJury;
-        uint256 n = majority.length;
-        uint256 per = n == 0 ? 0 : pool / n;
-        for (uint256 i; i < n; ++i) {
-            credited += _credit(majority[i], per);
-        }
-        credited += _credit(winner, toWinner + pool - per * n);
-        if (credited != 0) _creditsPlusOne += credited;
+        _payOut(id, pool, majority, majority.length);
     }
 
-    /// @dev Step invalid: the market reopens the job; the solver's bond is slashed, the
-    ///      submitter credited its share; the challenger's bond is unlocked.
-    function _takeSolverBond(uint256 id, Core memory c)
-        internal
-        returns (uint256 slashedBond, uint256 toJury, uint256 toWinner, uint256 credited)
-    {
-        // read before the market reopens the job
-        (address submitter, uint256 bond) = market.settlementOf(c.jobId);
-        market.resolveDispute(c.jobId, id, false);
-        if (bond != 0) slashedBond = registry.slash(c.solver, bond, address(this));
-        if (_challengeBond != 0) registry.unlock(c.challenger, _challengeBond);
-        toJury = slashedBond * _jurorShareBps / BPS;
-        uint256 toSubmitter = slashedBond * _submitterShareBps / BPS;
-        credited = _credit(submitter, toSubmitter);
-        toWinner = slashedBond - toJury - toSubmitter; // challenger share + rounding dust
+    /// @dev `amount` (held by the game) split over majority[0..n); dust to the first; burned if n == 0.
+    function _payOut(uint256 id, uint256 amount, address[] memory majority, uint256 n) internal {
+        if (amount == 0) return;
+        if (n == 0) return _burn(id, amount);
+        uint256 per = amount / n;
+        uint256 credited = _credit(majority[0], amount - per * (n - 1));
+        for (uint256 i = 1; i < n; ++i) {
+            credited += _credit(majority[i], per);
+        }
+        _creditsPlusOne += credited;
+    }
+
+    function _burn(uint256 id, uint256 amount) internal {
+        if (amount == 0) return;
+        totalBurned += amount;
+        token.safeTransfer(BURN, amount);
+        emit Burned(id, amount);
     }
 
     /// @dev Caller adds the returned amount to the total.

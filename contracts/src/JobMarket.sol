@@ -18,6 +18,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
     uint256 internal constant BPS = 10_000;
+    /// @dev Bounds on durations and amounts, so every uint64 timestamp and uint128 share fits.
+    uint256 internal constant MAX_DURATION = 365 days;
+    uint256 internal constant MAX_AMOUNT = type(uint128).max;
+    uint256 internal constant MAX_COMMITTEE = 16;
 
     IERC20 internal immutable _token;
     INodeRegistry internal immutable _registry;
@@ -31,11 +35,16 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal immutable _missedDeadlineSlashBps;
     uint256 internal immutable _challengeBond;
     uint256 internal immutable _attestorSlashBps;
-    uint256 internal immutable _maxAttestorsPerSegment;
+    uint256 internal immutable _attestorsPerJob;
+    uint256 internal immutable _disputeGrace;
+    uint256 internal immutable _challengerShareBps;
+    uint256 internal immutable _jurorShareBps;
+    uint256 internal immutable _submitterShareBps;
 
     uint256 public override jobCount;
     uint256 public override totalEscrow; // reward + budget of jobs not Finalized / Cancelled
     uint256 public override totalCredits; // credited, not yet withdrawn
+    uint256 public override totalUnclaimed; // winners' shares of settled rounds, not yet claimed
     mapping(address => uint256) public override credits;
 
     mapping(uint256 => Job) internal _jobs;
@@ -46,22 +55,29 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 segment; // < segmentCount (uint32)
         uint32 round;
         bool settled;
+        Verdict verdict;
+        bool paid;
     }
 
     mapping(uint256 => DisputeRec) internal _disputes;
 
     // per (job, round)
-    mapping(uint256 => mapping(uint32 => address[])) internal _roundAttestors; // one entry per attestation
-    mapping(uint256 => mapping(uint32 => mapping(uint256 => address[]))) internal _segmentAttestors;
-    mapping(uint256 => mapping(uint32 => mapping(uint256 => mapping(address => bool)))) internal _attested;
-    mapping(uint256 => mapping(uint32 => mapping(uint256 => bool))) internal _upheld;
+    mapping(uint256 => mapping(uint32 => address[])) internal _committee;
+    mapping(uint256 => mapping(uint32 => uint256)) internal _attestedMask; // bit i: seat i attested
+    mapping(uint256 => mapping(uint32 => RoundInfo)) internal _rounds;
+    /// @dev keccak256(jobId, round, segment, challenger) => lost a dispute on it
+    mapping(bytes32 => bool) internal _barred;
 
     constructor(IERC20 token_, INodeRegistry registry_, Params memory params_) Ownable(msg.sender) {
         if (address(token_) == address(0) || address(registry_) == address(0)) revert ZeroAddress();
         if (
             params_.sampleLookahead == 0 || params_.sampleCount == 0 || params_.verificationWindow == 0
-                || params_.missedDeadlineSlashBps > BPS || params_.attestorSlashBps > BPS
-                || params_.maxAttestorsPerSegment == 0 || params_.sampleLookahead > 128
+                || params_.verificationWindow > MAX_DURATION || params_.disputeGrace == 0
+                || params_.disputeGrace > MAX_DURATION || params_.missedDeadlineSlashBps > BPS
+                || params_.attestorSlashBps > BPS || params_.attestorsPerJob == 0
+                || params_.attestorsPerJob > MAX_COMMITTEE || params_.sampleLookahead > 128
+                || params_.bondFactorBps > 100 * BPS || params_.challengeBond > MAX_AMOUNT
+                || params_.challengerShareBps + params_.jurorShareBps + params_.submitterShareBps != BPS
         ) revert InvalidParams();
         _token = token_;
         _registry = registry_;
@@ -72,7 +88,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _missedDeadlineSlashBps = params_.missedDeadlineSlashBps;
         _challengeBond = params_.challengeBond;
         _attestorSlashBps = params_.attestorSlashBps;
-        _maxAttestorsPerSegment = params_.maxAttestorsPerSegment;
+        _attestorsPerJob = params_.attestorsPerJob;
+        _disputeGrace = params_.disputeGrace;
+        _challengerShareBps = params_.challengerShareBps;
+        _jurorShareBps = params_.jurorShareBps;
+        _submitterShareBps = params_.submitterShareBps;
     }
 
     /// @notice Wire the dispute game. Once, by the owner.
@@ -86,30 +106,40 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- submitter ---
 
-    function postJob(
-        bytes32 specHash,
-        bytes32 datasetHash,
-        uint256 reward,
-        uint256 verificationBudget,
-        uint64 solveDuration
-    ) external nonReentrant returns (uint256 jobId) {
-        if (reward == 0) revert ZeroReward();
-        if (solveDuration == 0) revert ZeroDuration();
-        if (specHash == bytes32(0) || datasetHash == bytes32(0)) revert ZeroHash();
+    function postJob(JobTerms calldata t) external nonReentrant returns (uint256 jobId) {
+        if (t.reward == 0) revert ZeroReward();
+        if (t.solveDuration == 0) revert ZeroDuration();
+        if (t.solveDuration > MAX_DURATION) revert DurationTooLong(t.solveDuration, MAX_DURATION);
+        if (t.specHash == bytes32(0) || t.datasetHash == bytes32(0) || t.initStateHash == bytes32(0)) {
+            revert ZeroHash();
+        }
+        // Checked one at a time so the sum and the bond cannot overflow.
+        if (t.reward > MAX_AMOUNT / 100) revert AmountTooLarge(t.reward, MAX_AMOUNT / 100);
+        if (t.verificationBudget > MAX_AMOUNT) revert AmountTooLarge(t.verificationBudget, MAX_AMOUNT);
+        // INVARIANT: the trace's shape is the job's, not the solver's choice.
+        uint256 k = t.stepsPerSegment;
+        if (t.totalSteps == 0 || k == 0 || t.totalSteps % k != 0 || t.totalSteps / k > type(uint32).max) {
+            revert InvalidTerms(t.totalSteps, t.stepsPerSegment);
+        }
         jobId = ++jobCount;
         Job storage j = _jobs[jobId];
         j.status = JobStatus.Open;
         j.submitter = msg.sender;
-        j.specHash = specHash;
-        j.datasetHash = datasetHash;
-        j.reward = reward;
-        j.verificationBudget = verificationBudget;
-        j.solveDuration = solveDuration;
+        j.specHash = t.specHash;
+        j.datasetHash = t.datasetHash;
+        j.reward = t.reward;
+        j.verificationBudget = t.verificationBudget;
+        j.solveDuration = t.solveDuration;
         j.postedAt = uint64(block.timestamp);
-        uint256 escrow = reward + verificationBudget;
+        j.segmentCount = uint32(t.totalSteps / k);
+        j.stepsPerSegment = t.stepsPerSegment;
+        j.totalSteps = t.totalSteps;
+        j.initStateHash = t.initStateHash;
+        uint256 escrow = t.reward + t.verificationBudget;
         totalEscrow += escrow;
         _token.safeTransferFrom(msg.sender, address(this), escrow);
-        emit JobPosted(jobId, msg.sender, specHash, datasetHash, reward, verificationBudget, solveDuration);
+        emit JobPosted(jobId, msg.sender, t.specHash, t.datasetHash, t.reward, t.verificationBudget, t.solveDuration);
+        emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
     }
 
     function cancel(uint256 jobId) external nonReentrant {
@@ -134,7 +164,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.status = JobStatus.Claimed;
         j.solver = msg.sender;
         j.bond = bond;
-        j.deadline = uint64(block.timestamp) + j.solveDuration;
+        j.deadline = uint64(block.timestamp + j.solveDuration);
         j.round += 1;
         // INVARIANT: a claimed job is always backed by the solver's locked bond.
         if (bond != 0) _registry.lock(msg.sender, bond);
@@ -145,27 +175,31 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 jobId,
         bytes32 traceRoot,
         bytes32 finalStateHash,
-        uint32 segmentCount,
-        uint32 stepsPerSegment
+        uint256 finalLossE9,
+        bytes32[] calldata initProof,
+        bytes32[] calldata finalProof
     ) external {
         Job storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         if (msg.sender != j.solver) revert NotSolver(msg.sender);
         if (block.timestamp > j.deadline) revert DeadlinePassed(j.deadline);
-        if (traceRoot == bytes32(0) || finalStateHash == bytes32(0) || segmentCount == 0 || stepsPerSegment == 0) {
-            revert InvalidTrace();
+        if (traceRoot == bytes32(0) || finalStateHash == bytes32(0)) revert InvalidTrace();
+        uint32 segs = j.segmentCount;
+        uint32 k = j.stepsPerSegment;
+        // INVARIANT: the trace starts at the spec's S_0 and ends at the state paid for.
+        if (!TraceLib.verifyLeaf(traceRoot, jobId, 0, k, j.initStateHash, 0, initProof)) revert InvalidProof(0);
+        if (!TraceLib.verifyLeaf(traceRoot, jobId, segs, k, finalStateHash, finalLossE9, finalProof)) {
+            revert InvalidProof(segs);
         }
         j.status = JobStatus.Committed;
         j.traceRoot = traceRoot;
         j.finalStateHash = finalStateHash;
-        j.segmentCount = segmentCount;
-        j.stepsPerSegment = stepsPerSegment;
         j.committedAt = uint64(block.timestamp);
         j.windowEnd = uint64(block.timestamp + _verificationWindow);
         j.sampleBlock = uint64(block.number + _sampleLookahead);
-        emit ResultCommitted(
-            jobId, msg.sender, traceRoot, finalStateHash, segmentCount, stepsPerSegment, j.windowEnd, j.sampleBlock
-        );
+        j.snapshotBlock = uint64(block.number);
+        j.poolLen = uint32(_registry.verifierCount());
+        emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, j.sampleBlock);
     }
 
     // --- anyone ---
@@ -189,22 +223,30 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         Job storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp < j.windowEnd) revert WindowNotOver(j.windowEnd);
-        // INVARIANT: no payout while a dispute of this round can still reopen the job.
+        // INVARIANT: the bond is settled once, after every dispute of the round has ended.
         if (j.openDisputes != 0) revert DisputesOpen(j.openDisputes);
+        uint32 round = j.round;
+        RoundInfo storage r = _rounds[jobId][round];
+        if (r.condemned) return _settleCondemned(jobId, j, round, r);
         j.status = JobStatus.Finalized;
         totalEscrow -= j.reward + j.verificationBudget;
         _credit(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
 
-        address[] storage atts = _roundAttestors[jobId][j.round];
-        uint256 count = atts.length;
-        uint256 per = count == 0 ? 0 : j.verificationBudget / count;
-        for (uint256 i; i < count; ++i) {
-            _credit(atts[i], per);
+        address[] storage seats = _committee[jobId][round];
+        uint256 mask = _attestedMask[jobId][round];
+        uint256 per = j.verificationBudget / _attestorsPerJob;
+        uint256 paid;
+        uint32 count;
+        for (uint256 i; i < seats.length; ++i) {
+            if (mask & (1 << i) == 0) continue;
+            _credit(seats[i], per);
+            paid += per;
+            ++count;
         }
-        uint256 rest = j.verificationBudget - per * count;
-        if (rest != 0) _credit(j.submitter, rest);
-        emit JobFinalized(jobId, j.solver, j.reward, uint32(count), per);
+        // Seats nobody filled or attested, and the division remainder, go back.
+        _credit(j.submitter, j.verificationBudget - paid);
+        emit JobFinalized(jobId, j.solver, j.reward, count, per);
     }
 
     function reclaim(uint256 jobId) external nonReentrant {
@@ -231,34 +273,48 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit Withdrawn(msg.sender, amount);
     }
 
+    function claimReward(uint256 disputeId) external nonReentrant {
+        DisputeRec storage d = _disputes[disputeId];
+        if (d.jobId == 0) revert UnknownDispute(disputeId);
+        RoundInfo storage r = _rounds[d.jobId][d.round];
+        if (!r.settled) revert RoundNotSettled(d.jobId, d.round);
+        // INVARIANT: only the earliest-opened dispute the solver lost is paid.
+        if (r.firstWinner != disputeId) revert NotAWinner(disputeId);
+        if (d.paid) revert AlreadyPaid(disputeId);
+        d.paid = true;
+        uint256 toChallenger = r.perChallenger;
+        uint256 toJury = d.verdict == Verdict.Invalid ? r.perJury : 0;
+        totalUnclaimed -= toChallenger + toJury;
+        address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
+        _credit(challenger, toChallenger);
+        if (toJury != 0) {
+            _token.safeTransfer(disputeGame, toJury);
+            IDisputeGame(disputeGame).creditJury(disputeId, toJury);
+        }
+        emit RewardClaimed(disputeId, challenger, toChallenger, toJury);
+    }
+
     // --- verifier ---
 
-    function attest(uint256 jobId, uint256 segment) external {
+    function attest(uint256 jobId) external {
         Job storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
-        if (!_registry.isVerifier(msg.sender)) revert NotVerifier(msg.sender);
-        if (msg.sender == j.solver) revert SolverCannotAttest();
-        if (segment >= j.segmentCount) revert SegmentOutOfRange(segment, j.segmentCount);
-        bytes32 seed = j.seed;
-        if (seed == bytes32(0)) {
-            if (block.number <= j.sampleBlock) revert SeedNotFixed();
-            seed = _tryFixSeed(jobId, j);
-            if (seed == bytes32(0)) revert SeedNotFixed();
-        }
-        // INVARIANT: only sampled segments earn a share of the verification budget.
-        if (!SegmentSampler.contains(seed, j.segmentCount, _sampleCount, segment)) {
-            revert SegmentNotSampled(segment);
+        if (j.seed == bytes32(0)) {
+            if (block.number <= j.sampleBlock || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
         }
         uint32 round = j.round;
-        if (_attested[jobId][round][segment][msg.sender]) revert AlreadyAttested(segment);
-        address[] storage segAtts = _segmentAttestors[jobId][round][segment];
-        if (segAtts.length >= _maxAttestorsPerSegment) revert TooManyAttestors(segment);
-        _attested[jobId][round][segment][msg.sender] = true;
-        segAtts.push(msg.sender);
-        _roundAttestors[jobId][round].push(msg.sender);
+        address[] storage seats = _committee[jobId][round];
+        uint256 n = seats.length;
+        uint256 i;
+        while (i < n && seats[i] != msg.sender) ++i;
+        // INVARIANT: only the seed's stake-weighted committee attests, so sybils cannot crowd it.
+        if (i == n) revert NotInCommittee(msg.sender);
+        uint256 mask = _attestedMask[jobId][round];
+        if (mask & (1 << i) != 0) revert AlreadyAttested(msg.sender);
+        _attestedMask[jobId][round] = mask | (1 << i);
         j.attestations += 1;
-        emit Attested(jobId, segment, msg.sender, round);
+        emit Attested(jobId, msg.sender, round);
     }
 
     function challenge(
@@ -280,38 +336,45 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- dispute game only ---
 
-    function resolveDispute(uint256 jobId, uint256 disputeId, bool solverWon) external nonReentrant {
+    function resolveDispute(uint256 jobId, uint256 disputeId, Verdict verdict) external nonReentrant {
         // INVARIANT: only the dispute game settles disputes.
         if (msg.sender != disputeGame) revert Unauthorized(msg.sender);
         DisputeRec storage d = _disputes[disputeId];
         if (d.jobId != jobId || jobId == 0) revert UnknownDispute(disputeId);
         if (!_isLive(d)) revert DisputeNotLive(disputeId);
         Job storage j = _jobs[jobId];
+        uint32 round = d.round;
         d.settled = true;
+        d.verdict = verdict;
         j.openDisputes -= 1;
-        emit DisputeResolved(jobId, disputeId, d.segment, solverWon);
-        if (solverWon) {
-            _upheld[jobId][d.round][d.segment] = true;
-            emit SegmentUpheld(jobId, d.segment, d.round);
-            return;
-        }
-        // Invalid step: attestors of the segment pay part of their stake to the challenger.
-        uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
-        if (cut != 0) {
-            address[] memory atts = _segmentAttestors[jobId][d.round][d.segment];
-            if (atts.length != 0) {
-                address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
-                uint256[] memory slashed = _registry.slashUnlockedBatch(atts, cut, address(this));
-                uint256 total;
-                for (uint256 i; i < atts.length; ++i) {
-                    total += slashed[i];
-                    emit AttestorSlashed(jobId, atts[i], slashed[i], challenger);
+        emit DisputeResolved(jobId, disputeId, d.segment, verdict);
+        if (verdict == Verdict.Valid) {
+            // INVARIANT: a lost challenge binds only the challenger who lost it.
+            address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
+            _barred[_barKey(jobId, round, d.segment, challenger)] = true;
+            emit ChallengerBarred(jobId, d.segment, challenger, round);
+        } else if (verdict == Verdict.Invalid || verdict == Verdict.SolverTimedOut) {
+            RoundInfo storage r = _rounds[jobId][round];
+            if (!r.condemned) {
+                r.condemned = true;
+                emit RoundCondemned(jobId, round);
+            }
+            if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
+            if (verdict == Verdict.Invalid) {
+                r.juryWins += 1;
+                if (SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, d.segment) && j.seed != 0) {
+                    r.sampledInvalid = true;
                 }
-                _credit(challenger, total);
+            } else {
+                r.timeoutWins += 1;
             }
         }
-        // The dispute game slashes the solver's bond (still locked in the registry) itself.
-        _reopen(jobId, j);
+        // Whatever the verdict, others keep time to challenge: no dispute closes the window.
+        uint256 minEnd = block.timestamp + _disputeGrace;
+        if (j.windowEnd < minEnd) {
+            j.windowEnd = uint64(minEnd);
+            emit WindowExtended(jobId, uint64(minEnd));
+        }
     }
 
     // --- views ---
@@ -325,7 +388,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             missedDeadlineSlashBps: _missedDeadlineSlashBps,
             challengeBond: _challengeBond,
             attestorSlashBps: _attestorSlashBps,
-            maxAttestorsPerSegment: _maxAttestorsPerSegment
+            attestorsPerJob: _attestorsPerJob,
+            disputeGrace: _disputeGrace,
+            challengerShareBps: _challengerShareBps,
+            jurorShareBps: _jurorShareBps,
+            submitterShareBps: _submitterShareBps
         });
     }
 
@@ -347,22 +414,46 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return SegmentSampler.sample(seed, j.segmentCount, _sampleCount);
     }
 
-    function attestorsOf(uint256 jobId, uint256 segment) external view returns (address[] memory) {
-        return _segmentAttestors[jobId][_jobs[jobId].round][segment];
+    function committeeOf(uint256 jobId) external view returns (address[] memory) {
+        return _committee[jobId][_jobs[jobId].round];
     }
 
-    function hasAttested(uint256 jobId, uint256 segment, address verifier) external view returns (bool) {
-        return _attested[jobId][_jobs[jobId].round][segment][verifier];
+    function attestorsOf(uint256 jobId) public view returns (address[] memory out) {
+        uint32 round = _jobs[jobId].round;
+        address[] storage seats = _committee[jobId][round];
+        uint256 mask = _attestedMask[jobId][round];
+        out = new address[](seats.length);
+        uint256 m;
+        for (uint256 i; i < seats.length; ++i) {
+            if (mask & (1 << i) != 0) out[m++] = seats[i];
+        }
+        assembly ("memory-safe") {
+            mstore(out, m)
+        }
     }
 
-    function isUpheld(uint256 jobId, uint256 segment) external view returns (bool) {
-        return _upheld[jobId][_jobs[jobId].round][segment];
+    function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
+        uint32 round = _jobs[jobId].round;
+        address[] storage seats = _committee[jobId][round];
+        uint256 mask = _attestedMask[jobId][round];
+        for (uint256 i; i < seats.length; ++i) {
+            if (seats[i] == verifier) return mask & (1 << i) != 0;
+        }
+        return false;
+    }
+
+    function isBarred(uint256 jobId, uint256 segment, address challenger) external view returns (bool) {
+        return _barred[_barKey(jobId, _jobs[jobId].round, segment, challenger)];
     }
 
     function disputeRef(uint256 disputeId) external view returns (DisputeRef memory) {
         DisputeRec storage d = _disputes[disputeId];
         address challenger = d.jobId == 0 ? address(0) : IDisputeGame(disputeGame).challengerOf(disputeId);
-        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled);
+        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled, d.verdict, d.paid);
+    }
+
+    function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
+        return _rounds[jobId][round];
     }
 
     function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond) {
@@ -383,7 +474,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function totalOwed() external view returns (uint256) {
-        return totalEscrow + totalCredits;
+        return totalEscrow + totalCredits + totalUnclaimed;
     }
 
     // --- internals ---
@@ -412,21 +503,72 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function _tryFixSeed(uint256 jobId, Job storage j) internal returns (bytes32 seed) {
         seed = blockhash(j.sampleBlock);
-        if (seed != bytes32(0)) {
-            j.seed = seed;
-            emit SeedFixed(jobId, j.sampleBlock, seed);
+        if (seed == bytes32(0)) return seed;
+        j.seed = seed;
+        emit SeedFixed(jobId, j.sampleBlock, seed);
+        // The committee: stake as of the commit block, drawn with a seed nobody knew then.
+        address[] memory exclude = new address[](1);
+        exclude[0] = j.solver;
+        address[] memory seats = _registry.sortition(
+            keccak256(abi.encode(seed, "attest")), _attestorsPerJob, j.poolLen, j.snapshotBlock, exclude
+        );
+        uint32 round = j.round;
+        address[] storage stored = _committee[jobId][round];
+        for (uint256 i; i < seats.length; ++i) {
+            stored.push(seats[i]);
         }
+        emit CommitteeDrawn(jobId, round, seats);
+    }
+
+    /// @dev A condemned round, all disputes over: split the bond once, reopen the job.
+    function _settleCondemned(uint256 jobId, Job storage j, uint32 round, RoundInfo storage r) internal {
+        uint256 slashed = j.bond == 0 ? 0 : _registry.slash(j.solver, j.bond, address(this));
+        uint256 toSubmitter = slashed * _submitterShareBps / BPS;
+        uint256 juryPot = slashed * _jurorShareBps / BPS;
+        uint256 chPot = slashed - toSubmitter - juryPot;
+        if (r.sampledInvalid) chPot += _slashAttestors(jobId);
+        // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
+        // the challenger when the solver's clock decided it (no jurors).
+        uint256 perJury = _disputes[r.firstWinner].verdict == Verdict.Invalid ? juryPot : 0;
+        uint256 perCh = chPot + juryPot - perJury;
+        totalUnclaimed += perCh + perJury;
+        _credit(j.submitter, toSubmitter);
+        r.settled = true;
+        r.perChallenger = uint128(perCh);
+        r.perJury = uint128(perJury);
+        emit RoundSettled(jobId, round, slashed, toSubmitter, uint128(perCh), uint128(perJury));
+        _reopen(jobId, j);
+    }
+
+    /// @dev Before _reopen: attestorsOf reads the current round.
+    function _slashAttestors(uint256 jobId) internal returns (uint256 total) {
+        uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
+        address[] memory atts = attestorsOf(jobId);
+        if (cut == 0 || atts.length == 0) return 0;
+        uint256[] memory taken = _registry.slashUnlockedBatch(atts, cut, address(this));
+        for (uint256 i; i < atts.length; ++i) {
+            total += taken[i];
+            emit AttestorSlashed(jobId, atts[i], taken[i]);
+        }
+    }
+
+    function _barKey(uint256 jobId, uint32 round, uint256 segment, address challenger)
+        internal
+        pure
+        returns (bytes32)
+    {
+        return keccak256(abi.encode(jobId, round, segment, challenger));
     }
 
     function _checkChallenge(uint256 jobId, uint256 segment) internal view returns (Job storage j) {
         j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
-        if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
+        // INVARIANT: a live dispute keeps the round open to others; it never closes it.
+        if (block.timestamp >= j.windowEnd && j.openDisputes == 0) revert WindowClosed(j.windowEnd);
         if (msg.sender == j.solver) revert SolverCannotChallenge();
         if (!_registry.isVerifier(msg.sender)) revert NotVerifier(msg.sender);
         if (segment >= j.segmentCount) revert SegmentOutOfRange(segment, j.segmentCount);
-        // INVARIANT: a segment the solver already defended cannot be disputed again this round.
-        if (_upheld[jobId][j.round][segment]) revert SegmentAlreadyUpheld(segment);
+        if (_barred[_barKey(jobId, j.round, segment, msg.sender)]) revert ChallengerBarredFrom(segment, msg.sender);
     }
 
     function _checkLeaf(
@@ -457,7 +599,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // INVARIANT: dispute ids are unique (the game never reuses one).
         if (d.jobId != 0) revert UnknownDispute(disputeId);
         uint32 round = j.round;
-        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false);
+        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false, Verdict.None, false);
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 
@@ -472,11 +614,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.windowEnd = 0;
         j.traceRoot = bytes32(0);
         j.finalStateHash = bytes32(0);
-        j.segmentCount = 0;
-        j.stepsPerSegment = 0;
         j.sampleBlock = 0;
         j.seed = bytes32(0);
-        j.openDisputes = 0; // disputes of this round are moot (see DisputeGame.abortMoot)
+        j.snapshotBlock = 0;
+        j.poolLen = 0;
+        // INVARIANT: a job reopens only with no live dispute (finalize / reclaim check it).
         j.attestations = 0;
         emit JobReopened(jobId, former, round);
     }

@@ -21,6 +21,12 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     uint256 public immutable override unbondDelay;
     uint256 public immutable override minSolverStake;
     uint256 public immutable override minVerifierStake;
+    uint256 public immutable override sortitionCap;
+
+    /// @dev Tries per wanted seat in `sortition`: bounds its gas whatever the pool holds.
+    uint256 public constant DRAW_ATTEMPTS = 8;
+    /// @dev Bounds timestamps kept as uint64 (`unbondAvailableAt`).
+    uint256 internal constant MAX_DELAY = 10 * 365 days;
 
     address public override market;
     address public override dispute;
@@ -29,8 +35,10 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     uint256 internal _totalStaked;
 
     mapping(address => Node) internal _nodes;
-    address[] internal _verifiers;
-    mapping(address => uint256) internal _verifierSlot; // index + 1 in _verifiers, 0 = absent
+    /// @dev The sortition pool, append-only: an index never moves, so a draw over the
+    ///      first n entries means the same whatever registers after it.
+    address[] internal _pool;
+    mapping(address => bool) internal _inPool;
 
     modifier onlyAuthorized() {
         // INVARIANT: only the market and the dispute game move locked stake or slash.
@@ -38,14 +46,23 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         _;
     }
 
-    constructor(IERC20 token_, uint256 unbondDelay_, uint256 minSolverStake_, uint256 minVerifierStake_)
-        Ownable(msg.sender)
-    {
+    constructor(
+        IERC20 token_,
+        uint256 unbondDelay_,
+        uint256 minSolverStake_,
+        uint256 minVerifierStake_,
+        uint256 sortitionCap_
+    ) Ownable(msg.sender) {
         if (address(token_) == address(0)) revert ZeroAddress();
+        // A zero minimum would let free addresses fill the pool; the cap must reach it.
+        if (unbondDelay_ > MAX_DELAY || minVerifierStake_ == 0 || sortitionCap_ < minVerifierStake_) {
+            revert InvalidParams();
+        }
         token = token_;
         unbondDelay = unbondDelay_;
         minSolverStake = minSolverStake_;
         minVerifierStake = minVerifierStake_;
+        sortitionCap = sortitionCap_;
     }
 
     /// @notice Wire the market and the dispute game. Once, by the owner.
@@ -69,6 +86,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         n.registered = true;
         n.registeredAt = uint64(block.timestamp);
         _setIdentity(n, roles, peerId, multiaddrs, profile);
+        _changed(msg.sender, n);
         emit NodeRegistered(msg.sender, roles, peerId, multiaddrs, profile);
     }
 
@@ -79,6 +97,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (!n.registered) revert NotRegistered(msg.sender);
         _checkIdentity(roles, peerId);
         _setIdentity(n, roles, peerId, multiaddrs, profile);
+        _changed(msg.sender, n);
         emit NodeUpdated(msg.sender, roles, peerId, multiaddrs, profile);
     }
 
@@ -88,6 +107,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (amount == 0) revert ZeroAmount();
         n.freeStake += amount;
         _totalStaked += amount;
+        _changed(msg.sender, n);
         token.safeTransferFrom(msg.sender, address(this), amount);
         emit Staked(msg.sender, amount, n.freeStake);
     }
@@ -100,6 +120,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         n.freeStake -= amount;
         n.unbondingStake += amount;
         n.unbondAvailableAt = uint64(block.timestamp + unbondDelay);
+        _changed(msg.sender, n);
         emit UnbondRequested(msg.sender, amount, n.unbondingStake, n.unbondAvailableAt);
     }
 
@@ -111,6 +132,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (block.timestamp < n.unbondAvailableAt) revert UnbondNotReady(n.unbondAvailableAt);
         n.unbondingStake = 0;
         _totalStaked -= amount;
+        _changed(msg.sender, n);
         token.safeTransfer(msg.sender, amount);
         emit UnbondWithdrawn(msg.sender, amount);
     }
@@ -122,6 +144,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (n.freeStake < amount) revert InsufficientFreeStake(node, n.freeStake, amount);
         n.freeStake -= amount;
         n.lockedStake += amount;
+        _changed(node, n);
         emit StakeLocked(node, amount, msg.sender);
     }
 
@@ -130,6 +153,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (n.lockedStake < amount) revert InsufficientLockedStake(node, n.lockedStake, amount);
         n.lockedStake -= amount;
         n.freeStake += amount;
+        _changed(node, n);
         emit StakeUnlocked(node, amount, msg.sender);
     }
 
@@ -143,6 +167,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Node storage n = _nodes[node];
         slashed = amount < n.lockedStake ? amount : n.lockedStake;
         n.lockedStake -= slashed;
+        _changed(node, n);
         emit Slashed(node, slashed, to, true);
         _payOut(slashed, to);
     }
@@ -202,20 +227,44 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     }
 
     function isVerifier(address node) external view returns (bool) {
-        return _hasRole(node, VERIFIER, minVerifierStake);
+        return _isVerifier(_nodes[node]);
     }
 
     function verifierCount() external view returns (uint256) {
-        return _verifiers.length;
+        return _pool.length;
     }
 
     function verifierAt(uint256 i) external view returns (address) {
-        return _verifiers[i];
+        return _pool[i];
     }
 
-    function verifierAtIfEligible(uint256 i) external view returns (address node, bool eligible) {
-        node = _verifiers[i];
-        eligible = _hasRole(node, VERIFIER, minVerifierStake);
+    function sortition(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude
+    ) external view returns (address[] memory picked) {
+        if (poolLen > _pool.length) poolLen = _pool.length;
+        picked = new address[](want < poolLen ? want : poolLen);
+        uint256 got;
+        uint256 cap = sortitionCap;
+        uint256 tries = want * DRAW_ATTEMPTS;
+        for (uint256 i; i < tries && got < picked.length; ++i) {
+            uint256 r = uint256(keccak256(abi.encode(seed, i)));
+            address a = _pool[r % poolLen];
+            Node storage n = _nodes[a];
+            // INVARIANT: stake moved after the snapshot cannot steer a draw: such a node
+            // is skipped, and the pool's first poolLen entries never move.
+            if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
+            uint256 w = n.freeStake < cap ? n.freeStake : cap;
+            if ((r >> 128) % cap >= w) continue;
+            if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
+            picked[got++] = a;
+        }
+        assembly ("memory-safe") {
+            mstore(picked, got)
+        }
     }
 
     function totalOwed() external view returns (uint256) {
@@ -227,8 +276,34 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
         Node storage n = _nodes[node];
         if (!n.registered || (n.roles & role) == 0) return false;
-        uint256 free = n.freeStake;
-        return free >= minStake || free + n.lockedStake >= minStake;
+        return n.freeStake + n.lockedStake >= minStake;
+    }
+
+    function _isVerifier(Node storage n) internal view returns (bool) {
+        return n.registered && (n.roles & VERIFIER) != 0 && n.freeStake >= minVerifierStake;
+    }
+
+    /// @dev Record the change block; a node enters the pool the first time it is a verifier.
+    function _changed(address node, Node storage n) internal {
+        n.changedAt = uint64(block.number);
+        if (!_inPool[node] && _isVerifier(n)) {
+            _inPool[node] = true;
+            _pool.push(node);
+        }
+    }
+
+    function _contains(address[] memory list, uint256 len, address a) internal pure returns (bool) {
+        for (uint256 i; i < len; ++i) {
+            if (list[i] == a) return true;
+        }
+        return false;
+    }
+
+    function _containsCd(address[] calldata list, address a) internal pure returns (bool) {
+        for (uint256 i; i < list.length; ++i) {
+            if (list[i] == a) return true;
+        }
+        return false;
     }
 
     function _checkIdentity(uint8 roles, string calldata peerId) internal pure {
@@ -250,19 +325,6 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
             n.multiaddrs.push(multiaddrs[i]);
         }
         n.profile = profile;
-        bool listed = _verifierSlot[msg.sender] != 0;
-        bool wants = (roles & VERIFIER) != 0;
-        if (wants && !listed) {
-            _verifiers.push(msg.sender);
-            _verifierSlot[msg.sender] = _verifiers.length;
-        } else if (!wants && listed) {
-            uint256 idx = _verifierSlot[msg.sender] - 1;
-            address last = _verifiers[_verifiers.length - 1];
-            _verifiers[idx] = last;
-            _verifierSlot[last] = idx + 1;
-            _verifiers.pop();
-            _verifierSlot[msg.sender] = 0;
-        }
     }
 
     function _checkRecipient(address to) internal view {
@@ -276,6 +338,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Node storage n = _nodes[node];
         uint256 free = n.freeStake;
         uint256 fromFree = amount < free ? amount : free;
+        n.changedAt = uint64(block.number);
         n.freeStake = free - fromFree;
         uint256 rest = amount - fromFree;
         if (rest != 0) {

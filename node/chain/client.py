@@ -18,7 +18,7 @@ from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
-    from node.chain.contracts import Dispute, Market, Registry, Token
+    from node.chain.contracts import Dispute, JobTerms, Market, Registry, Token
 
 B = TypeVar("B", bound=Bound)
 
@@ -145,12 +145,11 @@ class ChainClient:
         self.token.ensure_allowance(self.registry.address, amount)
         self.registry.stake(amount)
 
-    def post_job(self, spec_hash: bytes, dataset_hash: bytes, reward: int,
-                 verification_budget: int, solve_duration: int) -> int:
+    def post_job(self, terms: JobTerms) -> int:
         """Approve the market for the escrow and post the job; returns its id."""
-        self.token.ensure_allowance(self.market.address, reward + verification_budget)
-        return self.market.post_job(spec_hash, dataset_hash, reward, verification_budget,
-                                    solve_duration)
+        self.token.ensure_allowance(self.market.address,
+                                    terms.reward + terms.verification_budget)
+        return self.market.post_job(terms)
 
     # --- chain state ----------------------------------------------------------------
 

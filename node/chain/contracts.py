@@ -83,6 +83,7 @@ class NodeInfo:
     free_stake: int
     locked_stake: int
     unbonding_stake: int
+    changed_at: int
     peer_id: str
     multiaddrs: list[str]
     profile: str
@@ -126,10 +127,25 @@ class Registry(Bound):
         return int(self.call("totalOwed"))
 
     def verifiers(self) -> list[ChecksumAddress]:
+        """The sortition pool (append-only; check :meth:`is_verifier` for eligibility)."""
         return [self.call("verifierAt", i) for i in range(int(self.call("verifierCount")))]
+
+    def sortition(self, seed: bytes, want: int, pool_len: int, snapshot_block: int,
+                  exclude: list[str]) -> list[ChecksumAddress]:
+        return list(self.call("sortition", seed, want, pool_len, snapshot_block, exclude))
 
 
 # --- market -----------------------------------------------------------------------------
+
+
+class Verdict(enum.IntEnum):
+    """How a dispute ended (IJobMarket.Verdict)."""
+
+    NONE = 0
+    VALID = 1
+    INVALID = 2
+    SOLVER_TIMED_OUT = 3
+    VOID = 4
 
 
 class JobStatus(enum.IntEnum):
@@ -164,9 +180,56 @@ class Job:
     open_disputes: int
     round: int
     attestations: int
+    total_steps: int
+    init_state_hash: bytes
+    snapshot_block: int
+    pool_len: int
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", JobStatus(self.status))
+
+
+@dataclass(frozen=True)
+class JobTerms:
+    """What ``postJob`` fixes: the commitment must be this job's."""
+
+    spec_hash: bytes
+    dataset_hash: bytes
+    reward: int
+    verification_budget: int
+    solve_duration: int
+    total_steps: int
+    steps_per_segment: int
+    init_state_hash: bytes
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return dataclasses.astuple(self)
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    condemned: bool
+    sampled_invalid: bool
+    settled: bool
+    jury_wins: int
+    timeout_wins: int
+    first_winner: int  # the earliest-opened dispute the solver lost: the one claim_reward pays
+    per_challenger: int
+    per_jury: int
+
+
+@dataclass(frozen=True)
+class DisputeRef:
+    job_id: int
+    segment: int
+    challenger: ChecksumAddress
+    round: int
+    settled: bool
+    verdict: Verdict
+    paid: bool
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "verdict", Verdict(self.verdict))
 
 
 @dataclass(frozen=True)
@@ -178,7 +241,11 @@ class MarketParamsView:
     missed_deadline_slash_bps: int
     challenge_bond: int
     attestor_slash_bps: int
-    max_attestors_per_segment: int
+    attestors_per_job: int
+    dispute_grace: int
+    challenger_share_bps: int
+    juror_share_bps: int
+    submitter_share_bps: int
 
 
 ZERO32 = bytes(32)
@@ -186,11 +253,9 @@ ZERO32 = bytes(32)
 
 class Market(Bound):
     # submitter
-    def post_job(self, spec_hash: bytes, dataset_hash: bytes, reward: int,
-                 verification_budget: int, solve_duration: int) -> int:
+    def post_job(self, terms: JobTerms) -> int:
         """Escrows reward + budget (approve the market first); returns the job id."""
-        r = self.transact("postJob", spec_hash, dataset_hash, reward, verification_budget,
-                          solve_duration)
+        r = self.transact("postJob", terms.as_tuple())
         return int(self.event_arg(r, "JobPosted", "jobId"))
 
     def cancel(self, job_id: int) -> TxReceipt:
@@ -200,10 +265,16 @@ class Market(Bound):
     def claim_job(self, job_id: int) -> TxReceipt:
         return self.transact("claimJob", job_id)
 
-    def commit_result(self, job_id: int, trace_root: bytes, final_state_hash: bytes,
-                      segment_count: int, steps_per_segment: int) -> TxReceipt:
-        return self.transact("commitResult", job_id, trace_root, final_state_hash,
-                             segment_count, steps_per_segment)
+    def commit_result(self, job_id: int, trace_root: bytes, final: TraceLeaf,
+                      init_proof: list[bytes], final_proof: list[bytes]) -> TxReceipt:
+        """Commit with proofs that leaf 0 is the job's S_0 and the last leaf is ``final``."""
+        return self.transact("commitResult", job_id, trace_root, final.state_hash,
+                             final.loss_e9, init_proof, final_proof)
+
+    def commit_trace(self, job_id: int, leaves: list[TraceLeaf], tree: Any) -> TxReceipt:
+        """:meth:`commit_result` from a whole trace (``node.proof.MerkleTree``)."""
+        return self.commit_result(job_id, tree.root, leaves[-1], tree.proof(0),
+                                  tree.proof(len(leaves) - 1))
 
     # anyone
     def fix_seed(self, job_id: int) -> bytes:
@@ -213,6 +284,7 @@ class Market(Bound):
         return bytes(fixed[0]["args"]["seed"]) if fixed else ZERO32
 
     def finalize(self, job_id: int) -> TxReceipt:
+        """Pays a clean round, or settles a condemned one (bond split, job reopened)."""
         return self.transact("finalize", job_id)
 
     def reclaim(self, job_id: int) -> TxReceipt:
@@ -222,9 +294,14 @@ class Market(Bound):
         """Pays out the caller's credit; returns the amount."""
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
 
+    def claim_reward(self, dispute_id: int) -> TxReceipt:
+        """Credit a winning challenger (and its majority jurors) once the round is settled."""
+        return self.transact("claimReward", dispute_id)
+
     # verifier
-    def attest(self, job_id: int, segment: int) -> TxReceipt:
-        return self.transact("attest", job_id, segment)
+    def attest(self, job_id: int) -> TxReceipt:
+        """Committee member: every sampled segment replayed within tolerance."""
+        return self.transact("attest", job_id)
 
     def challenge(self, job_id: int, segment: int, start: TraceLeaf, start_proof: list[bytes],
                   end: TraceLeaf, end_proof: list[bytes]) -> int:
@@ -233,6 +310,24 @@ class Market(Bound):
         r = self.transact("challenge", job_id, segment, start.state_hash, start.loss_e9,
                           start_proof, end.state_hash, end.loss_e9, end_proof)
         return int(self.event_arg(r, "Challenged", "disputeId"))
+
+    def committee_of(self, job_id: int) -> list[ChecksumAddress]:
+        return list(self.call("committeeOf", job_id))
+
+    def attestors_of(self, job_id: int) -> list[ChecksumAddress]:
+        return list(self.call("attestorsOf", job_id))
+
+    def has_attested(self, job_id: int, who: str) -> bool:
+        return bool(self.call("hasAttested", job_id, who))
+
+    def is_barred(self, job_id: int, segment: int, who: str) -> bool:
+        return bool(self.call("isBarred", job_id, segment, who))
+
+    def round_info(self, job_id: int, round_: int) -> RoundInfo:
+        return from_struct(RoundInfo, self.call("roundInfo", job_id, round_))
+
+    def dispute_ref(self, dispute_id: int) -> DisputeRef:
+        return from_struct(DisputeRef, self.call("disputeRef", dispute_id))
 
     # views
     def get_job(self, job_id: int) -> Job:
@@ -263,10 +358,10 @@ class Market(Bound):
 class Phase(enum.IntEnum):
     NONE = 0
     BISECTION = 1
-    COMMIT = 2
-    REVEAL = 3
-    RESOLVED = 4
-    MOOT = 5
+    DRAWING = 2  # waiting for the block whose hash seeds the jury
+    COMMIT = 3
+    REVEAL = 4
+    RESOLVED = 5
 
 
 class Side(enum.IntEnum):
@@ -309,6 +404,8 @@ class DisputeState:
     valid_votes: int
     invalid_votes: int
     solver_won: bool
+    verdict: Verdict
+    draw_block: int  # while DRAWING: block whose hash seeds the jury
     jury: list[ChecksumAddress]
     votes: list[Vote]
     mid_steps: list[int]  # p_1..p_{parts-1} of [lo, hi] while bisecting
@@ -377,8 +474,12 @@ class Dispute(Bound):
     def resolve(self, dispute_id: int) -> TxReceipt:
         return self.transact("resolve", dispute_id)
 
-    def abort_moot(self, dispute_id: int) -> TxReceipt:
-        return self.transact("abortMoot", dispute_id)
+    def draw_jury(self, dispute_id: int) -> TxReceipt:
+        """Anyone, once ``draw_block`` is mined: draw the jury from its hash."""
+        return self.transact("drawJury", dispute_id)
+
+    def total_burned(self) -> int:
+        return int(self.call("totalBurned"))
 
     def withdraw(self) -> int:
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
@@ -390,7 +491,8 @@ class Dispute(Bound):
         raw.update(id=dispute_id, phase=Phase(view.phase), turn=Side(raw["turn"]),
                    solver_clock_left=int(view.solverClockLeft),
                    challenger_clock_left=int(view.challengerClockLeft),
-                   votes=[from_struct(Vote, v) for v in view.votes])
+                   votes=[from_struct(Vote, v) for v in view.votes],
+                   verdict=Verdict(raw["verdict"]))
         for k in ("lo_hash", "hi_hash", "mids_root", "jury_seed"):
             raw[k] = bytes(raw[k])
         raw["mid_steps"] = [int(x) for x in raw["mid_steps"]]

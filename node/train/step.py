@@ -202,6 +202,14 @@ def init_state(ctx: TrainContext) -> TrainState:
     return _fresh_state(ctx)
 
 
+def initial_state_hash(ctx: TrainContext) -> bytes:
+    """Hash of S_0, which follows from the spec alone: the submitter fixes it on chain
+    (``postJob``) so no solver can start from weights of its choosing."""
+    from node.proof import state_hash  # noqa: PLC0415 - proof imports torch lazily too
+
+    return state_hash(state_tensors(init_state(ctx)))
+
+
 def _export(t: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
     dtype = CHECKPOINT_DTYPE if t.dtype == compute_dtype != CHECKPOINT_DTYPE else t.dtype
     return t.detach().to("cpu", dtype=dtype, copy=True).contiguous()

@@ -2,16 +2,10 @@
 pragma solidity ^0.8.24;
 
 /// @title IDisputeGame
-/// @notice The narrow interface the job market calls to start a dispute.
+/// @notice What the market needs of the dispute game.
 interface IDisputeGame {
-    /// @notice Open a bisection game over steps [startStep, endStep] of `segment`.
-    /// @dev Only the market. The market has already proven both end states against the
-    ///      trace root and locked the challenger's bond (market `params().challengeBond`).
-    ///      The game settles both bonds itself and reports back via
-    ///      `IJobMarket.resolveDispute(jobId, id, solverWon)`.
-    /// @param startHash the committed state at startStep (both sides accept it)
-    /// @param endHash the committed state at endStep (the challenger disputes it)
-    /// @return id the dispute id (ids start at 1)
+    /// @notice Open a dispute over steps [startStep, endStep] of `jobId`'s segment `segment`.
+    ///         Market only: it proved both leaves and locked the challenger's bond.
     function open(
         uint256 jobId,
         uint256 segment,
@@ -23,6 +17,9 @@ interface IDisputeGame {
         bytes32 endHash
     ) external returns (uint256 id);
 
-    /// @notice The challenger of dispute `id` (0 for an unknown id).
     function challengerOf(uint256 id) external view returns (address);
+
+    /// @notice Market only, after sending `amount` tokens to the game: split them over the
+    ///         majority jurors of dispute `id` (resolved Invalid by its jury).
+    function creditJury(uint256 id, uint256 amount) external;
 }

@@ -12,9 +12,26 @@ pragma solidity ^0.8.24;
 ///      Open --claimJob--> Claimed --commitResult--> Committed --finalize--> Finalized
 ///      Open --cancel--> Cancelled
 ///      Claimed --reclaim (deadline missed)--> Open
-///      Committed --resolveDispute(solverWon = false)--> Open
-///      Each claim starts a new `round`; attestations, upheld segments and disputes
-///      belong to the round they were made in and die with it.
+///      Committed --finalize (round condemned: a dispute proved the solver wrong)--> Open
+///      Each claim starts a new `round`; the committee, attestations, bars and disputes
+///      belong to the round they were made in.
+///
+///      Terms: `postJob` fixes total steps T, checkpoint interval k (T % k == 0) and the
+///      hash of the spec's seeded initial state S_0; `commitResult` proves leaf 0 holds
+///      S_0 and the last leaf (index T / k) holds `finalStateHash`.
+///
+///      Disputes (rational-adversary rules): a dispute the solver wins bars only the
+///      challenger who lost it from that segment; any other verifier may still challenge.
+///      Challenges are open while the window is, or while any dispute of the round is
+///      live, and every dispute that ends leaves at least `disputeGrace` seconds of
+///      window. A dispute the solver loses condemns the round; the bond is settled once,
+///      by `finalize` after the window, when all disputes of the round have ended:
+///      submitterShareBps to the submitter, the rest (plus the attestors' slashes when a
+///      jury proved a sampled segment invalid) to the challenger of the EARLIEST-OPENED
+///      dispute the solver lost (`RoundInfo.firstWinner`, paid by `claimReward`). Opening
+///      order, not finishing order: a puppet opened after an honest challenge cannot take
+///      its reward by losing faster, and a puppet opened before any honest one is the
+///      cheater reporting itself (it forfeits the reward and the submitter share).
 ///
 ///      Sampling: `commitResult` sets `sampleBlock = block.number + sampleLookahead`.
 ///      Once `block.number > sampleBlock`, `fixSeed` stores `seed = blockhash(sampleBlock)`
@@ -32,6 +49,15 @@ interface IJobMarket {
         Cancelled
     }
 
+    /// @notice How a dispute ended (the dispute game reports it).
+    enum Verdict {
+        None,
+        Valid, // the step replayed (jury) or the challenger ran out of clock
+        Invalid, // the jury found the step wrong
+        SolverTimedOut, // the solver ran out of clock: it loses, but nothing was proven
+        Void // too few jurors drawn, below quorum or a tie: nobody wins
+    }
+
     /// @notice Deployment parameters, fixed for the market's life.
     struct Params {
         uint256 bondFactorBps; // solver bond = reward * bondFactorBps / 10000, locked from its stake
@@ -40,8 +66,25 @@ interface IJobMarket {
         uint256 sampleCount; // n: segments sampled per job (min(n, segmentCount))
         uint256 missedDeadlineSlashBps; // share of the bond a solver loses to the submitter when it misses its deadline
         uint256 challengeBond; // locked from the challenger's stake per challenge
-        uint256 attestorSlashBps; // of registry.minVerifierStake, taken from each attestor of a segment proven invalid
-        uint256 maxAttestorsPerSegment; // cap on (paid) attestations per sampled segment
+        uint256 attestorSlashBps; // of registry.minVerifierStake, taken from each attestor of a job proven invalid on a sampled segment
+        uint256 attestorsPerJob; // committee seats drawn per round (stake-weighted) to verify the sample
+        uint256 disputeGrace; // seconds of window left to others whenever a dispute ends
+        // The next three sum to 10000: how a condemned solver's bond is split.
+        uint256 challengerShareBps;
+        uint256 jurorShareBps;
+        uint256 submitterShareBps;
+    }
+
+    /// @notice What a submitter fixes when posting: the commitment must be this job's.
+    struct JobTerms {
+        bytes32 specHash;
+        bytes32 datasetHash;
+        uint256 reward;
+        uint256 verificationBudget;
+        uint64 solveDuration;
+        uint64 totalSteps; // T
+        uint32 stepsPerSegment; // k, the checkpoint interval; T % k == 0
+        bytes32 initStateHash; // hash of S_0, which follows from the spec's seed
     }
 
     struct Job {
@@ -57,16 +100,20 @@ interface IJobMarket {
         uint64 postedAt;
         uint64 deadline; // claim time + solveDuration
         uint64 committedAt;
-        uint64 windowEnd; // committedAt + verificationWindow
+        uint64 windowEnd; // committedAt + verificationWindow, extended by disputes
         bytes32 traceRoot;
         bytes32 finalStateHash;
-        uint32 segmentCount;
+        uint32 segmentCount; // T / k, fixed at post
         uint32 stepsPerSegment; // k: leaf i commits the state after step i*k
         uint64 sampleBlock;
         bytes32 seed; // 0 until fixed
         uint32 openDisputes; // live disputes of the current round
         uint32 round; // number of claims so far
-        uint32 attestations; // attestations in the current round
+        uint32 attestations; // committee members who attested in the current round
+        uint64 totalSteps;
+        bytes32 initStateHash;
+        uint64 snapshotBlock; // commit block: the committee is drawn from stake as of then
+        uint32 poolLen; // sortition pool length at commit
     }
 
     /// @notice The market's record of a dispute it opened.
@@ -75,7 +122,21 @@ interface IJobMarket {
         uint256 segment;
         address challenger;
         uint32 round; // job round the dispute belongs to
-        bool settled; // resolveDispute was called for it
+        bool settled; // the dispute game reported its verdict
+        Verdict verdict;
+        bool paid; // claimReward done
+    }
+
+    /// @notice Settlement state of one round of a job.
+    struct RoundInfo {
+        bool condemned; // some dispute of the round ended Invalid or SolverTimedOut
+        bool sampledInvalid; // a jury found a sampled segment invalid: the attestors are slashed
+        bool settled; // the condemned round's bond was split (finalize)
+        uint32 juryWins; // disputes of the round that ended Invalid
+        uint32 timeoutWins; // disputes of the round that ended SolverTimedOut
+        uint64 firstWinner; // the earliest-opened dispute the solver lost: the one paid
+        uint128 perChallenger; // what claimReward credits firstWinner's challenger
+        uint128 perJury; // what claimReward hands the dispute game for firstWinner's majority jurors
     }
 
     // --- events ---
@@ -89,6 +150,7 @@ interface IJobMarket {
         uint256 verificationBudget,
         uint64 solveDuration
     );
+    event JobTermsFixed(uint256 indexed jobId, uint64 totalSteps, uint32 stepsPerSegment, bytes32 initStateHash);
     event JobClaimed(uint256 indexed jobId, address indexed solver, uint32 round, uint256 bond, uint64 deadline);
     event ResultCommitted(
         uint256 indexed jobId,
@@ -102,13 +164,20 @@ interface IJobMarket {
     );
     event SeedFixed(uint256 indexed jobId, uint64 sampleBlock, bytes32 seed);
     event SeedRearmed(uint256 indexed jobId, uint64 oldSampleBlock, uint64 newSampleBlock);
-    event Attested(uint256 indexed jobId, uint256 indexed segment, address indexed verifier, uint32 round);
+    event CommitteeDrawn(uint256 indexed jobId, uint32 round, address[] committee);
+    event Attested(uint256 indexed jobId, address indexed verifier, uint32 round);
     event Challenged(
         uint256 indexed jobId, uint256 indexed disputeId, uint256 segment, address indexed challenger, uint32 round
     );
-    event DisputeResolved(uint256 indexed jobId, uint256 indexed disputeId, uint256 segment, bool solverWon);
-    event SegmentUpheld(uint256 indexed jobId, uint256 indexed segment, uint32 round);
-    event AttestorSlashed(uint256 indexed jobId, address indexed attestor, uint256 amount, address indexed beneficiary);
+    event DisputeResolved(uint256 indexed jobId, uint256 indexed disputeId, uint256 segment, Verdict verdict);
+    event ChallengerBarred(uint256 indexed jobId, uint256 indexed segment, address indexed challenger, uint32 round);
+    event WindowExtended(uint256 indexed jobId, uint64 windowEnd);
+    event RoundCondemned(uint256 indexed jobId, uint32 round);
+    event RoundSettled(
+        uint256 indexed jobId, uint32 round, uint256 slashedBond, uint256 toSubmitter, uint128 perChallenger, uint128 perJury
+    );
+    event RewardClaimed(uint256 indexed disputeId, address indexed challenger, uint256 amount, uint256 juryAmount);
+    event AttestorSlashed(uint256 indexed jobId, address indexed attestor, uint256 amount);
     event JobReopened(uint256 indexed jobId, address indexed formerSolver, uint32 round);
     event JobReclaimed(uint256 indexed jobId, address indexed solver, uint256 slashed, uint256 unlocked);
     event JobFinalized(
@@ -126,6 +195,9 @@ interface IJobMarket {
     error ZeroReward();
     error ZeroDuration();
     error ZeroHash();
+    error AmountTooLarge(uint256 amount, uint256 max);
+    error DurationTooLong(uint256 duration, uint256 max);
+    error InvalidTerms(uint64 totalSteps, uint32 stepsPerSegment);
     error UnknownJob(uint256 jobId);
     error InvalidStatus(uint256 jobId, JobStatus status);
     error NotSubmitter(address caller);
@@ -141,28 +213,23 @@ interface IJobMarket {
     error WindowClosed(uint64 windowEnd);
     error WindowNotOver(uint64 windowEnd);
     error SegmentOutOfRange(uint256 segment, uint32 segmentCount);
-    error SegmentNotSampled(uint256 segment);
-    error AlreadyAttested(uint256 segment);
-    error TooManyAttestors(uint256 segment);
+    error NotInCommittee(address caller);
+    error AlreadyAttested(address caller);
     error SolverCannotChallenge();
-    error SolverCannotAttest();
-    error SegmentAlreadyUpheld(uint256 segment);
+    error ChallengerBarredFrom(uint256 segment, address challenger);
     error InvalidProof(uint256 leafIndex);
     error UnknownDispute(uint256 disputeId);
     error DisputeNotLive(uint256 disputeId);
     error DisputesOpen(uint32 openDisputes);
+    error RoundNotSettled(uint256 jobId, uint32 round);
+    error NotAWinner(uint256 disputeId);
+    error AlreadyPaid(uint256 disputeId);
     error NothingToWithdraw();
 
     // --- submitter ---
 
     /// @notice Post a job, escrowing `reward + verificationBudget` (approve first). Ids start at 1.
-    function postJob(
-        bytes32 specHash,
-        bytes32 datasetHash,
-        uint256 reward,
-        uint256 verificationBudget,
-        uint64 solveDuration
-    ) external returns (uint256 jobId);
+    function postJob(JobTerms calldata terms) external returns (uint256 jobId);
 
     /// @notice Submitter only, job Open: the escrow is credited back.
     function cancel(uint256 jobId) external;
@@ -173,26 +240,33 @@ interface IJobMarket {
     ///         of its free stake; deadline = now + solveDuration.
     function claimJob(uint256 jobId) external;
 
-    /// @notice The solver commits its trace before its deadline. Opens the verification
-    ///         window (until now + verificationWindow) and sets the sampling block.
+    /// @notice The solver commits its trace before its deadline: `initProof` proves leaf 0
+    ///         = (step 0, the job's initStateHash, loss 0), `finalProof` proves leaf T / k =
+    ///         (step T, finalStateHash, finalLossE9). Opens the verification window (until
+    ///         now + verificationWindow) and sets the sampling block.
     function commitResult(
         uint256 jobId,
         bytes32 traceRoot,
         bytes32 finalStateHash,
-        uint32 segmentCount,
-        uint32 stepsPerSegment
+        uint256 finalLossE9,
+        bytes32[] calldata initProof,
+        bytes32[] calldata finalProof
     ) external;
 
     // --- anyone ---
 
-    /// @notice Fix the job's sampling seed = blockhash(sampleBlock) once block.number > sampleBlock.
-    ///         Returns the seed, or 0 when the block hash was no longer readable and the
-    ///         sampling block was re-armed instead (`SeedRearmed`).
+    /// @notice Fix the job's sampling seed = blockhash(sampleBlock) once block.number > sampleBlock
+    ///         and draw the round's attestation committee from it. Returns the seed, or 0 when
+    ///         the block hash was no longer readable and the sampling block was re-armed
+    ///         instead (`SeedRearmed`).
     function fixSeed(uint256 jobId) external returns (bytes32 seed);
 
-    /// @notice After the window, with no live dispute: credits the solver the reward, unlocks its
-    ///         bond, splits the verification budget equally over the round's attestations
-    ///         (division remainder, or all of it when nobody attested, to the submitter).
+    /// @notice After the window, with no live dispute. A clean round: credits the solver the
+    ///         reward, unlocks its bond, pays each committee member that attested
+    ///         verificationBudget / attestorsPerJob (the rest to the submitter). A condemned
+    ///         round: slashes the bond, credits the submitter its share, sets the winners'
+    ///         shares (`claimReward`), slashes the attestors if a sampled segment was proven
+    ///         invalid, and reopens the job with its escrow intact.
     function finalize(uint256 jobId) external;
 
     /// @notice After a claimed job's deadline with no commit: missedDeadlineSlashBps of the bond
@@ -202,13 +276,20 @@ interface IJobMarket {
     /// @notice Pay out the caller's credit.
     function withdraw() external returns (uint256 amount);
 
+    /// @notice Anyone, once the dispute's round is settled: credit the round's first winner's
+    ///         challenger its share (and hand that dispute's majority jurors theirs through the
+    ///         dispute game; when it was won on the solver's clock, the jurors' share goes to the
+    ///         challenger too).
+    function claimReward(uint256 disputeId) external;
+
     // --- verifier ---
 
-    /// @notice A staked verifier attests that sampled `segment` replayed within tolerance.
-    ///         Within the window, once per (verifier, segment), at most maxAttestorsPerSegment.
-    function attest(uint256 jobId, uint256 segment) external;
+    /// @notice A committee member of the round attests, once, that every sampled segment
+    ///         replayed within tolerance. Within the window.
+    function attest(uint256 jobId) external;
 
-    /// @notice A staked verifier (not the solver) disputes `segment` within the window. Both
+    /// @notice A staked verifier (not the solver, not barred from the segment) disputes
+    ///         `segment` while the window is open or a dispute of the round is live. Both
     ///         committed leaves (`segment`, `segment + 1`) are proven against the trace root;
     ///         challengeBond is locked from the caller's stake; the dispute game takes over.
     function challenge(
@@ -224,11 +305,10 @@ interface IJobMarket {
 
     // --- dispute game only ---
 
-    /// @notice Settlement hook of the dispute game. solverWon: the segment is upheld.
-    ///         Otherwise: attestors of the segment are slashed (to the challenger), the job
-    ///         reopens with its escrow intact, and the round's other disputes become moot.
-    ///         The dispute game moves the solver's and the challenger's bonds itself.
-    function resolveDispute(uint256 jobId, uint256 disputeId, bool solverWon) external;
+    /// @notice Verdict of a dispute. Valid bars its challenger from the segment this round;
+    ///         Invalid / SolverTimedOut condemn the round; every verdict extends the window
+    ///         to at least now + disputeGrace. The dispute game moves the challenger's bond.
+    function resolveDispute(uint256 jobId, uint256 disputeId, Verdict verdict) external;
 
     // --- views ---
     function params() external view returns (Params memory);
@@ -238,20 +318,24 @@ interface IJobMarket {
     function seedOf(uint256 jobId) external view returns (bytes32);
     /// @notice The sampled segments, once the seed is fixed or blockhash(sampleBlock) is readable.
     function sampledSegments(uint256 jobId) external view returns (uint256[] memory);
-    /// @notice Attestors of `segment` in the job's current round.
-    function attestorsOf(uint256 jobId, uint256 segment) external view returns (address[] memory);
-    function hasAttested(uint256 jobId, uint256 segment, address verifier) external view returns (bool);
-    function isUpheld(uint256 jobId, uint256 segment) external view returns (bool);
+    /// @notice The current round's committee (empty until the seed is fixed).
+    function committeeOf(uint256 jobId) external view returns (address[] memory);
+    /// @notice Committee members who attested in the job's current round.
+    function attestorsOf(uint256 jobId) external view returns (address[] memory);
+    function hasAttested(uint256 jobId, address verifier) external view returns (bool);
+    function isBarred(uint256 jobId, uint256 segment, address challenger) external view returns (bool);
     function disputeRef(uint256 disputeId) external view returns (DisputeRef memory);
-    /// @notice The job's submitter and current solver bond (what the dispute game settles).
+    function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory);
+    /// @notice The job's submitter and current solver bond.
     function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond);
     /// @notice A dispute still counts against its job: not settled, job Committed, same round.
     function isDisputeLive(uint256 disputeId) external view returns (bool);
     function token() external view returns (address);
     function registry() external view returns (address);
     function disputeGame() external view returns (address);
-    /// @notice Escrow of unsettled jobs + unpaid credits: what the market owes.
+    /// @notice Escrow of unsettled jobs + unpaid credits + unclaimed rewards: what the market owes.
     function totalOwed() external view returns (uint256);
     function totalEscrow() external view returns (uint256);
     function totalCredits() external view returns (uint256);
+    function totalUnclaimed() external view returns (uint256);
 }

@@ -22,6 +22,7 @@ interface INodeRegistry {
         uint256 freeStake;
         uint256 lockedStake;
         uint256 unbondingStake;
+        uint64 changedAt; // block of the last change to roles, free, locked or unbonding stake
         string peerId; // libp2p peer id (base58 text)
         string[] multiaddrs; // libp2p multiaddrs (text)
         string profile; // JSON text: device, memory, measured throughput
@@ -53,6 +54,7 @@ interface INodeRegistry {
     error NothingToWithdraw();
     error UnbondNotReady(uint64 availableAt);
     error InvalidSlashRecipient(address to);
+    error InvalidParams();
 
     // --- node actions ---
 
@@ -105,14 +107,31 @@ interface INodeRegistry {
     function unbondingStake(address node) external view returns (uint256);
     /// @notice Registered with the SOLVER role and free + locked stake >= minSolverStake.
     function isSolver(address node) external view returns (bool);
-    /// @notice Registered with the VERIFIER role and free + locked stake >= minVerifierStake.
+    /// @notice Registered with the VERIFIER role and FREE stake >= minVerifierStake: only
+    ///         stake a jury or attestor slash can reach (`slashUnlocked`) makes a verifier.
     function isVerifier(address node) external view returns (bool);
-    /// @notice Number of registered nodes with the VERIFIER role (stake not checked: use isVerifier).
+    /// @notice Length of the sortition pool: every address that ever became a verifier
+    ///         with at least minVerifierStake of free stake, in order (append-only, so an
+    ///         index never moves; eligibility is checked at each draw).
     function verifierCount() external view returns (uint256);
-    /// @notice The i-th node with the VERIFIER role (order changes when a node drops the role).
+    /// @notice Pool entry i.
     function verifierAt(uint256 i) external view returns (address);
-    /// @notice `verifierAt(i)` and whether it `isVerifier`, in one call.
-    function verifierAtIfEligible(uint256 i) external view returns (address node, bool eligible);
+    /// @notice Up to `want` distinct verifiers drawn from the first `poolLen` pool entries
+    ///         with `seed`, stake-weighted (weight min(freeStake, sortitionCap)), using only
+    ///         nodes eligible now whose stake and roles did not change after block
+    ///         `snapshotBlock`, skipping `exclude`. At most `want * DRAW_ATTEMPTS` tries, so
+    ///         the gas is bounded however many addresses register. Attempt i takes
+    ///         r = uint256(keccak256(abi.encode(seed, i))): entry r % poolLen, accepted iff
+    ///         (r >> 128) % sortitionCap < weight.
+    function sortition(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude
+    ) external view returns (address[] memory picked);
+    /// @notice Stake weight cap of one pool entry in `sortition`.
+    function sortitionCap() external view returns (uint256);
     function unbondDelay() external view returns (uint256);
     function minSolverStake() external view returns (uint256);
     function minVerifierStake() external view returns (uint256);
