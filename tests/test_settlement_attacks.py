@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 import pytest
+from eth_typing import ChecksumAddress
 from eth_utils import keccak
 
 from devnet.params import TOKEN
@@ -81,7 +82,7 @@ def bisect_to_step(net: Net, did: int, solver_hashes: dict[int, bytes]) -> None:
             c.dispute.choose(did, 0, hashes)
 
 
-def draw(net: Net, did: int) -> list[str]:
+def draw(net: Net, did: int) -> list[ChecksumAddress]:
     d = net.chain.reader.dispute.get_dispute(did)
     assert d.phase == Phase.DRAWING
     net.chain.mine(max(1, d.draw_block - net.chain.reader.block_number() + 1))
@@ -91,7 +92,7 @@ def draw(net: Net, did: int) -> list[str]:
 
 def vote(net: Net, did: int, votes: dict[str, bool]) -> None:
     """Jurors in ``votes`` commit and reveal; others stay silent; then resolve."""
-    by_addr = {c.address: c for c in [net.puppet, *net.honest, net.submitter]}
+    by_addr: dict[str, ChainClient] = {c.address: c for c in [net.puppet, *net.honest]}
     for a, v in votes.items():
         by_addr[a].dispute.commit_vote(did, v, keccak(a.encode()))
     d = net.chain.reader.dispute.get_dispute(did)
