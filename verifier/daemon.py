@@ -22,7 +22,7 @@ from node.errors import PolnetError
 from node.logs import get_logger
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
-from verifier.evidence import Evidence
+from verifier.evidence import Evidence, judge_segment
 
 log = get_logger("polnet.verifier")
 
@@ -107,8 +107,6 @@ class Verifier:
     # --- sampled replay ------------------------------------------------------------------
 
     async def _check_job(self, jid: int) -> None:
-        from verifier.replay import verify_segment  # noqa: PLC0415
-
         rt, c = self.rt, self.rt.chain_client
         key = str(jid)
         try:
@@ -122,14 +120,17 @@ class Verifier:
             if ev is None:
                 return  # no manifest announced yet: next tick
             log.info("checking", job=jid, segments=segments)
+            # Each segment on its own: one that cannot be judged now waits for the next
+            # tick; one whose committed state is unusable fails (and gets challenged).
+            unjudged = []
             for seg in segments:
                 if str(seg) in self.state.data["jobs"][key]["verdicts"]:
                     continue
-                start = await ev.committed(seg)
-                end = await ev.committed(seg + 1)
-                verdict = await trio.to_thread.run_sync(
-                    lambda s=start, e=end, g=seg: verify_segment(
-                        ev.ctx, root=job.trace_root, job_id=jid, segment=g, start=s, end=e))
+                verdict = await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
+                                              job_id=jid, segment=seg)
+                if verdict is None:
+                    unjudged.append(seg)
+                    continue
                 rt.metrics.steps.inc(ev.ctx.spec.checkpoint_interval)
                 passed = verdict.passed and not (self.malicious and seg == segments[0])
                 rt.metrics.verdicts.labels("pass" if passed else "fail").inc()
@@ -140,7 +141,10 @@ class Verifier:
                     st["jobs"][key]["verdicts"][str(seg)] = passed
                 if passed:
                     await rt.transact_ok(c.market.attest, jid, seg, benign=BENIGN_ATTEST)
-            self._set(jid, phase="checked")
+            if not unjudged:
+                self._set(jid, phase="checked")
+            else:
+                log.info("segments_unjudged", job=jid, segments=unjudged)
             await self._maybe_challenge(jid)
         except PolnetError as exc:
             log.warning("check_failed", job=jid, error=str(exc))
@@ -163,7 +167,8 @@ class Verifier:
         if ev is None:
             return
         seg = failing[0]
-        start, end = await ev.committed(seg), await ev.committed(seg + 1)
+        # Leaves and proofs only: a state that cannot be loaded is still challengeable.
+        start, end = ev.commitment(seg), ev.commitment(seg + 1)
         await self._challenge(jid, seg, start, end)
         self._set(jid, challenged=True)
 

@@ -6,20 +6,37 @@ run in worker threads.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import torch
 import trio
 
 from node.chain.contracts import Job
-from node.errors import IntegrityError, PolnetError
+from node.errors import (
+    CheckpointError,
+    IntegrityError,
+    P2PError,
+    PolnetError,
+    ProofError,
+    StoreError,
+    TrainingError,
+)
 from node.logs import get_logger
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.runtime import Runtime
 from node.train.step import TrainContext
 from node.train.trace import TraceManifest, load_checkpoint, merkle_proof
-from verifier.replay import CommittedState, policy_from_spec, replay_segment, segment_context
+from verifier.replay import (
+    CommittedState,
+    load_committed_start,
+    policy_from_spec,
+    replay_segment,
+    segment_context,
+    verify_segment,
+)
 from verifier.tolerance import compare_states, slots_from_names
+from verifier.verdict import Verdict
 
 log = get_logger("polnet.verifier.evidence")
 Tensors = dict[str, torch.Tensor]
@@ -48,6 +65,12 @@ class JobEvidence:
         self._states[(leaf.step, leaf.state_hash)] = tensors
         return CommittedState(tensors, leaf, proof)
 
+    def commitment(self, index: int) -> CommittedState:
+        """Checkpoint ``index``'s leaf and proof without its tensors: what a challenge
+        needs, even when the state itself cannot be loaded."""
+        leaf, proof = merkle_proof(self.manifest, index)
+        return CommittedState({}, leaf, proof)
+
     async def state(self, step: int, state_hash: bytes, wait: bool = False) -> Tensors | None:
         """The state the solver committed to at ``step`` (a checkpoint or a served
         bisection state), or None if nobody has announced it (yet)."""
@@ -69,13 +92,61 @@ class JobEvidence:
     def step_range_ok(self, lo: Tensors, lo_step: int, hi: Tensors, hi_step: int) -> bool:
         """Replay lo_step -> hi_step and apply the job's tolerance to the solver's hi."""
         n = hi_step - lo_step
-        replayed, _loss = replay_segment(self.ctx, lo, lo_step, n)
+        lo_state, why = load_committed_start(self.ctx, lo, lo_step)
+        if lo_state is None:  # the solver's own state at lo is no valid state
+            log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
+                     passed=False, reason=why)
+            return False
+        try:
+            replayed, _loss = replay_segment(self.ctx, lo, lo_step, n)
+        except TrainingError as exc:
+            log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
+                     passed=False, reason=str(exc))
+            return False
         verdict = compare_states(-1, lo_step, lo, replayed, hi, slots_from_names(replayed),
                                  segment_context(self.ctx.spec, lo_step, n),
                                  policy_from_spec(self.ctx.spec))
         log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
                  passed=verdict.passed, ratio=f"{verdict.ratio:.2e}")
         return verdict.passed
+
+
+Committed = Callable[[int], Awaitable[CommittedState]]
+
+
+async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes, job_id: int,
+                        segment: int) -> Verdict | None:
+    """One sampled segment, judged on its own: a Verdict, or None when there is no
+    verdict to give yet (its checkpoints cannot be fetched, or what was fetched is
+    not what the chain commits to: fetch again later). Never raises on what a peer
+    sent: a committed state that is no valid state of the job (bytes that are not a
+    checkpoint, a wrong layout, NaN, a replay that diverges) is a *failed* verdict
+    saying why, so it gets challenged like any other."""
+    k = ctx.spec.checkpoint_interval
+    start_step = segment * k
+    try:
+        start = await committed(segment)
+        end = await committed(segment + 1)
+    except (P2PError, StoreError, trio.TooSlowError) as exc:  # not served (yet)
+        log.warning("segment_unavailable", job=job_id, segment=segment, error=str(exc))
+        return None
+    except CheckpointError as exc:  # the checkpoint the manifest names is no state
+        return Verdict.failed(segment, start_step, start_step + k,
+                              f"committed checkpoint cannot be loaded: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one segment must not stop the others
+        log.exception("segment_evidence_failed", job=job_id, segment=segment,
+                      error=repr(exc))
+        return None
+    try:
+        return await trio.to_thread.run_sync(
+            lambda: verify_segment(ctx, root=root, job_id=job_id, segment=segment,
+                                   start=start, end=end))
+    except (ProofError, CheckpointError) as exc:  # evidence that is not the committed one
+        log.warning("segment_evidence_mismatch", job=job_id, segment=segment, error=str(exc))
+        return None
+    except Exception as exc:  # noqa: BLE001 - a verifier-side failure: no verdict
+        log.exception("segment_check_failed", job=job_id, segment=segment, error=repr(exc))
+        return None
 
 
 class Evidence:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from node.errors import CheckpointError, ProofError, VerificationError
+from node.errors import CheckpointError, ProofError, TrainingError, VerificationError
 from node.proof import TraceLeaf, state_hash, verify_proof
 from node.spec import AdamWConfig, JobSpec
 from node.train.step import (
@@ -94,11 +94,38 @@ def segment_context(spec: JobSpec, start_step: int, k: int) -> SegmentContext:
 def replay_segment(ctx: TrainContext, start_tensors: Tensors, start_step: int, k: int,
                    step_fn: StepFn = train_step) -> tuple[dict[str, torch.Tensor], float]:
     """Run steps ``start_step+1 .. start_step+k`` from the given state."""
-    state = load_state(ctx, start_tensors, step=start_step)
+    return _run_steps(ctx, load_state(ctx, start_tensors, step=start_step), start_step, k,
+                      step_fn)
+
+
+def _run_steps(ctx: TrainContext, state: TrainState, start_step: int, k: int,
+               step_fn: StepFn) -> tuple[dict[str, torch.Tensor], float]:
     total = 0.0
     for step in range(start_step + 1, start_step + k + 1):
         total += step_fn(ctx, state, step)
     return state_tensors(state), total / k
+
+
+def non_finite(tensors: Tensors) -> str | None:
+    """The first floating tensor holding NaN or infinity, if any."""
+    for name in sorted(tensors):
+        t = tensors[name]
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def load_committed_start(ctx: TrainContext, start: Tensors,
+                         start_step: int) -> tuple[TrainState | None, str]:
+    """The solver's committed start state as a train state, or None and why it is
+    no valid state of this job (wrong layout, dtype or step; not finite)."""
+    bad = non_finite(start)
+    if bad is not None:
+        return None, f"committed state S_{start_step} is not finite ({bad})"
+    try:
+        return load_state(ctx, start, step=start_step), ""
+    except CheckpointError as exc:
+        return None, f"committed state S_{start_step} does not fit the spec: {exc}"
 
 
 def judge(ctx: TrainContext, segment: int, start_step: int, start: Tensors,
@@ -118,15 +145,24 @@ def verify_segment(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
 
     Raises ProofError/CheckpointError (before any replay) when a checkpoint is
     not the committed one; returns a failing Verdict when the solver's claim
-    is out of tolerance.
+    is out of tolerance, and when its committed start state is no valid state
+    (wrong layout, not finite) or cannot be replayed (a step diverges): those
+    are the solver's own commitments, so they fail the segment like a bad claim.
     """
     k = ctx.spec.checkpoint_interval
     start_step = segment * k
     check_committed(root, job_id, segment, start_step, start)
     check_committed(root, job_id, segment + 1, start_step + k, end)
     pol = policy or policy_from_spec(ctx.spec)
+    state, why = load_committed_start(ctx, start.tensors, start_step)
+    if state is None:
+        return Verdict.failed(segment, start_step, start_step + k, why)
     t0 = time.perf_counter()
-    replayed, loss = replay_segment(ctx, start.tensors, start_step, k, step_fn)
+    try:
+        replayed, loss = _run_steps(ctx, state, start_step, k, step_fn)
+    except TrainingError as exc:  # e.g. a finite but absurd state whose loss overflows
+        return Verdict.failed(segment, start_step, start_step + k,
+                              f"replay from committed state S_{start_step} fails: {exc}")
     seconds = time.perf_counter() - t0
     verdict = judge(ctx, segment, start_step, start.tensors, replayed, end.tensors, pol)
     verdict = check_loss(verdict, end.leaf.loss_e9 / 1e9, loss, pol)

@@ -75,6 +75,13 @@ class Verdict:
     replay_seconds: float = 0.0
     tensors: tuple[TensorCheck, ...] = field(default=(), repr=False)
 
+    @classmethod
+    def failed(cls, segment: int, start_step: int, end_step: int, reason: str) -> Verdict:
+        """A segment that fails without a comparison: the solver's committed state
+        cannot be loaded, has the wrong layout, is not finite, or cannot be replayed."""
+        return cls(segment, start_step, end_step, False, reason, math.inf, 0.0, 0.0, "",
+                   math.inf, 0)
+
     @property
     def ratio(self) -> float:
         if self.update_norm > 0:

@@ -19,6 +19,7 @@ bench/verify_cost.py) and must never be a default. Names (kwargs):
     spoof (target_seed=1)        infinitesimal-update interpolation (Fang et al.)
     blindfold (q=0.25)           honest on the first q of segments, spoof after
     lazy (fraction=0.1, mode=skip|spoof, salt=0)   cheat on a fraction of segments
+    poison (at=1, mode=nan|shape) commit a NaN / wrong-shape state at the end of segment at
 
 ``make_behavior("lazy:0.1,mode=spoof")`` parses a command-line string: the
 value after ':' is the first parameter, ``key=value`` pairs the others.
@@ -40,6 +41,7 @@ from node.behaviors.steps import (
     Noise,
     OneBadStep,
     OtherData,
+    Poison,
     SkipSteps,
     Stale,
     WithholdStates,
@@ -49,7 +51,7 @@ from node.train.behavior import SegmentBehavior, get_behavior, register_behavior
 
 CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, OneBadStep, MoreSteps, OtherData,
                                    HalfBatch, LowLR, Noise, BF16, Stale, InfinitesimalSpoof,
-                                   Blindfold, LazyFraction, WithholdStates)
+                                   Blindfold, LazyFraction, WithholdStates, Poison)
 for _cls in CHEATS:
     register_behavior(_cls.name, _cls)
 

@@ -193,3 +193,39 @@ class Stale(Cheat):
             for n, t in state.model.state_dict().items():
                 t.copy_(old[n])
         return set_step(state, start_step + k), loss
+
+
+class Poison(Cheat):
+    """Honest, but the claimed end state of segment ``at`` holds a NaN (``mode="nan"``)
+    or a tensor of the wrong shape (``mode="shape"``); the next segment trains on from
+    the honest state. Segment ``at`` fails on its claim, segment ``at + 1`` on its
+    committed start state: a verifier must fail (and challenge) both, each on its own."""
+
+    name = "poison"
+
+    def __init__(self, at: int = 1, mode: str = "nan") -> None:
+        if mode not in ("nan", "shape"):
+            raise ValueError("mode must be 'nan' or 'shape'")
+        self.at, self.mode = at, mode
+        self._saved: tuple[torch.nn.Parameter, torch.Tensor] | None = None
+
+    def cheats_on(self, segment_index: int, segment_count: int) -> bool:
+        return segment_index in (self.at, self.at + 1)
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        if self._saved is not None:  # back to the honest state before training on
+            p, honest = self._saved
+            p.data = honest
+            self._saved = None
+        total = sum(train_step(ctx, state, s) for s in range(start_step + 1, start_step + k + 1))
+        if segment_index == self.at:
+            p = next(iter(state.model.parameters()))
+            self._saved = (p, p.data)
+            if self.mode == "nan":
+                bad = p.data.clone()
+                bad.view(-1)[0] = float("nan")
+            else:
+                bad = torch.zeros(p.shape[0] + 1, *p.shape[1:], dtype=p.dtype)
+            p.data = bad
+        return state, total / k
