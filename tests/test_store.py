@@ -140,3 +140,37 @@ def test_pins_and_gc(tmp_path: Path) -> None:
     assert store.gc() == [a]
     store.unpin(b, "job:2")
     assert store.gc() == [b] and store.ids() == []
+
+
+def test_release_deletes_only_what_the_reason_alone_kept(tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path)
+    a, b, own = (store.put_bytes(bytes([i]) * 1000) for i in range(3))
+    store.pin(a, "job:1")
+    store.pin(b, "job:1")
+    store.pin(b, "job:2")
+    assert store.release("job:1") == [a]
+    assert sorted(store.ids()) == sorted([b, own])  # `own` was never pinned: it stays
+    assert store.pins() == {b: ["job:2"]}
+    assert store.release("job:2") == [b] and store.ids() == [own]
+    assert store.release("job:3") == []
+
+
+def test_gc_partials_by_age_never_open_ones(tmp_path: Path) -> None:
+    src = ArtifactStore(tmp_path / "src")
+    old_m, open_m, new_m = (src.manifest(src.put_bytes(os.urandom(MiB + i))) for i in range(3))
+    store = ArtifactStore(tmp_path / "dst")
+    for m in (old_m, new_m):
+        part = store.begin_download(m)
+        part.write_chunk(0, src.read_range(m.artifact_id, 0, MiB))
+        part.close()
+    active = store.begin_download(open_m)  # a download in progress
+    hour_ago = os.path.getmtime(store.parts_dir) - 3600
+    for m in (old_m, open_m):
+        for f in store.parts_dir.glob(f"{m.artifact_id}.*"):
+            os.utime(f, (hour_ago, hour_ago))
+    assert store.gc_partials(max_age_s=600) == [old_m.artifact_id]
+    assert store.part_manifest(old_m.artifact_id) is None
+    assert store.part_manifest(new_m.artifact_id) is not None
+    assert store.part_manifest(open_m.artifact_id) is not None
+    active.close()
+    assert store.gc_partials(max_age_s=600) == [open_m.artifact_id]

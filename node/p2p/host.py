@@ -39,6 +39,7 @@ from pydantic import BaseModel
 from node.errors import P2PError, PeerUnavailable
 from node.logs import get_logger
 from node.p2p.announce import Announcement, AnnouncementVerifier, make_announcement, topic_of
+from node.p2p.announce_policy import ReplayGuard
 from node.p2p.config import NodeConfig
 from node.p2p.identity import load_or_create_keypair
 from node.p2p.limits import TokenBucket
@@ -118,6 +119,7 @@ class PolnetNode:
         self.dht = KadDHT(self.host, DHTMode.SERVER)
         self.server = ArtifactServer(self.store, config.serve)
         self.verifier = AnnouncementVerifier()
+        self.replay = ReplayGuard()
         self.banned = BanList(config.ban_s)
         self._buckets: dict[str, TokenBucket] = {}
         self._seq = 0
@@ -379,6 +381,10 @@ class PolnetNode:
                     ann = self.verifier.verify(msg.data, topic, ID(msg.from_id))
                     if ann is None or ann.kind != kind:
                         continue
+                    replay = self.replay.check(ann)
+                    if replay:  # stale, from the future, or seen before
+                        self.verifier.dropped[replay] += 1
+                        continue
                     try:
                         send.send_nowait(ann)
                     except trio.WouldBlock:
@@ -394,11 +400,12 @@ class PolnetNode:
 
         def validate(_forwarder: ID, msg: Any) -> bool:
             # Reject before gossipsub forwards it; count drops on the node's verifier.
-            ok = probe._check(msg.data, topic, ID(msg.from_id))[1] is not None
-            if not ok:
-                reason = probe._check(msg.data, topic, ID(msg.from_id))[0]
+            reason, ann = probe._check(msg.data, topic, ID(msg.from_id))
+            if ann is not None:
+                reason = self.replay.fresh(ann)  # old ones are not forwarded either
+            if reason:
                 self.verifier.dropped[reason] += 1
-            return ok
+            return not reason
 
         return validate
 

@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ from typing import Any, TypeVar
 import trio
 
 from node.chain.client import ChainClient
+from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
 from node.chain.events import EventWatcher
 from node.config import NodeSettings
@@ -26,6 +28,7 @@ from node.logs import get_logger
 from node.p2p import NodeConfig as P2PConfig
 from node.p2p import PolnetNode
 from node.p2p.announce import Announcement
+from node.p2p.announce_policy import EntitledSenders
 from node.roles import announce_kinds  # noqa: F401 - registers the dispute kinds
 from node.roles.metrics import Metrics
 
@@ -34,25 +37,79 @@ T = TypeVar("T")
 log = get_logger("polnet.runtime")
 
 RPC_PATIENCE_S = 120.0  # how long a node waits out a dead RPC before giving up
+GC_EVERY_S = 300.0       # how often a daemon collects garbage in its store
+PART_MAX_AGE_S = 2 * 3600.0  # an interrupted download untouched this long is deleted
 
 
 class AnnouncementBook:
-    """What peers announced, by job. Only hints: every artifact fetched is checked
-    against hashes on chain before use."""
+    """What job solvers announced, by job. Only hints: every artifact fetched is
+    checked against hashes on chain before use. Only announcements that passed
+    the entitlement policy (the job's own solver) get here, so the latest one of
+    the entitled party wins; every table is bounded (least recently used first out).
+    """
+
+    MAX_JOBS = 1024
+    MAX_MANIFESTS_PER_JOB = 4
+    MAX_STATES = 8192
 
     def __init__(self) -> None:
-        self.manifests: dict[int, list[str]] = {}
-        self.states: dict[tuple[int, str], str] = {}
+        self.manifests: OrderedDict[int, list[str]] = OrderedDict()
+        self.states: OrderedDict[tuple[int, str], str] = OrderedDict()
         self.specs: dict[str, list[str]] = {}  # spec artifact id -> announcer peers
+        self._jobs_of: OrderedDict[str, int] = OrderedDict()  # artifact id -> job
 
     def add(self, ann: Announcement) -> None:
         p = ann.payload
         if ann.kind == "result_committed" and p.get("artifact_ids"):
-            ids = self.manifests.setdefault(int(p["job_id"]), [])
-            if p["artifact_ids"][0] not in ids:
-                ids.append(p["artifact_ids"][0])
+            jid, aid = int(p["job_id"]), str(p["artifact_ids"][0])
+            ids = self.manifests.setdefault(jid, [])
+            self.manifests.move_to_end(jid)
+            if aid in ids:  # the newest first, re-announcements refresh
+                ids.remove(aid)
+            ids.insert(0, aid)
+            del ids[self.MAX_MANIFESTS_PER_JOB:]
+            while len(self.manifests) > self.MAX_JOBS:
+                self.manifests.popitem(last=False)
+            self._note(aid, jid)
         elif ann.kind == "state_served":
-            self.states[(int(p["job_id"]), str(p["state_hash"]).lower())] = p["artifact_id"]
+            jid, aid = int(p["job_id"]), str(p["artifact_id"])
+            key = (jid, str(p["state_hash"]).lower())
+            self.states[key] = aid
+            self.states.move_to_end(key)
+            while len(self.states) > self.MAX_STATES:
+                self.states.popitem(last=False)
+            self._note(aid, jid)
+
+    def _note(self, aid: str, jid: int) -> None:
+        self._jobs_of[aid] = jid
+        self._jobs_of.move_to_end(aid)
+        while len(self._jobs_of) > self.MAX_STATES + self.MAX_JOBS:
+            self._jobs_of.popitem(last=False)
+
+    def job_of(self, artifact_id: str) -> int | None:
+        """The job an announced artifact belongs to, if the book knows."""
+        return self._jobs_of.get(artifact_id)
+
+    def __len__(self) -> int:
+        return len(self.states) + sum(len(v) for v in self.manifests.values())
+
+
+class AnnouncementIntake:
+    """Feeds the book with what the entitled party announced; counts the rest."""
+
+    def __init__(self, book: AnnouncementBook, entitled: EntitledSenders,
+                 dropped: Counter[str]) -> None:
+        self.book = book
+        self.entitled = entitled
+        self.dropped = dropped
+
+    async def take(self, ann: Announcement) -> bool:
+        reason = await self.entitled.check(ann)
+        if reason:
+            self.dropped[reason] += 1
+            return False
+        self.book.add(ann)
+        return True
 
 
 class Runtime:
@@ -64,7 +121,9 @@ class Runtime:
         self.dir = settings.node_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.book = AnnouncementBook()
+        self.registered_peers: set[str] = set()
         self.metrics = Metrics.create()
+        self._settled: set[int] = set()
         self._chain: ChainClient | None = None
         self._p2p: PolnetNode | None = None
         self.metrics_port: int | None = None
@@ -95,10 +154,14 @@ class Runtime:
         self._p2p = PolnetNode(cfg)
         await self._p2p.__aenter__()
         assert self._p2p.nursery is not None
+        self.intake = AnnouncementIntake(
+            self.book, EntitledSenders(self._solver_peer_of, lambda: self.registered_peers),
+            self._p2p.verifier.dropped)
         for kind in ("result_committed", "state_served"):
             chan = await self._p2p.subscribe(kind)
             self._p2p.nursery.start_soon(self._pump, chan)
         self._p2p.nursery.start_soon(self._registry_peers_loop)
+        self._p2p.nursery.start_soon(self._gc_loop)
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.settings.metrics_port)
         self._write_info()
@@ -139,6 +202,8 @@ class Runtime:
         while True:
             try:
                 peers = await self.chain(self._registered_peers)
+                self.registered_peers = {p for p, _ in peers} | {self.p2p.peer_id.to_base58()}
+                self.p2p.set_registered(self.registered_peers)
                 fresh = [(p, a) for p, a in peers if (p, tuple(a)) not in known]
                 if fresh:
                     n = await self.p2p.add_registry_peers(fresh)
@@ -150,7 +215,50 @@ class Runtime:
 
     async def _pump(self, chan: trio.MemoryReceiveChannel[Announcement]) -> None:
         async for ann in chan:
-            self.book.add(ann)
+            await self.intake.take(ann)
+
+    async def _solver_peer_of(self, job_id: int) -> str | None:
+        """The peer id of the job's current solver, from the chain (None if none)."""
+        c = self.chain_client
+        if not 1 <= job_id <= await self.chain(c.market.job_count):  # ids start at 1
+            return None
+        job = await self.chain(c.market.get_job, job_id)
+        if int(job.solver, 16) == 0:
+            return None
+        return str((await self.chain(c.registry.node_of, job.solver)).peer_id)
+
+    # --- garbage collection ---------------------------------------------------------
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await trio.sleep(GC_EVERY_S)
+            try:
+                await self.collect_garbage()
+            except Exception as exc:  # retried on the next pass; never fatal
+                log.warning("gc_failed", error=repr(exc))
+
+    async def collect_garbage(self, part_max_age_s: float = PART_MAX_AGE_S) -> dict[str, int]:
+        """Delete stale interrupted downloads, and what was fetched for jobs that are
+        settled (final or cancelled, no dispute open). Only artifacts pinned for a
+        job ("job:N") are ever deleted here: what the node publishes stays."""
+        store = self.p2p.store
+        parts = await trio.to_thread.run_sync(store.gc_partials, part_max_age_s)
+        reasons = {r for rs in (await trio.to_thread.run_sync(store.pins)).values() for r in rs}
+        freed = 0
+        for reason in sorted(reasons):
+            if not reason.startswith("job:") or not reason[4:].isdigit():
+                continue
+            jid = int(reason[4:])
+            if jid not in self._settled:
+                job = await self.chain(self.chain_client.market.get_job, jid)
+                if job.status not in (JobStatus.FINALIZED, JobStatus.CANCELLED) \
+                        or job.open_disputes:
+                    continue
+                self._settled.add(jid)
+            freed += len(await trio.to_thread.run_sync(store.release, reason))
+        if parts or freed:
+            log.info("gc", partials=len(parts), artifacts=freed)
+        return {"partials": len(parts), "artifacts": freed}
 
     # --- chain -------------------------------------------------------------------
 
@@ -235,30 +343,61 @@ class Runtime:
         return [a if "/p2p/" in a else f"{a}/p2p/{info.peer_id}" for a in info.multiaddrs]
 
     async def fetch(self, artifact_id: str, hint_accounts: tuple[str, ...] = (),
-                    timeout: float = 120.0) -> Path:
-        """Fetch an artifact into the store (DHT providers first, then the hinted
-        registry nodes' addresses, then bootstrap peers) and return its path."""
+                    timeout: float = 120.0, expected_size: int | None = None,
+                    job_id: int | None = None) -> Path:
+        """Fetch an artifact into the store and return its path.
+
+        Sources in turn, each with a budget of its own so that none eats the
+        others' time: the hinted registry nodes first (the party who must serve,
+        e.g. the job's solver), then DHT providers, then bootstrap peers; again
+        until `timeout`. Verified chunks carry over from one source to the next.
+        The artifact is pinned for its job (`job_id`, or the job the book knows it
+        from), so garbage collection frees it once the job is settled.
+        """
         store = self.p2p.store
-        if store.has(artifact_id):
-            return store.path(artifact_id)
+        if not store.has(artifact_id):
+            await self._fetch_from_sources(artifact_id, hint_accounts, timeout, expected_size)
+        jid = job_id if job_id is not None else self.book.job_of(artifact_id)
+        if jid is not None and jid not in self._settled:
+            await trio.to_thread.run_sync(store.pin, artifact_id, f"job:{jid}")
+        return store.path(artifact_id)
+
+    def _budget(self, source: str, timeout: float) -> float:
+        share = 0.5 if source.startswith("hint") else 0.25
+        return max(5.0, timeout * share)
+
+    async def _fetch_from_sources(self, artifact_id: str, hint_accounts: tuple[str, ...],
+                                  timeout: float, expected_size: int | None) -> None:
+        deadline = trio.current_time() + timeout
         errors: list[str] = []
-        with trio.move_on_after(timeout):
-            while True:
-                candidates: list[list[str] | None] = [None]
-                for acct in hint_accounts:
+        for _round in range(1000):  # bounded; the deadline ends it long before
+            sources: list[tuple[str, list[str] | None]] = []
+            for acct in hint_accounts:
+                try:
+                    with trio.fail_after(max(1.0, min(10.0, deadline - trio.current_time()))):
+                        sources.append((f"hint {acct[:10]}", await self.peer_addrs_of(acct)))
+                except Exception as exc:  # a stale registry entry is not fatal
+                    errors.append(f"hint {acct[:10]}: {exc!r}")
+            sources.append(("dht", None))
+            if self.settings.bootstrap:
+                sources.append(("bootstrap", list(self.settings.bootstrap)))
+            for name, peers in sources:
+                left = deadline - trio.current_time()
+                if left <= 0:
+                    break
+                budget = min(left, self._budget(name, timeout))
+                with trio.move_on_after(budget) as scope:
                     try:
-                        candidates.append(await self.peer_addrs_of(acct))
-                    except Exception as exc:  # a stale registry entry is not fatal
-                        errors.append(repr(exc))
-                if self.settings.bootstrap:
-                    candidates.append(list(self.settings.bootstrap))
-                for peers in candidates:
-                    try:
-                        await self.p2p.fetch(artifact_id, peers=peers)
-                        return store.path(artifact_id)
+                        await self.p2p.fetch(artifact_id, peers=peers,
+                                             expected_size=expected_size)
+                        return
                     except Exception as exc:  # try the next source
-                        errors.append(f"{type(exc).__name__}: {exc}")
-                await trio.sleep(1.0)
+                        errors.append(f"{name}: {type(exc).__name__}: {exc}")
+                if scope.cancelled_caught:
+                    errors.append(f"{name}: not done in its {budget:.0f}s")
+            if trio.current_time() + 1.0 >= deadline:
+                break
+            await trio.sleep(1.0)
         raise PeerUnavailable(f"could not fetch artifact {artifact_id} in {timeout:.0f}s "
                               f"(last errors: {errors[-3:]}); is its provider running?")
 

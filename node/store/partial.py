@@ -141,6 +141,7 @@ class PartialDownload:
             os.close(self._fd)
             self._fd = -1
             self._log.close()
+        self.store._download_closed(self.manifest.artifact_id)
 
     def finish(self) -> str:
         """Check the whole-file hash and move the artifact into the store.

@@ -18,6 +18,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import BinaryIO
 
@@ -44,6 +45,7 @@ class ArtifactStore:
             d.mkdir(parents=True, exist_ok=True)
         self._pins_path = self.root / "pins.json"
         self._lock = threading.Lock()
+        self._active: Counter[str] = Counter()  # artifact id -> open PartialDownloads
 
     # --- lookup -------------------------------------------------------------
 
@@ -156,7 +158,16 @@ class ArtifactStore:
             raise ArtifactTooLarge(
                 f"artifact {manifest.artifact_id[:12]} has {manifest.size} bytes, over the "
                 f"store limit of {self.max_size}")
-        return PartialDownload(self, manifest)
+        part = PartialDownload(self, manifest)
+        with self._lock:
+            self._active[manifest.artifact_id] += 1
+        return part
+
+    def _download_closed(self, artifact_id: str) -> None:
+        with self._lock:
+            self._active[artifact_id] -= 1
+            if self._active[artifact_id] <= 0:
+                del self._active[artifact_id]
 
     def part_manifest(self, artifact_id: str) -> Manifest | None:
         """The manifest of an interrupted download of `artifact_id`, if one exists."""
@@ -201,6 +212,48 @@ class ArtifactStore:
             pins = self._read_pins()
             self._write_pins({k: [r for r in v if r != reason] for k, v in pins.items()})
 
+    def release(self, reason: str) -> list[str]:
+        """Drop `reason` from every artifact and delete those it alone kept.
+
+        Only artifacts that were pinned for `reason` are touched: what was never
+        pinned (e.g. what this node publishes itself) stays. Returns deleted ids.
+        """
+        with self._lock:
+            pins = self._read_pins()
+            freed = [k for k, v in pins.items() if reason in v and set(v) == {reason}]
+            self._write_pins({k: [r for r in v if r != reason] for k, v in pins.items()})
+            for aid in freed:
+                self._delete(aid)
+        if freed:
+            log.info("store_released", reason=reason, removed=len(freed))
+        return freed
+
+    def _delete(self, aid: str) -> None:
+        self.path(aid).unlink(missing_ok=True)
+        (self.manifests_dir / f"{aid}.json").unlink(missing_ok=True)
+
+    def gc_partials(self, max_age_s: float) -> list[str]:
+        """Delete interrupted downloads untouched for `max_age_s` (not open ones, not
+        pinned ones). Returns their artifact ids."""
+        now = time.time()
+        removed: list[str] = []
+        with self._lock:
+            pinned = set(self._read_pins())
+            for p in self.parts_dir.glob("*.manifest.json"):
+                aid = p.name.split(".")[0]
+                if aid in pinned or aid in self._active:
+                    continue
+                files = [self.parts_dir / f"{aid}{s}" for s in (".part", ".verified",
+                                                               ".manifest.json")]
+                touched = max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
+                if now - touched > max_age_s:
+                    for f in files:
+                        f.unlink(missing_ok=True)
+                    removed.append(aid)
+        if removed:
+            log.info("store_gc_partials", removed=len(removed))
+        return removed
+
     def pins(self) -> dict[str, list[str]]:
         with self._lock:
             return self._read_pins()
@@ -215,15 +268,11 @@ class ArtifactStore:
             removed: list[str] = []
             for aid in self.ids():
                 if aid not in pinned:
-                    self.path(aid).unlink(missing_ok=True)
-                    (self.manifests_dir / f"{aid}.json").unlink(missing_ok=True)
+                    self._delete(aid)
                     removed.append(aid)
             now = time.time()
-            for p in self.parts_dir.glob("*.manifest.json"):
-                aid = p.name.split(".")[0]
-                if aid not in pinned and now - p.stat().st_mtime > part_max_age_s:
-                    for suffix in (".part", ".verified", ".manifest.json"):
-                        (self.parts_dir / f"{aid}{suffix}").unlink(missing_ok=True)
+        self.gc_partials(part_max_age_s)
+        with self._lock:
             for p in self.tmp_dir.iterdir():  # leftovers of crashed writes
                 if now - p.stat().st_mtime > 3600:
                     p.unlink(missing_ok=True)
