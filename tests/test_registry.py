@@ -1,12 +1,18 @@
-"""NodeRegistry against anvil: every function's success path and every revert."""
+"""NodeRegistry against anvil: every function's success path and every revert, the
+append-only sortition pool and the stake-weighted draw."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
+from eth_abi import encode as abi_encode
+from eth_utils import keccak
 
 from devnet.params import TOKEN
-from devnet.testing import LocalChain
-from node.chain.contracts import SOLVER, VERIFIER
+from devnet.testing import LocalChain, job_terms
+from node.chain.contracts import SOLVER, VERIFIER, NodeInfo
 from node.errors import ContractRevert
 
 
@@ -16,7 +22,7 @@ def revert(fn, *args):  # type: ignore[no-untyped-def]
     return e.value
 
 
-def test_register_update_and_verifier_list(chain: LocalChain) -> None:
+def test_register_update_and_sortition_pool(chain: LocalChain) -> None:
     c = chain[1]
     reg = c.registry
     r = reg.register(SOLVER | VERIFIER, "12D3KooWa", ["/ip4/127.0.0.1/tcp/4001"], '{"gpu":1}')
@@ -25,15 +31,35 @@ def test_register_update_and_verifier_list(chain: LocalChain) -> None:
     info = reg.node_of(c.address)
     assert info.registered and info.roles == 3 and info.multiaddrs == ["/ip4/127.0.0.1/tcp/4001"]
     assert info.peer_id == "12D3KooWa" and info.profile == '{"gpu":1}'
-    assert c.address in reg.verifiers()
+    assert info.changed_at == r["blockNumber"]
     assert reg.isRegistered(c.address)
+    # registering costs nothing, so it buys no place in the pool: only staked verifiers
+    assert reg.verifiers() == [] and not reg.is_verifier(c.address)
+    min_v = int(reg.minVerifierStake())
+    c.stake(min_v - 1)
+    assert reg.verifiers() == [] and not reg.is_verifier(c.address)
+    c.stake(1)
+    assert reg.verifiers() == [c.address] and reg.is_verifier(c.address)
+    assert reg.verifierAt(0) == c.address
 
     assert revert(reg.register, 1, "x", [], "").error == "AlreadyRegistered"
-    reg.update_node(SOLVER, "12D3KooWb", [], "{}")
+    r = reg.update_node(SOLVER, "12D3KooWb", [], "{}")
     assert reg.node_of(c.address).peer_id == "12D3KooWb"
-    assert c.address not in reg.verifiers()  # dropped the role, left the list
+    assert reg.node_of(c.address).changed_at == r["blockNumber"]
+    assert not reg.is_verifier(c.address)  # dropped the role: no longer eligible...
+    assert reg.verifiers() == [c.address]  # ...but the pool is append-only
+    reg.update_node(VERIFIER, "12D3KooWb", [], "{}")
+    assert reg.is_verifier(c.address) and reg.verifiers() == [c.address]  # not twice
 
-    other = chain[2].registry
+    # a solver-only node with stake enters the pool once it takes the verifier role
+    s = chain.join(2, SOLVER, 3 * min_v)
+    assert reg.verifiers() == [c.address]
+    s.registry.update_node(SOLVER | VERIFIER, "p2", [], "")
+    assert reg.verifiers() == [c.address, s.address]
+    assert int(reg.verifierCount()) == 2
+    assert revert(reg.verifierAt, 2).error == "Panic"  # out of bounds
+
+    other = chain[3].registry
     assert revert(other.update_node, 1, "p", [], "").error == "NotRegistered"
     assert revert(other.register, 0, "p", [], "").error_args == {"roles": 0}
     assert revert(other.register, 4, "p", [], "").error == "InvalidRoles"
@@ -60,17 +86,24 @@ def test_stake_thresholds_unbond_and_withdraw(chain: LocalChain) -> None:
     e = revert(reg.request_unbond, min_solver + 1)
     assert e.error == "InsufficientFreeStake" and e.error_args["needed"] == min_solver + 1
     assert revert(reg.withdraw_unbonded).error == "NothingToWithdraw"
-    reg.request_unbond(10 * TOKEN)
+    r = reg.request_unbond(10 * TOKEN)
     assert int(reg.unbondingStake(c.address)) == 10 * TOKEN
+    assert reg.node_of(c.address).changed_at == r["blockNumber"]
     assert not reg.is_solver(c.address)  # unbonding stake no longer counts
+    min_v = int(reg.minVerifierStake())
+    assert reg.is_verifier(c.address)
+    reg.request_unbond(min_solver - 10 * TOKEN - min_v + 1)  # free: min_v - 1
+    assert not reg.is_verifier(c.address)
+    assert c.address in reg.verifiers()  # still in the pool; the draw checks eligibility
     e = revert(reg.withdraw_unbonded)
     assert e.error == "UnbondNotReady"
     chain.advance(int(reg.unbondDelay()) - 5)
     assert revert(reg.withdraw_unbonded).error == "UnbondNotReady"
     chain.advance(10)
     r = reg.withdraw_unbonded()
-    assert reg.events(r, "UnbondWithdrawn")[0]["args"]["amount"] == 10 * TOKEN
-    assert tok.balance_of(c.address) == before - min_solver + 10 * TOKEN
+    unbonded = min_solver - min_v + 1
+    assert reg.events(r, "UnbondWithdrawn")[0]["args"]["amount"] == unbonded
+    assert tok.balance_of(c.address) == before - min_solver + unbonded
     held, owed = chain.conservation()
     assert held == owed
 
@@ -81,7 +114,8 @@ def test_only_market_and_dispute_move_stake(chain: LocalChain) -> None:
         reg = chain[i].registry
         for fn, args in (("lock", (victim.address, 1)), ("unlock", (victim.address, 1)),
                          ("slash", (victim.address, 1, reg.address)),
-                         ("slashUnlocked", (victim.address, 1, chain[i].address))):
+                         ("slashUnlocked", (victim.address, 1, chain[i].address)),
+                         ("slashUnlockedBatch", ([victim.address], 1, reg.address))):
             e = revert(reg.transact, fn, *args)
             assert (e.error, e.error_args) == ("Unauthorized", {"caller": chain[i].address})
     assert victim.registry.free_stake(victim.address) == 200 * TOKEN
@@ -96,3 +130,116 @@ def test_authorities_are_fixed_once(chain: LocalChain) -> None:
     e = revert(stranger.registry.setAuthorized, stranger.address, stranger.address)
     assert e.error == "OwnableUnauthorizedAccount"
     assert revert(owner.market.setDisputeGame, stranger.address).error == "AlreadySet"
+
+
+def test_only_free_stake_makes_a_verifier(chain: LocalChain) -> None:
+    """Locked stake backs a bond and cannot be slashed by a jury or an attestor slash,
+    so it does not count toward verifier eligibility (it still does for a solver)."""
+    node = chain.join(1, SOLVER | VERIFIER, 200 * TOKEN)
+    reg = node.registry
+    min_v = int(reg.minVerifierStake())
+    sub = chain[5]
+    bps = node.market.market_params().bond_factor_bps
+    reward = (200 * TOKEN - min_v + 1) * 10_000 // bps + 1  # leaves min_v - 1 free
+    job = sub.post_job(job_terms(reward=reward, budget=0))
+    assert reg.is_verifier(node.address)
+    r = node.market.claim_job(job)
+    info = reg.node_of(node.address)
+    assert info.free_stake < min_v and info.free_stake + info.locked_stake == 200 * TOKEN
+    assert info.changed_at == r["blockNumber"]
+    assert not reg.is_verifier(node.address) and reg.is_solver(node.address)
+    node.stake(min_v)  # free stake again
+    assert reg.is_verifier(node.address)
+
+
+@dataclass
+class PoolView:
+    """What a draw reads from the registry, read once."""
+
+    pool: list[str]
+    nodes: dict[str, NodeInfo]
+    cap: int
+    min_v: int
+    attempts: int
+
+    @classmethod
+    def read(cls, reg: Any) -> PoolView:
+        pool = reg.verifiers()
+        return cls(pool, {a: reg.node_of(a) for a in pool}, int(reg.sortitionCap()),
+                   int(reg.minVerifierStake()), int(reg.DRAW_ATTEMPTS()))
+
+
+def _draw(v: PoolView, seed: bytes, want: int, pool_len: int, snapshot: int,
+          exclude: list[str]) -> list[str]:
+    """INodeRegistry.sortition as its NatSpec states it."""
+    pool, nodes, cap, min_v = v.pool, v.nodes, v.cap, v.min_v
+    pool_len = min(pool_len, len(pool))
+    picked: list[str] = []
+    for i in range(want * v.attempts):
+        if len(picked) >= min(want, pool_len):
+            break
+        r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
+        a = pool[r % pool_len]
+        n = nodes[a]
+        eligible = n.registered and n.roles & VERIFIER and n.free_stake >= min_v
+        if n.changed_at > snapshot or not eligible:
+            continue
+        if (r >> 128) % cap >= min(n.free_stake, cap):
+            continue
+        if a in picked or a in exclude:
+            continue
+        picked.append(a)
+    return picked
+
+
+def test_sortition_follows_its_spec(chain: LocalChain) -> None:
+    reg = chain.reader.registry
+    cap = int(reg.sortitionCap())
+    assert cap == 200 * TOKEN
+    stakes = {1: 50, 2: 80, 3: 200, 4: 400, 5: 120, 6: 100, 7: 150, 8: 90}
+    for i, amount in stakes.items():
+        chain.join(i, SOLVER | VERIFIER if i == 5 else VERIFIER, amount * TOKEN)
+    chain[6].registry.request_unbond(60 * TOKEN)  # below the minimum: in the pool, never drawn
+    chain[7].registry.update_node(SOLVER, "p7", [], "")  # dropped the role
+    snap = chain.w3.eth.block_number
+    snap_len = int(reg.verifierCount())
+    assert snap_len == 8
+    chain[8].stake(10 * TOKEN)  # moved after the snapshot: skipped by draws as of it
+    chain.join(9, VERIFIER, 100 * TOKEN)  # joined after it: beyond its pool length
+    a = chain.addresses
+    head = chain.w3.eth.block_number
+    cases = [(3, snap_len, snap, []), (3, snap_len, snap, [a[3], a[4]]),
+             (8, snap_len, snap, []), (3, 99, head, []), (1, snap_len, head, [a[1]]),
+             (0, snap_len, snap, []), (5, 0, snap, [])]
+    seen: set[str] = set()
+    view = PoolView.read(reg)
+    assert view.attempts == 8
+    for s in range(25):
+        seed = keccak(b"seed%d" % s)
+        for want, pool_len, snapshot, exclude in cases:
+            got = reg.sortition(seed, want, pool_len, snapshot, exclude)
+            assert got == _draw(view, seed, want, pool_len, snapshot, exclude), (s, want)
+            assert len(set(got)) == len(got) <= want and not set(got) & set(exclude)
+            if snapshot == snap:
+                assert not {a[6], a[7], a[8], a[9]} & set(got)
+            seen |= set(got)
+    assert {a[1], a[2], a[3], a[4], a[5], a[8], a[9]} <= seen
+    assert not {a[6], a[7]} & seen
+    # weight is capped free stake: the capped nodes are drawn about 4x as often as the
+    # minimum-stake one (a fixed set of seeds, so the counts are deterministic)
+    firsts = [reg.sortition(keccak(b"w%d" % s), 1, snap_len, snap, [])[:1] for s in range(120)]
+    count = {x: sum(f == [a[x]] for f in firsts) for x in (1, 3, 4)}
+    assert count[3] > 2 * count[1] and count[4] > 2 * count[1]
+
+
+def test_constructor_guards(chain: LocalChain) -> None:
+    owner = chain[0]
+    tok, zero = owner.token.address, "0x" + "00" * 20
+    ten_years = 10 * 365 * 86400
+    assert revert(owner.deploy, "NodeRegistry", zero, 60, 1, 1, 1).error == "ZeroAddress"
+    for delay, min_v, cap in ((60, 0, 1), (60, 10, 9), (ten_years + 1, 1, 1)):
+        e = revert(owner.deploy, "NodeRegistry", tok, delay, 1, min_v, cap)
+        assert e.error == "InvalidParams", (delay, min_v, cap)
+    reg = owner.deploy("NodeRegistry", tok, ten_years, 0, 10, 10)  # the bounds themselves
+    assert (int(reg.unbondDelay()), int(reg.minVerifierStake()), int(reg.sortitionCap())) == \
+        (ten_years, 10, 10)
