@@ -23,19 +23,24 @@ from devnet.localnet import REPO, TOKEN, LocalNet
 
 # dev account indices
 SUBMITTER, HONEST, CHEATER, VERIFIERS = 1, 2, 3, (4, 5, 6)
-NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "Attested", "Challenged",
-            "MidsPosted", "RangeNarrowed", "JuryDrawn", "VoteRevealed", "TimedOut",
-            "DisputeResolved", "JobReopened", "JobFinalized", "AttestorSlashed", "Slashed",
-            "JurorSlashed", "JobReclaimed", "DisputeMooted"}
-ALARM = {"Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut"}
+NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "CommitteeDrawn",
+            "Attested", "Challenged", "MidsPosted", "RangeNarrowed", "JuryRequested",
+            "JuryDrawn", "VoteRevealed", "TimedOut", "DisputeResolved", "RoundCondemned",
+            "RoundSettled", "RewardClaimed", "Burned", "JobReopened", "JobFinalized",
+            "AttestorSlashed", "Slashed", "JurorSlashed", "JobReclaimed"}
+ALARM = {"Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
+         "RoundCondemned", "Burned"}
 
 
 def demo_params() -> Any:
     """Windows short enough for a demo, long enough for 2 busy cores."""
     from devnet.params import DevnetParams
 
+    # Three verifiers: one committee seat, so two remain to judge a dispute (attestors
+    # never sit on its jury).
     return DevnetParams.model_validate({
-        "market": {"verification_window": 45, "sample_count": 6},
+        "market": {"verification_window": 45, "sample_count": 6, "attestors_per_job": 1,
+                   "dispute_grace": 20},
         "dispute": {"clock": 120, "commit_window": 30, "reveal_window": 30},
         "registry": {"unbond_delay": 3600}})
 

@@ -1,6 +1,8 @@
 """The verifier daemon: watch commits, replay the sampled segments from the
-solver's own checkpoints, attest or challenge, play bisection as challenger,
-serve on juries, finalize and withdraw.
+solver's own checkpoints, attest (once per job, when the seed's committee holds
+this verifier) or challenge (whatever other disputes are doing: a lost dispute
+binds only its own challenger), play bisection as challenger, draw and serve on
+juries, finalize, claim rewards and withdraw.
 
 Crash safety mirrors the solver's: ``verifier.json`` records jobs and disputes
 before the event cursor moves, and a vote's salt is on disk before its
@@ -16,7 +18,7 @@ from typing import Any
 
 import trio
 
-from node.chain.contracts import JobStatus, Phase, Side
+from node.chain.contracts import JobStatus, Phase, Side, Verdict
 from node.chain.events import ChainEvent, EventWatcher
 from node.errors import PolnetError
 from node.logs import get_logger
@@ -26,8 +28,9 @@ from verifier.evidence import Evidence, judge_segment
 
 log = get_logger("polnet.verifier")
 
-BENIGN_ATTEST = ("AlreadyAttested", "TooManyAttestors", "WindowClosed", "InvalidStatus")
-BENIGN_CHALLENGE = ("WindowClosed", "InvalidStatus", "SegmentAlreadyUpheld")
+BENIGN_ATTEST = ("AlreadyAttested", "NotInCommittee", "WindowClosed", "InvalidStatus")
+BENIGN_CHALLENGE = ("WindowClosed", "InvalidStatus", "ChallengerBarredFrom")
+BENIGN_CLAIM = ("NotAWinner", "AlreadyPaid")
 
 
 class Verifier:
@@ -85,7 +88,9 @@ class Verifier:
                     self._set(jid, phase="done")
                     await rt.withdraw_all()
                 continue
-            if info["phase"] == "checked" and now <= job.window_end \
+            # Challenges stay open while any dispute of the round is live.
+            open_ = now <= job.window_end or job.open_disputes > 0
+            if info["phase"] == "checked" and open_ \
                     and not info.get("challenged") and busy not in self._busy:
                 self._busy.add(busy)
                 nursery.start_soon(guarded, "_maybe_challenge", self._challenge_later, jid)
@@ -139,10 +144,9 @@ class Verifier:
                          reason=verdict.reason)
                 with self.state as st:
                     st["jobs"][key]["verdicts"][str(seg)] = passed
-                if passed:
-                    await rt.transact_ok(c.market.attest, jid, seg, benign=BENIGN_ATTEST)
             if not unjudged:
                 self._set(jid, phase="checked")
+                await self._maybe_attest(jid)
             else:
                 log.info("segments_unjudged", job=jid, segments=unjudged)
             await self._maybe_challenge(jid)
@@ -151,18 +155,34 @@ class Verifier:
         finally:
             self._busy.discard(f"j{jid}")
 
+    async def _maybe_attest(self, jid: int) -> None:
+        """One attestation per job, for the whole sample, if the seed's committee holds
+        us and every sampled segment passed."""
+        rt, c = self.rt, self.rt.chain_client
+        info = self.state.data["jobs"][str(jid)]
+        if info.get("attested") or not info["verdicts"] or not all(info["verdicts"].values()):
+            return
+        committee = [a.lower() for a in await rt.chain(c.market.committee_of, jid)]
+        if rt.address.lower() not in committee:
+            self._set(jid, attested="not in committee")
+            return
+        await rt.transact_ok(c.market.attest, jid, benign=BENIGN_ATTEST)
+        self._set(jid, attested=True)
+        log.info("attested", job=jid, segments=len(info["verdicts"]))
+
     async def _maybe_challenge(self, jid: int) -> None:
-        """Dispute one failing segment, unless a dispute on the job is already live:
-        one proven-invalid step reopens the job, so more would only be mooted."""
+        """Dispute one failing segment, whatever other disputes on the job are doing:
+        a dispute someone else loses (a solver's puppet, say) binds only them, and the
+        round's bond is settled once, paying the earliest-opened dispute the solver lost."""
         rt, c = self.rt, self.rt.chain_client
         info = self.state.data["jobs"][str(jid)]
         failing = [int(s) for s, ok in info["verdicts"].items() if not ok]
         if not failing or info.get("challenged"):
             return
-        await trio.sleep(random.uniform(0, 6))  # de-synchronise verifiers that saw the same
+        await trio.sleep(random.uniform(0, 2))  # spread transactions of verifiers that agree
         job = await rt.chain(c.market.get_job, jid)
-        if job.open_disputes > 0 or job.status != JobStatus.COMMITTED:
-            return  # someone is on it; look again next tick
+        if job.status != JobStatus.COMMITTED:
+            return
         ev = await self.evidence.for_job(jid, job)
         if ev is None:
             return
@@ -201,16 +221,19 @@ class Verifier:
             info = self.state.data["disputes"][key]
             d = await rt.chain(c.dispute.get_dispute, did)
             now = await rt.chain(c.timestamp)
-            if d.phase in (Phase.RESOLVED, Phase.MOOT):
+            if d.phase == Phase.RESOLVED:
+                won = d.verdict in (Verdict.INVALID, Verdict.SOLVER_TIMED_OUT)
+                if won and info["role"] == "challenger" and not await self._claim(d):
+                    return  # the round's bond is settled after its window: next tick
                 with self.state as st:
                     st["disputes"][key]["phase"] = "over"
-                log.info("dispute_over", dispute=did, solver_won=d.solver_won, role=info["role"])
+                log.info("dispute_over", dispute=did, verdict=d.verdict.name, role=info["role"])
                 await rt.withdraw_all()
                 return
-            if not await rt.chain(c.market.call, "isDisputeLive", did):
-                # The job was reopened by another dispute: end this one, unlock bonds.
-                await rt.transact_ok(c.dispute.abort_moot, did,
-                                     benign=("WrongPhase", "DisputeStillLive"))
+            if d.phase == Phase.DRAWING:
+                if await rt.chain(c.block_number) > d.draw_block:
+                    await rt.transact_ok(c.dispute.draw_jury, did,
+                                         benign=("WrongPhase", "JuryNotReady"))
                 return
             if d.phase == Phase.BISECTION:
                 if d.turn == Side.SOLVER and d.solver_clock_left == 0:
@@ -235,6 +258,21 @@ class Verifier:
         finally:
             self._busy.discard(f"d{did}")
 
+    async def _claim(self, d: Any) -> bool:
+        """Claim our reward once the round is settled; False while it is not yet."""
+        rt, c = self.rt, self.rt.chain_client
+        r = await rt.chain(c.market.round_info, d.job_id, (await rt.chain(
+            c.market.dispute_ref, d.id)).round)
+        if not r.settled:
+            job = await rt.chain(c.market.get_job, d.job_id)
+            if job.open_disputes == 0 and await rt.chain(c.timestamp) > job.window_end:
+                await rt.transact_ok(c.market.finalize, d.job_id,
+                                     benign=("InvalidStatus", "WindowNotOver", "DisputesOpen"))
+            return False
+        await rt.transact_ok(c.market.claim_reward, d.id, benign=BENIGN_CLAIM)
+        log.info("reward_claimed", dispute=d.id, paid=r.first_winner == d.id)
+        return True
+
     async def _choose(self, d: Any) -> None:
         """Walk the round's parts from lo, replaying each from the solver's own state
         at its start: dispute the first part whose end the solver's state disagrees
@@ -247,8 +285,19 @@ class Verifier:
         hashes = await self.rt.chain(c.dispute.posted_mids, d.id, d.mids_root,
                                      dep.deploy_block if dep is not None else 0)
         points = d.points
-        cur = await ev.state(d.lo, d.lo_hash)
-        assert cur is not None, "the low end of a live range is always a state we checked"
+        try:
+            cur = await ev.state(d.lo, d.lo_hash)
+        except PolnetError as exc:  # e.g. a committed start state that cannot be loaded
+            log.warning("low_state_unusable", dispute=d.id, step=d.lo, error=str(exc))
+            cur = None
+        if cur is None:
+            # Nothing to replay from: the first part is as disputable as any, and a
+            # state the solver cannot serve counts against it.
+            await self.rt.transact_ok(c.dispute.choose, d.id, 0, hashes,
+                                      benign=("NotYourTurn", "WrongPhase"))
+            log.info("part_chosen", dispute=d.id, disputed=[points[0], points[1]],
+                     why=f"state {d.lo} unusable")
+            return
         # Wait for the solver's mids a bounded share of our clock: a state the solver
         # does not serve counts against it, so then we dispute the part ending there.
         deadline = trio.current_time() + max(5.0, d.challenger_clock_left / 3)

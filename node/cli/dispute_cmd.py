@@ -39,7 +39,9 @@ def status(
                        "revealed": v.revealed, "valid": v.valid if v.revealed else None}
                       for j, v in zip(d.jury, d.votes, strict=True)],
             "valid_votes": d.valid_votes, "invalid_votes": d.invalid_votes,
-            "solver_won": d.solver_won if d.phase.name in ("RESOLVED",) else None}
+            "verdict": d.verdict.name.lower() if d.phase.name == "RESOLVED" else None,
+            "draw_block": d.draw_block if d.phase.name == "DRAWING" else None,
+            "solver_won": d.solver_won if d.phase.name == "RESOLVED" else None}
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return

@@ -22,6 +22,7 @@ from node.chain.events import ChainEvent, EventWatcher
 from node.errors import ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
+from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
@@ -119,7 +120,8 @@ class Solver:
                     self._set_phase(jid, "lost")
                 elif job.open_disputes == 0 and await self.rt.chain(c.timestamp) > job.window_end:
                     await self.rt.transact_ok(c.market.finalize, jid,
-                                              benign=("WrongStatus", "WindowOpen"))
+                                              benign=("InvalidStatus", "WindowNotOver",
+                                                      "DisputesOpen"))
         # A committed job still needs us (disputes), so it counts until it is paid.
         active = sum(1 for i in jobs.values()
                      if i["phase"] in ("training", "committing", "committed"))
@@ -270,10 +272,14 @@ class Solver:
             self._set_phase(jid, "committing")
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
-            await rt.transact_ok(
-                c.market.commit_result, jid, bytes.fromhex(manifest.root),
-                bytes.fromhex(manifest.final_state_hash), manifest.segment_count, manifest.k,
-                benign=("WrongStatus",))
+            leaves, tree = build_trace_tree(jid, manifest.k,
+                                            [bytes.fromhex(h) for h in manifest.state_hashes],
+                                            manifest.losses_e9)
+            if tree.root.hex() != manifest.root:
+                raise PolnetError(f"trace manifest root {manifest.root} is not its leaves' root")
+            # Benign: our commit already landed (a lost receipt, a restart after it mined).
+            await rt.transact_ok(c.market.commit_trace, jid, leaves, tree,
+                                 benign=("InvalidStatus",))
             job = await rt.chain(c.market.get_job, jid)
             if job.status == JobStatus.COMMITTED and job.solver.lower() == rt.address.lower():
                 self._set_phase(jid, "committed")
@@ -329,11 +335,17 @@ class Solver:
     async def _dispute_move(self, nursery: trio.Nursery, did: int) -> None:
         c = self.rt.chain_client
         d = await self.rt.chain(c.dispute.get_dispute, did)
-        if d.phase in (Phase.RESOLVED, Phase.MOOT):
+        if d.phase == Phase.RESOLVED:
             with self.state as st:
                 st["disputes"].remove(did)
-            log.info("dispute_over", dispute=did, solver_won=d.solver_won)
+            log.info("dispute_over", dispute=did, verdict=d.verdict.name)
             await self.rt.withdraw_all()
+            return
+        if d.phase == Phase.DRAWING:
+            # Anyone may draw; the seed is fixed, so whoever sends it gets the same jury.
+            if await self.rt.chain(c.block_number) > d.draw_block:
+                await self.rt.transact_ok(c.dispute.draw_jury, did,
+                                          benign=("WrongPhase", "JuryNotReady"))
             return
         key = f"d{did}"
         if d.phase == Phase.BISECTION and d.turn == Side.SOLVER and key not in self._busy:

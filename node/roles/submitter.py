@@ -11,7 +11,7 @@ from typing import Any
 import trio
 
 from node.chain.client import ChainClient
-from node.chain.contracts import JobStatus
+from node.chain.contracts import JobStatus, JobTerms
 from node.chain.events import EventWatcher
 from node.datasets import dataset_hash
 from node.errors import ConfigError, IntegrityError, SpecError
@@ -50,6 +50,15 @@ def check_request(req: JobRequest) -> JobSpec:
     return spec
 
 
+def initial_hash(spec: JobSpec, dataset_path: Path) -> bytes:
+    """S_0's hash: the job fixes it on chain so no solver starts from weights of its own."""
+    from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
+    from node.train.step import TrainContext, initial_state_hash  # noqa: PLC0415
+
+    ds = load_dataset(dataset_path, spec.dataset_hash)
+    return initial_state_hash(TrainContext.create(spec, ds))
+
+
 async def post(rt: Runtime, req: JobRequest) -> int:
     """Store and advertise the job's inputs, then escrow and post it; returns the job id."""
     spec = check_request(req)
@@ -63,8 +72,12 @@ async def post(rt: Runtime, req: JobRequest) -> int:
         raise ConfigError(f"account {rt.address} holds {balance} token wei but the job needs "
                           f"{total} (reward + budget): fund it or lower --reward")
     await rt.chain(c.token.ensure_allowance, c.market.address, total)
-    job_id = await rt.chain(c.market.post_job, spec.spec_hash(), bytes.fromhex(ds_id),
-                            req.reward, req.budget, req.solve_duration)
+    init_hash = await trio.to_thread.run_sync(initial_hash, spec, req.dataset_path)
+    terms = JobTerms(spec_hash=spec.spec_hash(), dataset_hash=bytes.fromhex(ds_id),
+                     reward=req.reward, verification_budget=req.budget,
+                     solve_duration=req.solve_duration, total_steps=spec.total_steps,
+                     steps_per_segment=spec.checkpoint_interval, init_state_hash=init_hash)
+    job_id = await rt.chain(c.market.post_job, terms)
     await rt.p2p.announce("job_posted", JobPosted(job_id=job_id,
                                                   spec_hash="0x" + spec_id, dataset_id=ds_id,
                                                   spec_id=spec_id))
