@@ -1,13 +1,18 @@
 """DisputeGame against anvil: every transition and revert, the chess clock, the
-jury draw, commit-reveal, each settlement outcome, moot disputes, and that the
-pull payments add up to exactly the tokens that moved.
+jury request and draw, commit-reveal, each verdict (Valid, Invalid,
+SolverTimedOut, Void), the one settlement per round that the market makes
+afterwards (``finalize`` + ``claimReward``), and that the pull payments add up
+to exactly the tokens that moved (burned tokens included).
 
 The module deploys its own contracts on the session anvil (``anvil`` fixture)
-with a verification window longer than a whole dispute: with the devnet
-defaults (window 60 s, clock 60 s per side) no dispute can end inside the
-window, so ``SegmentAlreadyUpheld`` would be unreachable. Each test runs in an
-anvil snapshot that is reverted afterwards. Time is moved with
-``evm_setNextBlockTimestamp`` / ``evm_mine`` so clock boundaries are exact.
+with a verification window longer than a whole dispute, so a dispute's end and
+the round's settlement are separate steps, and with 20 funded accounts: 14
+verifiers at the sortition cap besides the parties, so a committee of 3 and a
+jury of 3 are always filled however the seed falls (the draws are random:
+every test reads the committee and the jury from the chain and re-derives them
+in Python from the documented rule). Each test runs in an anvil snapshot that
+is reverted afterwards. Time is moved with ``evm_setNextBlockTimestamp`` /
+``evm_mine`` so clock boundaries are exact.
 """
 
 from __future__ import annotations
@@ -25,31 +30,41 @@ from web3.types import TxReceipt
 from devnet.anvil import AnvilProcess, dev_accounts
 from devnet.deploy import CONTRACTS, constructor_args, deploy_all
 from devnet.params import TOKEN, DevnetParams
-from devnet.testing import LocalChain
+from devnet.testing import LocalChain, fake_trace, job_terms
 from node.chain.artifacts import artifacts_dir
-from node.chain.contracts import SOLVER, VERIFIER, DisputeState, JobStatus, Phase, Side
+from node.chain.contracts import (
+    SOLVER,
+    VERIFIER,
+    DisputeState,
+    JobStatus,
+    Phase,
+    Side,
+    Verdict,
+)
 from node.chain.rpc import make_web3
 from node.errors import ChainError, ContractRevert
-from node.proof import MerkleTree, TraceLeaf, build_trace_tree
+from node.proof import MerkleTree, TraceLeaf
 
 BPS = 10_000
 ZERO = bytes(32)
-SPEC, DATA = keccak(b"dispute-spec"), keccak(b"dispute-data")
+ZERO_ADDR = "0x" + "00" * 20
+BURN = "0x000000000000000000000000000000000000dEaD"
 # Odd wei amounts so that every bps split and pool division leaves rounding dust.
-REWARD, BUDGET, DURATION = 100 * TOKEN + 7, 30 * TOKEN, 3600
+REWARD, BUDGET, DURATION = 100 * TOKEN + 7, 30 * TOKEN + 1, 3600
 # sampleCount (8) >= SEGMENTS: every segment is sampled. k = 16 with fanout 4: two rounds
 # of three mids (16 -> 4 -> 1 steps), so first, middle and last parts are all reachable.
 SEGMENTS, K, FANOUT = 4, 16, 4
 SEG = 1  # the segment disputed by default
 
 # dev accounts: 0 deploys; the rest play these roles
-SOLVER_I, CHAL, CHAL2, SUBMITTER, OUTSIDER = 1, 2, 3, 8, 9
-VERIFIERS = (4, 5, 6, 7)
-ATTESTORS = (4, 5)  # attest the disputed segment(s)
+N_ACCOUNTS = 20
+SOLVER_I, CHAL, CHAL2, SUBMITTER, OUTSIDER = 1, 2, 3, 4, 5
+VERIFIERS = tuple(range(6, N_ACCOUNTS))
+VERIFIER_STAKE = 200 * TOKEN  # = the sortition cap: every draw attempt on one is accepted
 
 PARAMS = DevnetParams.model_validate({
-    "accounts": 10,
-    "registry": {"unbond_delay": 7200},  # longer than a whole dispute (see contracts/README)
+    "accounts": N_ACCOUNTS,
+    "registry": {"unbond_delay": 7200},  # > window + grace + a whole dispute (the game checks)
     "market": {"verification_window": 3600},
     "dispute": {"fanout": FANOUT},
 })
@@ -68,12 +83,16 @@ def dchain(anvil: AnvilProcess) -> LocalChain:
 
 def deploy_game(anvil: AnvilProcess, params: DevnetParams) -> LocalChain:
     """Fresh contracts on ``anvil``, every account funded, the roles registered."""
-    accts = dev_accounts(10)
-    dep = deploy_all(make_web3(anvil.url), accts[0], params, fund=accts, rpc_url=anvil.url)
+    accts = dev_accounts(N_ACCOUNTS)
+    w3 = make_web3(anvil.url)
+    for a in accts:  # the session anvil funds only its first 10 accounts with ether
+        w3.provider.make_request("anvil_setBalance",  # type: ignore[arg-type]
+                                 [a.address, hex(10**24)])
+    dep = deploy_all(w3, accts[0], params, fund=accts, rpc_url=anvil.url)
     c = LocalChain(anvil, dep)
-    c.join(SOLVER_I, SOLVER | VERIFIER, 500 * TOKEN)  # a verifier too: the draw must skip it
+    c.join(SOLVER_I, SOLVER | VERIFIER, 500 * TOKEN)  # a verifier too: the draws must skip it
     for i in (CHAL, CHAL2, *VERIFIERS):
-        c.join(i, VERIFIER, 100 * TOKEN)
+        c.join(i, VERIFIER, VERIFIER_STAKE)
     return c
 
 
@@ -108,8 +127,8 @@ def ts_of(c: LocalChain, r: TxReceipt) -> int:
     return int(c.w3.eth.get_block(r["blockNumber"])["timestamp"])
 
 
-def idx(c: LocalChain, addr: str) -> int:
-    return c.addresses.index(addr)
+def idx(c: LocalChain, a: str) -> int:
+    return c.addresses.index(a)
 
 
 def addr(c: LocalChain, i: int) -> str:
@@ -118,6 +137,11 @@ def addr(c: LocalChain, i: int) -> str:
 
 def state(c: LocalChain, did: int) -> DisputeState:
     return c.reader.dispute.get_dispute(did)
+
+
+def gp(c: LocalChain) -> Any:
+    """The game's Params (web3 struct, camelCase)."""
+    return c.reader.dispute.call("params")
 
 
 def ev(c: LocalChain, r: TxReceipt, event: str, contract: str = "dispute") -> list[Any]:
@@ -141,21 +165,34 @@ class Job:
     leaves: list[TraceLeaf]
     tree: MerkleTree
     bond: int
+    committee: list[str]
+    attestors: list[str]
 
 
-def new_job(c: LocalChain, k: int = K, attest: Sequence[int] = (SEG,)) -> Job:
-    """Post, claim and commit a job; ATTESTORS attest the segments in ``attest``."""
-    job = c[SUBMITTER].post_job(SPEC, DATA, REWARD, BUDGET, DURATION)
+def new_job(c: LocalChain, k: int = K, attest: bool = True, segments: int = SEGMENTS,
+            reward: int = REWARD) -> Job:
+    """Post, claim and commit a job, fix its seed (drawing the committee); the committee
+    attests unless ``attest`` is false. CHAL and CHAL2 touch their stake right after the
+    commit, so the committee (drawn from stake as of the commit block) never seats them:
+    the default challengers are never attestors of the job they dispute."""
+    m = c.reader.market
+    job = c[SUBMITTER].post_job(job_terms(reward, BUDGET, DURATION, segments, k))
     solver = c[SOLVER_I]
     solver.market.claim_job(job)
-    states = [keccak(b"S-%d-%d" % (job, i)) for i in range(SEGMENTS + 1)]
-    leaves, tree = build_trace_tree(job, k, states, [10**9 + i for i in range(SEGMENTS)])
-    solver.market.commit_result(job, tree.root, states[-1], SEGMENTS, k)
-    c.mine(c.reader.market.market_params().sample_lookahead + 1)
-    for seg in attest:
-        for i in ATTESTORS:
-            c[i].market.attest(job, seg)
-    return Job(job, leaves, tree, c.reader.market.get_job(job).bond)
+    leaves, tree = fake_trace(job, segments, k, tag=f"job{job}-")
+    solver.market.commit_trace(job, leaves, tree)
+    for i in (CHAL, CHAL2):
+        c[i].stake(1)
+    c.mine(m.market_params().sample_lookahead + 1)
+    c[OUTSIDER].market.fix_seed(job)
+    committee = m.committee_of(job)
+    assert len(committee) == m.market_params().attestors_per_job
+    assert not {addr(c, SOLVER_I), addr(c, CHAL), addr(c, CHAL2)} & set(committee)
+    if attest:
+        for a in committee:
+            c[idx(c, a)].market.attest(job)
+    return Job(job, leaves, tree, m.get_job(job).bond, list(committee),
+               list(m.attestors_of(job)))
 
 
 def challenge(c: LocalChain, job: Job, who: int = CHAL, seg: int = SEG) -> int:
@@ -170,7 +207,7 @@ def mids(c: LocalChain, did: int, tag: bytes = b"") -> list[bytes]:
 
 def bisect(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
     """Play the bisection down to one step, always disputing the first part (``lower``)
-    or the last; returns the receipt that drew the jury."""
+    or the last; returns the receipt that asked for the jury."""
     d = state(c, did)
     solver, chal = c[idx(c, d.solver)].dispute, c[idx(c, d.challenger)].dispute
     r: TxReceipt | None = None
@@ -179,7 +216,26 @@ def bisect(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
         solver.post_mids(did, hs)
         r = chal.choose(did, 0 if lower else len(hs), hs)
         d = state(c, did)
-    assert r is not None and d.phase == Phase.COMMIT
+    assert r is not None and d.phase == Phase.DRAWING
+    return r
+
+
+def draw(c: LocalChain, did: int) -> TxReceipt:
+    """Mine up to the dispute's seed block, then an outsider draws the jury."""
+    d = state(c, did)
+    assert d.phase == Phase.DRAWING
+    behind = d.draw_block - int(c.w3.eth.block_number)
+    if behind > 0:
+        c.mine(behind)
+    return c[OUTSIDER].dispute.draw_jury(did)
+
+
+def to_jury(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
+    """Bisect and draw; returns the draw's receipt (a full jury is asserted)."""
+    bisect(c, did, lower)
+    r = draw(c, did)
+    d = state(c, did)
+    assert d.phase == Phase.COMMIT and len(d.jury) == gp(c).jurySize
     return r
 
 
@@ -205,31 +261,84 @@ def run_jury(c: LocalChain, did: int, ballots: Sequence[Ballot]) -> TxReceipt:
     return c[OUTSIDER].dispute.resolve(did)
 
 
+def finalize(c: LocalChain, job: Job) -> TxReceipt:
+    """At the (possibly extended) window end, an outsider finalizes."""
+    end = c.reader.market.get_job(job.id).window_end
+    if c.timestamp() < end:
+        mine_at(c, end)
+    return c[OUTSIDER].market.finalize(job.id)
+
+
+# --- sortition, re-done in Python from INodeRegistry.sortition's documented rule ---------
+
+
+def py_sortition(c: LocalChain, seed: bytes, want: int, pool_len: int, snapshot: int,
+                 exclude: Sequence[str]) -> list[str]:
+    reg = c.reader.registry
+    pool = reg.verifiers()
+    pool_len = min(pool_len, len(pool))
+    cap = int(reg.call("sortitionCap"))
+    nodes = {a: reg.node_of(a) for a in set(pool[:pool_len])}
+    picked: list[str] = []
+    for i in range(want * int(reg.call("DRAW_ATTEMPTS"))):
+        if len(picked) >= min(want, pool_len):
+            break
+        r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
+        a = pool[r % pool_len]
+        n = nodes[a]
+        if n.changed_at > snapshot or not reg.is_verifier(a):
+            continue
+        if (r >> 128) % cap >= min(n.free_stake, cap):
+            continue
+        if a in picked or a in exclude:
+            continue
+        picked.append(a)
+    return picked
+
+
+def requested(c: LocalChain, r: TxReceipt) -> tuple[int, int, int]:
+    """(request block Q, draw block Q + lookahead, pool length) of the JuryRequested in r."""
+    (e,) = ev(c, r, "JuryRequested")
+    return r["blockNumber"], e["drawBlock"], e["poolLen"]
+
+
+def jury_seed(c: LocalChain, draw_block: int, did: int) -> bytes:
+    bh = bytes(c.w3.eth.get_block(draw_block)["hash"])
+    return keccak(abi_encode(["bytes32", "uint256"], [bh, did]))
+
+
 # --- money ----------------------------------------------------------------------------
 
 _PER_ACCOUNT = (("token", "balanceOf"), ("registry", "freeStake"), ("registry", "lockedStake"),
                 ("registry", "unbondingStake"), ("market", "credits"), ("dispute", "credits"))
 
 
+def holders(c: LocalChain) -> list[str]:
+    return [*c.addresses, BURN]
+
+
 def worth(c: LocalChain) -> dict[str, int]:
-    """Per account: tokens + every stake bucket + market and game credits."""
+    """Per account (and the burn address): tokens + every stake bucket + market and game
+    credits."""
     r = c.reader
-    calls = [(getattr(r, b), fn, (a,)) for a in c.addresses for b, fn in _PER_ACCOUNT]
+    calls = [(getattr(r, b), fn, (a,)) for a in holders(c) for b, fn in _PER_ACCOUNT]
     out = uints(c, calls)
     n = len(_PER_ACCOUNT)
-    return {a: sum(out[i * n:(i + 1) * n]) for i, a in enumerate(c.addresses)}
+    return {a: sum(out[i * n:(i + 1) * n]) for i, a in enumerate(holders(c))}
 
 
 def check_books(c: LocalChain) -> None:
-    """Each contract holds exactly what it owes; no token outside accounts + contracts."""
+    """Each contract holds exactly what it owes; no token outside accounts, contracts and
+    the burn address; the burn address holds exactly what the game burned."""
     r = c.reader
     cons = (r.registry, r.market, r.dispute)
     out = uints(c, [(r.token, "balanceOf", (b.address,)) for b in cons]
                 + [(b, "totalOwed", ()) for b in cons] + [(r.token, "totalSupply", ())]
-                + [(r.token, "balanceOf", (a,)) for a in c.addresses])
+                + [(r.token, "balanceOf", (a,)) for a in holders(c)])
     held, owed, supply, wallets = out[0:3], out[3:6], out[6], out[7:]
     assert held == owed, f"registry/market/game hold {held} but owe {owed}"
     assert sum(held) + sum(wallets) == supply
+    assert wallets[-1] == r.dispute.total_burned()
 
 
 def diff(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -245,88 +354,105 @@ def game_credits(c: LocalChain) -> dict[str, int]:
     return {a: v for a, v in zip(c.addresses, out, strict=True) if v}
 
 
-def expected(c: LocalChain, d: DisputeState, job: Job, *, solver_won: bool,
-             majority: Sequence[str], losers: Sequence[str], attestors: Sequence[str] = (),
-             submitter: str = "") -> tuple[dict[str, int], dict[str, int]]:
-    """(worth deltas, game credits) the settlement must produce, from the on-chain params."""
-    p = c.reader.dispute.call("params")
-    mp = c.reader.market.market_params()
-    minv = int(c.reader.registry.call("minVerifierStake"))
-    cut = minv * p.jurorSlashBps // BPS
+def juror_cut(c: LocalChain, job: Job) -> int:
+    """What a silent or minority juror loses: (solver bond + challenge bond) * bps."""
+    cb = c.reader.market.market_params().challenge_bond
+    return (job.bond + cb) * gp(c).jurorSlashBps // BPS
+
+
+def split(pool: int, among: Sequence[str], out: Counter[str]) -> None:
+    """The game's split: equal shares, the division dust to the first."""
+    if not among:
+        out[BURN] += pool
+        return
+    per = pool // len(among)
+    out[among[0]] += pool - per * (len(among) - 1)
+    for a in among[1:]:
+        out[a] += per
+
+
+def expected_resolve(c: LocalChain, d: DisputeState, job: Job, verdict: Verdict,
+                     majority: Sequence[str] = (), losers: Sequence[str] = ()
+                     ) -> tuple[dict[str, int], dict[str, int]]:
+    """(worth deltas, game credits) that ending dispute ``d`` with ``verdict`` must produce,
+    from the on-chain params. ``majority``: the jurors paid (on Void: those who revealed);
+    ``losers``: the jurors slashed."""
+    cb = c.reader.market.market_params().challenge_bond
+    cut = juror_cut(c, job)
     value: Counter[str] = Counter()
     cred: Counter[str] = Counter()
     pool = cut * len(losers)
     for j in losers:
         value[j] -= cut
-    if solver_won:
-        winner = d.solver
-        cb = mp.challenge_bond
-        to_jury = cb * p.jurorShareOfChallengerBondBps // BPS
+    if verdict == Verdict.VALID:
+        # INVARIANT under test: never to the solver; a share to the jury, the rest burned
+        to_jury = cb * gp(c).jurorShareOfChallengerBondBps // BPS if majority else 0
         value[d.challenger] -= cb
-        cred[winner] += cb - to_jury
-    else:
-        winner = d.challenger
-        to_jury = job.bond * p.jurorShareBps // BPS
-        to_sub = job.bond * p.submitterShareBps // BPS
-        value[d.solver] -= job.bond
-        cred[submitter or addr(c, SUBMITTER)] += to_sub
-        cred[winner] += job.bond - to_jury - to_sub
-        att = minv * mp.attestor_slash_bps // BPS
-        for a in attestors:  # paid to the challenger through the market
-            value[a] -= att
-            value[winner] += att
-    pool += to_jury
-    per = pool // len(majority) if majority else 0
-    for m in majority:
-        cred[m] += per
-    cred[winner] += pool - per * len(majority)
+        value[BURN] += cb - to_jury
+        pool += to_jury
+    split(pool, majority, cred)
+    burned = cred.pop(BURN, 0)
+    value[BURN] += burned
     for a, v in cred.items():
         value[a] += v
-    assert sum(value.values()) == 0  # a settlement only moves tokens
+    assert sum(value.values()) == 0  # ending a dispute only moves tokens
     return nonzero(value), nonzero(cred)
 
 
-def withdraw_all(c: LocalChain, settled: Sequence[TxReceipt]) -> None:
-    """Everyone pulls their game credit; the pulls equal the credits, the credits equal
-    the stake slashed into the game, and the game ends empty."""
+@dataclass
+class RoundSplit:
+    to_submitter: int
+    per_challenger: int
+    per_jury: int
+    attestor_cut: int
+
+
+def expected_round(c: LocalChain, job: Job, jury_wins: int, timeout_wins: int,
+                   attestors: Sequence[str] = ()) -> RoundSplit:
+    """IJobMarket's split of a condemned round's bond, from the on-chain params."""
+    mp = c.reader.market.market_params()
+    att = int(c.reader.registry.call("minVerifierStake")) * mp.attestor_slash_bps // BPS
+    to_sub = job.bond * mp.submitter_share_bps // BPS
+    jury_pot = job.bond * mp.juror_share_bps // BPS
+    ch_pot = job.bond - to_sub - jury_pot + att * len(attestors)
+    if jury_wins:
+        per_ch, per_jury, wins = ch_pot // jury_wins, jury_pot // jury_wins, jury_wins
+    else:
+        per_ch, per_jury, wins = (ch_pot + jury_pot) // timeout_wins, 0, timeout_wins
+    dust = ch_pot + jury_pot - (per_ch + per_jury) * wins
+    return RoundSplit(to_sub + dust, per_ch, per_jury, att)
+
+
+def majority_invalid(d: DisputeState) -> list[str]:
+    return [j for j, v in zip(d.jury, d.votes, strict=True) if v.revealed and not v.valid]
+
+
+def withdraw_all(c: LocalChain) -> None:
+    """Everyone pulls their game and market credit; the pulls equal the credits and both
+    contracts end owing nothing (the market still holds the open jobs' escrow)."""
     r = c.reader
-    credited = sum(e["amount"] for s in settled for e in ev(c, s, "Credited"))
-    slashed_in = sum(e["amount"] for s in settled for e in ev(c, s, "Slashed", "registry")
-                     if e["to"] == r.dispute.address)
-    assert credited == slashed_in == r.dispute.total_owed()
-    pulled = 0
-    for i, a in enumerate(c.addresses):
-        owed = r.dispute.credits(a)
-        if not owed:
-            assert revert(c[i].dispute.withdraw).error == "NothingToWithdraw"
-            continue
-        bal = r.token.balance_of(a)
-        assert c[i].dispute.withdraw() == owed
-        assert r.token.balance_of(a) == bal + owed
-        assert r.dispute.credits(a) == 0
-        pulled += owed
+    for which in ("dispute", "market"):
+        bound = getattr(r, which)
+        owed_total, pulled = bound.call("totalCredits"), 0
+        for i, a in enumerate(c.addresses):
+            owed = bound.credits(a)
+            if not owed:
+                if which == "dispute":
+                    assert revert(c[i].dispute.withdraw).error == "NothingToWithdraw"
+                continue
+            bal = r.token.balance_of(a)
+            assert getattr(c[i], which).withdraw() == owed
+            assert r.token.balance_of(a) == bal + owed and bound.credits(a) == 0
+            pulled += owed
+        assert pulled == owed_total and bound.call("totalCredits") == 0
         check_books(c)
-    assert pulled == credited
     assert r.dispute.total_owed() == 0 == r.token.balance_of(r.dispute.address)
 
 
-def py_draw_jury(c: LocalChain, seed: bytes, solver: str, challenger: str) -> list[str]:
-    """DisputeGame.drawJury re-done in Python from its documented rule."""
-    reg = c.reader.registry
-    verifiers = reg.verifiers()
-    want = c.reader.dispute.call("params").jurySize
-    slots = list(range(len(verifiers)))
-    jury: list[str] = []
-    for i in range(len(verifiers)):
-        if len(jury) >= want:
-            break
-        h = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
-        r = i + h % (len(verifiers) - i)
-        slots[i], slots[r] = slots[r], slots[i]
-        a = verifiers[slots[i]]
-        if a not in (solver, challenger) and reg.is_verifier(a):
-            jury.append(a)
-    return jury
+def assert_window_kept_open(c: LocalChain, job: Job, r: TxReceipt) -> None:
+    """Every dispute end leaves the others at least disputeGrace of window."""
+    grace = c.reader.market.market_params().dispute_grace
+    assert c.reader.market.get_job(job.id).window_end >= ts_of(c, r) + grace
 
 
 # --- construction and access ----------------------------------------------------------
@@ -334,16 +460,24 @@ def py_draw_jury(c: LocalChain, seed: bytes, solver: str, challenger: str) -> li
 
 def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
     r = c.reader
-    job = new_job(c, attest=())
+    job = new_job(c, attest=False)
     addrs = {n: c.deployment.address_of(n) for n in CONTRACTS}
-    bad = PARAMS.dispute.model_copy(update={"challenger_share_bps": 5_001})
-    assert revert(c[0].deploy, "DisputeGame",
-                  *constructor_args("DisputeGame", addrs, bad)).error == "InvalidParams"
-    for update in ({"clock": 0}, {"fanout": 1}, {"fanout": 65}):
+
+    def deploy(update: dict[str, int]) -> Any:
         bad = PARAMS.dispute.model_copy(update=update)
-        assert revert(c[0].deploy, "DisputeGame",
-                      *constructor_args("DisputeGame", addrs, bad)).error == "InvalidParams"
-    zero = {**addrs, "NodeRegistry": "0x" + "00" * 20}
+        return c[0].deploy("DisputeGame", *constructor_args("DisputeGame", addrs, bad))
+
+    for update in ({"clock": 0}, {"fanout": 1}, {"fanout": 65}, {"quorum": 0},
+                   {"quorum": 4}, {"jury_size": 0}, {"jury_size": 16}, {"jury_lookahead": 0},
+                   {"jury_lookahead": 129}, {"juror_slash_bps": 10_001},
+                   {"juror_share_of_challenger_bond_bps": 10_001}, {"commit_window": 0},
+                   {"reveal_window": 0}):
+        assert revert(deploy, update).error == "InvalidParams", update
+    # the unbonding delay (7200 s) must outlast window 3600 + grace 30 + 2 clocks + 60 + 60:
+    # a juror or attestor cannot walk away from a slash it has coming
+    assert revert(deploy, {"clock": 1_800}).error == "InvalidParams"  # 7350 >= 7200
+    deploy({"clock": 1_700})  # 7150 < 7200: fine
+    zero = {**addrs, "NodeRegistry": ZERO_ADDR}
     assert revert(c[0].deploy, "DisputeGame",
                   *constructor_args("DisputeGame", zero, PARAMS.dispute)).error == "ZeroAddress"
 
@@ -353,19 +487,20 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
     for who in (OUTSIDER, CHAL, SOLVER_I, 0):  # 0: the deployer / owner of everything
         e = revert(c[who].dispute.open, *args)
         assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
+        e = revert(c[who].dispute.transact, "creditJury", 1, 1)
+        assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
     assert int(r.dispute.call("disputeCount")) == 0
 
     for fn, extra in (("post_mids", ([keccak(b"x")],)), ("choose", (0, [])), ("timeout", ()),
-                      ("commit_vote", (True, ZERO)), ("reveal_vote", (True, ZERO)),
-                      ("resolve", ())):
+                      ("draw_jury", ()), ("commit_vote", (True, ZERO)),
+                      ("reveal_vote", (True, ZERO)), ("resolve", ())):
         e = revert(getattr(c[CHAL].dispute, fn), 99, *extra)
         assert (e.error, e.error_args) == ("UnknownDispute", {"id": 99}), fn
-    e = revert(c[OUTSIDER].dispute.abort_moot, 99)
-    assert (e.error, e.error_args) == ("WrongPhase", {"id": 99, "phase": Phase.NONE})
     assert revert(c[OUTSIDER].dispute.withdraw).error == "NothingToWithdraw"
 
     did = challenge(c, job)  # through the market: works, ids start at 1
     assert did == 1 == int(r.dispute.call("disputeCount"))
+    assert r.dispute.challengerOf(did) == addr(c, CHAL)
     check_books(c)
 
 
@@ -373,7 +508,7 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
 
 
 def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
-    job = new_job(c, attest=())
+    job = new_job(c, attest=False)
     did = challenge(c, job)
     solver, chal, out = c[SOLVER_I].dispute, c[CHAL].dispute, c[OUTSIDER].dispute
     d = state(c, did)
@@ -384,11 +519,12 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     assert (d.start_step, d.end_step, d.lo, d.hi) == (lo0, hi0, lo0, hi0)
     assert (d.lo_hash, d.hi_hash, d.mids_root) == (job.leaves[SEG].state_hash,
                                                    job.leaves[SEG + 1].state_hash, ZERO)
-    assert (d.phase, d.turn, d.rounds, d.jury, d.votes) == (Phase.BISECTION, Side.SOLVER, 0,
-                                                            [], [])
+    assert (d.phase, d.turn, d.rounds, d.jury, d.votes, d.verdict, d.draw_block) == (
+        Phase.BISECTION, Side.SOLVER, 0, [], [], Verdict.NONE, 0)
     q = K // FANOUT
     assert d.mid_steps == [lo0 + q, lo0 + 2 * q, lo0 + 3 * q]
     assert c.reader.dispute.call("midSteps", did) == d.mid_steps
+    assert revert(out.draw_jury, did).error_args == {"id": did, "phase": Phase.BISECTION}
 
     # solver to move: nobody else may; exactly parts - 1 non-zero hashes
     m1 = mids(c, did)
@@ -429,7 +565,7 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     d = state(c, did)
     assert (d.lo, d.hi, d.lo_hash, d.hi_hash, d.mids_root, d.turn, d.rounds) == (
         pts[1], pts[2], m1[0], m1[1], ZERO, Side.SOLVER, 1)
-    assert d.phase == Phase.BISECTION and not ev(c, r, "JuryDrawn")
+    assert d.phase == Phase.BISECTION and not ev(c, r, "JuryRequested")
     assert d.mid_steps == [pts[1] + 1, pts[1] + 2, pts[1] + 3]
 
     m2 = mids(c, did)
@@ -438,16 +574,22 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     d = state(c, did)
     assert (d.lo, d.hi, d.lo_hash, d.hi_hash) == (pts[2] - 1, pts[2], m2[-1], m1[1])
     assert d.rounds == 2 and d.mid_steps == []
-    assert d.phase == Phase.COMMIT and len(ev(c, r, "JuryDrawn")) == 1
-    assert d.jury_seed not in (ZERO, d.lo_hash, d.hi_hash)
+    # one step left: the jury is requested, not drawn (its seed is a later block's hash)
+    q_block, draw_block, pool_len = requested(c, r)
+    assert d.phase == Phase.DRAWING and not ev(c, r, "JuryDrawn") and d.jury == []
+    assert draw_block == d.draw_block == q_block + gp(c).juryLookahead
+    assert pool_len == len(c.reader.registry.verifiers())
+    assert d.jury_seed == ZERO
 
     # bisection is over
     moves: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
-        (solver.post_mids, ([keccak(b"m3")],)), (chal.choose, (0, m2)), (out.timeout, ())]
+        (solver.post_mids, ([keccak(b"m3")],)), (chal.choose, (0, m2)), (out.timeout, ()),
+        (out.commit_vote, (True, ZERO)), (out.resolve, ())]
     for fn, args in moves:
         e = revert(fn, did, *args)
-        assert (e.error, e.error_args) == ("WrongPhase", {"id": did, "phase": Phase.COMMIT})
-    assert revert(out.abort_moot, did).error == "DisputeStillLive"
+        assert (e.error, e.error_args) == ("WrongPhase", {"id": did, "phase": Phase.DRAWING})
+    draw(c, did)
+    assert state(c, did).phase == Phase.COMMIT
     assert revert(out.commit_vote, did, True, ZERO).error == "NotJuror"
     check_books(c)
 
@@ -457,8 +599,9 @@ def test_every_part_choice_keeps_the_ends_the_solver_posted(c: LocalChain,
                                                            parts_seq: list[int]) -> None:
     """Whichever parts are chosen, the final one-step range's end hashes are the start
     state, a posted mid or the disputed end state, at the matching steps (the three
-    rotating hash words never lose one)."""
-    job = new_job(c, attest=())
+    rotating hash words never lose one, not even when the request stores its block and
+    the draw its seed in the third)."""
+    job = new_job(c, attest=False)
     did = challenge(c, job)
     known = {SEG * K: job.leaves[SEG].state_hash, (SEG + 1) * K: job.leaves[SEG + 1].state_hash}
     for part in parts_seq:
@@ -470,7 +613,11 @@ def test_every_part_choice_keeps_the_ends_the_solver_posted(c: LocalChain,
         nd = state(c, did)
         assert (nd.lo, nd.hi) == (d.points[part], d.points[part + 1])
         assert (nd.lo_hash, nd.hi_hash) == (known[nd.lo], known[nd.hi])
-    assert state(c, did).phase == Phase.COMMIT
+    assert state(c, did).phase == Phase.DRAWING
+    draw(c, did)
+    nd = state(c, did)
+    assert nd.phase == Phase.COMMIT and (nd.lo_hash, nd.hi_hash) == (known[nd.lo], known[nd.hi])
+    assert nd.jury_seed not in (ZERO, nd.lo_hash, nd.hi_hash)
 
 
 def test_uneven_ranges_and_plain_bisection(c: LocalChain) -> None:
@@ -478,7 +625,7 @@ def test_uneven_ranges_and_plain_bisection(c: LocalChain) -> None:
     divide evenly use p_j = lo + span * j // parts, and a short range uses every step."""
     c2 = deploy_game(c.anvil, PARAMS.model_copy(update={"dispute": PARAMS.dispute.model_copy(
         update={"fanout": 2})}))
-    job = new_job(c2, k=10, attest=())
+    job = new_job(c2, k=10, attest=False)
     did = challenge(c2, job)
     seen = []
     while (d := state(c2, did)).phase == Phase.BISECTION:
@@ -489,9 +636,10 @@ def test_uneven_ranges_and_plain_bisection(c: LocalChain) -> None:
         c2[SOLVER_I].dispute.post_mids(did, hs)
         c2[CHAL].dispute.choose(did, 1, hs)
     assert seen == [(10, 20), (15, 20), (17, 20), (18, 20)] and (d.lo, d.hi) == (19, 20)
+    assert d.phase == Phase.DRAWING
 
     # fanout 4 over 10 steps: 2, 5, 7; then part [5, 7] has two parts, one mid
-    job = new_job(c, k=10, attest=())
+    job = new_job(c, k=10, attest=False)
     did = challenge(c, job)
     assert state(c, did).mid_steps == [12, 15, 17]
     hs = mids(c, did)
@@ -503,23 +651,24 @@ def test_uneven_ranges_and_plain_bisection(c: LocalChain) -> None:
     assert e.error_args == {"given": 3, "expected": 1}
 
 
-def test_single_step_segment_draws_the_jury_at_open(c: LocalChain) -> None:
-    job = new_job(c, k=1, attest=())
+def test_single_step_segment_requests_the_jury_at_open(c: LocalChain) -> None:
+    job = new_job(c, k=1, attest=False)
     did = challenge(c, job)
     d = state(c, did)
-    assert (d.lo, d.hi, d.rounds, d.phase) == (SEG, SEG + 1, 0, Phase.COMMIT)
-    assert len(d.jury) == c.reader.dispute.call("params").jurySize
-    assert d.mid_steps == []
+    assert (d.lo, d.hi, d.rounds, d.phase, d.mid_steps) == (SEG, SEG + 1, 0, Phase.DRAWING, [])
     e = revert(c[SOLVER_I].dispute.post_mids, did, [keccak(b"m")])
-    assert (e.error, e.error_args["phase"]) == ("WrongPhase", Phase.COMMIT)
+    assert (e.error, e.error_args["phase"]) == ("WrongPhase", Phase.DRAWING)
+    assert revert(c[OUTSIDER].dispute.timeout, did).error == "WrongPhase"  # no clock runs
+    draw(c, did)
+    assert len(state(c, did).jury) == gp(c).jurySize
 
 
 # --- chess clock ---------------------------------------------------------------------------
 
 
 def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
-    clock = c.reader.dispute.call("params").clock
-    job = new_job(c, attest=())
+    clock = gp(c).clock
+    job = new_job(c, attest=False)
     r = c[CHAL].market.transact("challenge", job.id, SEG, job.leaves[SEG].state_hash,
                                 job.leaves[SEG].loss_e9, job.tree.proof(SEG),
                                 job.leaves[SEG + 1].state_hash, job.leaves[SEG + 1].loss_e9,
@@ -568,16 +717,20 @@ def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
     assert ts_of(c, r) == expires
     assert ev(c, r, "TimedOut")[0]["loser"] == Side.SOLVER
     d = state(c, did)
-    assert (d.phase, d.solver_won, d.solver_clock_left) == (Phase.RESOLVED, False, 0)
+    assert (d.phase, d.verdict, d.solver_won, d.solver_clock_left) == (
+        Phase.RESOLVED, Verdict.SOLVER_TIMED_OUT, False, 0)
     assert d.challenger_clock_left == clock - 25
 
 
 # --- timeouts -------------------------------------------------------------------------------
 
 
-def test_solver_out_of_time_loses(c: LocalChain) -> None:
-    clock = c.reader.dispute.call("params").clock
-    m = c.reader.market
+def test_solver_out_of_time_condemns_the_round_without_a_jury(c: LocalChain) -> None:
+    """The solver loses on time: the challenger's bond comes back at once, the solver's
+    bond is split once, by finalize after the window; the attestors keep their stake
+    (nothing was proven), and the challenger's share is paid by claimReward."""
+    clock = gp(c).clock
+    m, reg = c.reader.market, c.reader.registry
     job = new_job(c)
     did = challenge(c, job)
     out = c[OUTSIDER].dispute
@@ -587,113 +740,256 @@ def test_solver_out_of_time_loses(c: LocalChain) -> None:
     e = revert(c[SOLVER_I].dispute.post_mids, did, mids(c, did))
     assert (e.error, e.error_args) == ("ClockExpired", {"id": did})
     d = state(c, did)
-    assert d.solver_clock_left == 0 and d.challenger_clock_left == clock
+    assert d.solver_clock_left == 0 and d.challenger_clock_left == gp(c).clock
     r = out.timeout(did)
     assert ev(c, r, "TimedOut")[0]["loser"] == Side.SOLVER
     (res,) = ev(c, r, "DisputeResolved")
-    assert (res["solverWon"], res["slashedBond"]) == (False, job.bond)
-
-    value, cred = expected(c, d, job, solver_won=False, majority=(), losers=(),
-                           attestors=[addr(c, i) for i in ATTESTORS])
-    assert diff(before, worth(c)) == value
-    assert game_credits(c) == cred
-    att = int(c.reader.registry.call("minVerifierStake")) * \
-        m.market_params().attestor_slash_bps // BPS
-    assert m.credits(addr(c, CHAL)) == len(ATTESTORS) * att
+    assert (res["verdict"], res["slashedBond"]) == (Verdict.SOLVER_TIMED_OUT, 0)
+    assert state(c, did).verdict == Verdict.SOLVER_TIMED_OUT
+    assert diff(before, worth(c)) == {}  # nothing moves yet ...
+    assert reg.locked_stake(addr(c, CHAL)) == 0  # ... but the challenge bond is free again
+    assert reg.locked_stake(addr(c, SOLVER_I)) == job.bond
+    assert [e["round"] for e in ev(c, r, "RoundCondemned", "market")] == [1]
+    ri = m.round_info(job.id, 1)
+    assert (ri.condemned, ri.sampled_invalid, ri.settled, ri.jury_wins, ri.timeout_wins) == (
+        True, False, False, 0, 1)
+    assert m.dispute_ref(did).verdict == Verdict.SOLVER_TIMED_OUT
+    assert_window_kept_open(c, job, r)
     j = m.get_job(job.id)
-    assert (j.status, j.solver, j.bond, j.open_disputes, j.round) == (
-        JobStatus.OPEN, "0x" + "00" * 20, 0, 0, 1)
-    assert m.totalEscrow() == escrow == REWARD + BUDGET  # the escrow stays for the next solver
-    assert c.reader.registry.locked_stake(addr(c, SOLVER_I)) == 0
-    assert c.reader.registry.locked_stake(addr(c, CHAL)) == 0  # the challenge bond is back
+    assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
     assert not m.isDisputeLive(did)
     assert revert(out.timeout, did).error == "WrongPhase"
+    e = revert(c[OUTSIDER].market.claim_reward, did)
+    assert (e.error, e.error_args) == ("RoundNotSettled", {"jobId": job.id, "round": 1})
+    e = revert(c[OUTSIDER].market.finalize, job.id)
+    assert e.error == "WindowNotOver"
     check_books(c)
-    withdraw_all(c, [r])
+
+    rf = finalize(c, job)
+    exp = expected_round(c, job, jury_wins=0, timeout_wins=1)
+    assert exp.per_jury == 0
+    assert diff(before, worth(c)) == {addr(c, SOLVER_I): -job.bond,
+                                      addr(c, SUBMITTER): exp.to_submitter}
+    assert not ev(c, rf, "AttestorSlashed", "market")
+    ri = m.round_info(job.id, 1)
+    assert (ri.settled, ri.per_challenger, ri.per_jury) == (True, exp.per_challenger, 0)
+    assert m.totalUnclaimed() == exp.per_challenger
+    j = m.get_job(job.id)
+    assert (j.status, j.solver, j.bond, j.open_disputes, j.round) == (
+        JobStatus.OPEN, ZERO_ADDR, 0, 0, 1)
+    assert m.totalEscrow() == escrow == REWARD + BUDGET  # the escrow stays for the next solver
+    assert reg.locked_stake(addr(c, SOLVER_I)) == 0
     check_books(c)
+
+    rc = c[OUTSIDER].market.claim_reward(did)  # anyone may trigger it; the challenger is paid
+    (rw,) = ev(c, rc, "RewardClaimed", "market")
+    assert (rw["challenger"], rw["amount"], rw["juryAmount"]) == (
+        addr(c, CHAL), exp.per_challenger, 0)
+    assert diff(before, worth(c)) == {addr(c, SOLVER_I): -job.bond,
+                                      addr(c, SUBMITTER): exp.to_submitter,
+                                      addr(c, CHAL): exp.per_challenger}
+    assert m.totalUnclaimed() == 0
+    assert revert(c[CHAL].market.claim_reward, did).error == "AlreadyPaid"
+    assert revert(c[CHAL].market.claim_reward, 99).error == "UnknownDispute"
+    check_books(c)
+    withdraw_all(c)
     c[SOLVER_I].market.claim_job(job.id)  # reopened: claimable again, a new round
     assert m.get_job(job.id).round == 2
 
 
-def test_challenger_out_of_time_loses_and_the_segment_is_upheld(c: LocalChain) -> None:
-    clock = c.reader.dispute.call("params").clock
+def test_challenger_out_of_time_burns_its_bond_and_bars_only_it(c: LocalChain) -> None:
+    """A lost challenge binds only the challenger who lost it; its bond never reaches the
+    solver (no jury decided: all of it is burned)."""
+    clock = gp(c).clock
     m = c.reader.market
+    cb = m.market_params().challenge_bond
     job = new_job(c)
     did = challenge(c, job)
     hs = mids(c, did)
     c[SOLVER_I].dispute.post_mids(did, hs)
     out = c[OUTSIDER].dispute
     assert revert(out.timeout, did).error == "ClockNotExpired"
-    before = worth(c)
+    before, burned = worth(c), c.reader.dispute.total_burned()
     c.advance(clock)
     e = revert(c[CHAL].dispute.choose, did, 0, hs)
     assert (e.error, e.error_args) == ("ClockExpired", {"id": did})
     d = state(c, did)
     r = out.timeout(did)
     assert ev(c, r, "TimedOut")[0]["loser"] == Side.CHALLENGER
-    assert ev(c, r, "DisputeResolved")[0]["solverWon"] is True
-    assert state(c, did).challenger_clock_left == 0
+    (res,) = ev(c, r, "DisputeResolved")
+    assert (res["verdict"], res["slashedBond"]) == (Verdict.VALID, cb)
+    assert ev(c, r, "Burned")[0]["amount"] == cb
+    assert state(c, did).challenger_clock_left == 0 and state(c, did).solver_won
 
-    value, cred = expected(c, d, job, solver_won=True, majority=(), losers=())
-    assert value == {addr(c, CHAL): -m.market_params().challenge_bond,
-                     addr(c, SOLVER_I): m.market_params().challenge_bond}
-    assert diff(before, worth(c)) == value and game_credits(c) == cred
+    value, cred = expected_resolve(c, d, job, Verdict.VALID)
+    assert value == {addr(c, CHAL): -cb, BURN: cb}  # not a wei to the solver
+    assert diff(before, worth(c)) == value and game_credits(c) == cred == {}
+    assert c.reader.dispute.total_burned() == burned + cb
+    assert ev(c, r, "ChallengerBarred", "market")[0]["challenger"] == addr(c, CHAL)
     j = m.get_job(job.id)
     assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
-    assert m.isUpheld(job.id, SEG) and not m.isUpheld(job.id, SEG + 1)
-    e = revert(challenge, c, job, CHAL2)
-    assert (e.error, e.error_args) == ("SegmentAlreadyUpheld", {"segment": SEG})
-    challenge(c, job, CHAL2, SEG + 1)  # another segment can still be disputed
+    assert not m.round_info(job.id, 1).condemned
+    assert_window_kept_open(c, job, r)
+    assert m.is_barred(job.id, SEG, addr(c, CHAL))
+    assert not m.is_barred(job.id, SEG, addr(c, CHAL2))
+    assert not m.is_barred(job.id, SEG + 1, addr(c, CHAL))
+    e = revert(challenge, c, job, CHAL)
+    assert (e.error, e.error_args) == ("ChallengerBarredFrom", {"segment": SEG,
+                                                                "challenger": addr(c, CHAL)})
+    e = revert(c[CHAL].market.claim_reward, did)
+    assert e.error == "RoundNotSettled"
+    # no free uphold: anyone else may still dispute the same segment, and CHAL another one
+    d2 = challenge(c, job, CHAL2)
+    d3 = challenge(c, job, CHAL, SEG + 1)
+    assert m.get_job(job.id).open_disputes == 2
+    assert state(c, d2).segment == SEG and state(c, d3).segment == SEG + 1
     check_books(c)
-    withdraw_all(c, [r])
+    withdraw_all(c)
 
 
 # --- jury -----------------------------------------------------------------------------------
 
 
-def test_jury_draw_excludes_the_parties_and_is_reproducible(c: LocalChain) -> None:
+def test_jury_is_drawn_after_the_lookahead_from_a_later_block_hash(c: LocalChain) -> None:
+    """The seed is keccak(blockhash(Q + lookahead), id): unknown to both parties at their
+    last move; the draw waits for that block, anyone may send it, and the jury is the
+    documented stake-weighted sortition without the parties and the job's attestors."""
     out = c[OUTSIDER]
     out.registry.register(VERIFIER, "12D3KooWout", [], "{}")  # listed, but no stake
     assert not out.registry.is_verifier(addr(c, OUTSIDER))
-    g = c.reader.dispute
-    p = g.call("params")
-    job = new_job(c, attest=())
+    g, m = c.reader.dispute, c.reader.market
+    p = gp(c)
+    job = new_job(c)
+    # the committee is the documented sortition too: stake as of the commit block
+    jv = m.get_job(job.id)
+    cseed = keccak(abi_encode(["bytes32", "string"], [jv.seed, "attest"]))
+    assert job.committee == py_sortition(c, cseed, len(job.committee), jv.pool_len,
+                                         jv.snapshot_block, [addr(c, SOLVER_I)])
+    assert job.attestors == job.committee
+
     did = challenge(c, job)
     r = bisect(c, did)
+    q_block, draw_block, pool_len = requested(c, r)
+    assert draw_block == q_block + p.juryLookahead
+    # enough blocks, not one fewer: the draw needs blockhash(draw_block) to exist
+    c.mine(draw_block - int(c.w3.eth.block_number) - 1)
+    e = revert(out.dispute.draw_jury, did)
+    assert (e.error, e.error_args) == ("JuryNotReady", {"drawBlock": draw_block})
+    c.mine(1)
+    rd = out.dispute.draw_jury(did)
+    assert rd["blockNumber"] == draw_block + 1
     d = state(c, did)
-    (e,) = ev(c, r, "JuryDrawn")
-    n = r["blockNumber"]
-    seed = keccak(abi_encode(["bytes32", "uint256"],
-                             [bytes(c.w3.eth.get_block(n - 1)["hash"]), did]))
+    (e,) = ev(c, rd, "JuryDrawn")
+    seed = jury_seed(c, draw_block, did)
     assert e["jurySeed"] == d.jury_seed == seed
-    assert list(e["jury"]) == d.jury == list(g.drawJury(seed, d.solver, d.challenger))
-    assert d.jury == py_draw_jury(c, seed, d.solver, d.challenger)
+    exclude: list[str] = [d.solver, d.challenger, *job.attestors]
+    assert list(e["jury"]) == d.jury == py_sortition(c, seed, p.jurySize, pool_len, q_block,
+                                                     exclude)
+    assert list(e["jury"]) == c.reader.registry.sortition(seed, p.jurySize, pool_len, q_block,
+                                                          exclude)
     assert len(d.jury) == len(set(d.jury)) == p.jurySize
-    assert not {d.solver, d.challenger, out.address} & set(d.jury)
-    assert d.commit_end == ts_of(c, r) + p.commitWindow
+    assert not {*exclude, out.address} & set(d.jury)
+    assert d.commit_end == ts_of(c, rd) + p.commitWindow
     assert d.reveal_end == d.commit_end + p.revealWindow
     assert (e["commitEnd"], e["revealEnd"]) == (d.commit_end, d.reveal_end)
+    assert (d.phase, d.draw_block) == (Phase.COMMIT, 0)
     for a in c.addresses:
         assert g.is_juror(did, a) == (a in d.jury)
+    e = revert(out.dispute.draw_jury, did)
+    assert (e.error, e.error_args) == ("WrongPhase", {"id": did, "phase": Phase.COMMIT})
 
-    # the rule, for any seed: same as the Python re-draw, parties and the unstaked excluded
-    solver, chal = addr(c, SOLVER_I), addr(c, CHAL)
+    # the rule, for any seed: the same as the Python re-draw, nobody excluded ever drawn
     for i in range(12):
         s = keccak(b"seed%d" % i)
-        jury = list(g.drawJury(s, solver, chal))
-        assert jury == py_draw_jury(c, s, solver, chal)
-        assert len(jury) == p.jurySize and not {solver, chal, out.address} & set(jury)
-    # fewer eligible verifiers than seats: everyone eligible, no more
-    for i in VERIFIERS:
-        c[i].registry.update_node(SOLVER, f"12D3KooWdev{i}", [], "{}")
-    assert list(g.drawJury(seed, solver, chal)) == [addr(c, CHAL2)]
-    assert list(g.drawJury(seed, solver, addr(c, CHAL2))) == [chal]
+        jury = c.reader.registry.sortition(s, p.jurySize, pool_len, q_block, exclude)
+        assert jury == py_sortition(c, s, p.jurySize, pool_len, q_block, exclude)
+        assert len(jury) == p.jurySize and not {*exclude, out.address} & set(jury)
+
+
+def test_stake_moved_after_the_request_cannot_sit_on_the_jury(c: LocalChain) -> None:
+    """Stake, roles and registrations after the jury request (block Q) do not count: with
+    every eligible verifier's stake moved after Q, and fresh sybils registered, nobody is
+    drawn, and a jury below quorum ends the dispute Void at once."""
+    g, reg, m = c.reader.dispute, c.reader.registry, c.reader.market
+    job = new_job(c, attest=False)
+    did = challenge(c, job)
+    r = bisect(c, did)
+    q_block, _, pool_len = requested(c, r)
+    d = state(c, did)
+    eligible = [a for a in reg.verifiers() if a not in (d.solver, d.challenger)]
+    for a in eligible:
+        c[idx(c, a)].stake(1)  # a wei more: its stake changed after Q
+    c[OUTSIDER].registry.register(VERIFIER, "12D3KooWsybil", [], "{}")
+    c[OUTSIDER].stake(VERIFIER_STAKE)  # a fresh verifier: beyond the snapshotted pool
+    assert len(reg.verifiers()) == pool_len + 1
+    # the same draw with a later snapshot would have seated them
+    exclude: list[str] = [d.solver, d.challenger]
+    later = int(c.w3.eth.block_number)
+    assert len(reg.sortition(keccak(b"any"), 3, pool_len + 1, later, exclude)) == 3
+    before = worth(c)
+    rd = draw(c, did)
+    (e,) = ev(c, rd, "JuryDrawn")
+    assert list(e["jury"]) == [] == py_sortition(c, bytes(e["jurySeed"]), 3, pool_len,
+                                                 q_block, exclude)
+    (res,) = ev(c, rd, "DisputeResolved")
+    assert (res["verdict"], res["slashedBond"]) == (Verdict.VOID, 0)
+    d = state(c, did)
+    assert (d.phase, d.verdict, d.jury) == (Phase.RESOLVED, Verdict.VOID, [])
+    # Void: nobody wins or pays; the challenger is not barred and may try again
+    assert diff(before, worth(c)) == {}
+    assert reg.locked_stake(addr(c, CHAL)) == 0
+    assert not m.is_barred(job.id, SEG, addr(c, CHAL))
+    assert not m.round_info(job.id, 1).condemned
+    assert m.dispute_ref(did).verdict == Verdict.VOID
+    assert_window_kept_open(c, job, rd)
+    assert int(g.call("disputeCount")) == did
+    challenge(c, job)
+    check_books(c)
+
+
+def test_fewer_eligible_jurors_than_quorum_is_void(c: LocalChain) -> None:
+    """One verifier left besides the parties: at most one juror, below the quorum of 2."""
+    reg = c.reader.registry
+    job = new_job(c, attest=False)
+    keep = addr(c, VERIFIERS[0])
+    for i in (CHAL2, *VERIFIERS[1:]):
+        c[i].registry.update_node(SOLVER, f"12D3KooWdev{i}", [], "{}")  # no longer verifiers
+    did = challenge(c, job)
+    r = bisect(c, did)
+    _, _, pool_len = requested(c, r)
+    assert pool_len == len(reg.verifiers())  # the pool is append-only; eligibility is checked
+    rd = draw(c, did)
+    (e,) = ev(c, rd, "JuryDrawn")
+    assert set(e["jury"]) <= {keep} and gp(c).quorum == 2
+    assert ev(c, rd, "DisputeResolved")[0]["verdict"] == Verdict.VOID
+    assert state(c, did).phase == Phase.RESOLVED
+    assert reg.locked_stake(addr(c, CHAL)) == 0
+    check_books(c)
+
+
+def test_a_forgotten_seed_block_rearms_the_request(c: LocalChain) -> None:
+    """Nobody drew while blockhash(Q + lookahead) was readable (256 blocks): the draw asks
+    again from the current block instead of drawing from a zero hash."""
+    job = new_job(c, attest=False)
+    did = challenge(c, job)
+    _, draw_block, _ = requested(c, bisect(c, did))
+    c.mine(draw_block + 257 - int(c.w3.eth.block_number))
+    r = c[OUTSIDER].dispute.draw_jury(did)
+    assert not ev(c, r, "JuryDrawn")
+    q2, draw2, _ = requested(c, r)
+    assert q2 == r["blockNumber"] and draw2 == q2 + gp(c).juryLookahead
+    d = state(c, did)
+    assert (d.phase, d.draw_block, d.jury) == (Phase.DRAWING, draw2, [])
+    assert revert(c[OUTSIDER].dispute.draw_jury, did).error == "JuryNotReady"
+    rd = draw(c, did)
+    assert ev(c, rd, "JuryDrawn")[0]["jurySeed"] == jury_seed(c, draw2, did)
+    assert len(state(c, did).jury) == gp(c).jurySize
 
 
 def test_commit_reveal_rules(c: LocalChain) -> None:
-    job = new_job(c, attest=())
+    job = new_job(c, attest=False)
     did = challenge(c, job)
-    bisect(c, did)
+    to_jury(c, did)
     d = state(c, did)
     j0, j1, j2 = d.jury
     g0, g1, g2 = (c[idx(c, j)].dispute for j in d.jury)
@@ -738,155 +1034,256 @@ def test_commit_reveal_rules(c: LocalChain) -> None:
     assert v[1].commitment == g1.call("voteOf", did, j1).commitment != ZERO
     before = worth(c)
     r = out.resolve(did)
-    value, cred = expected(c, d, job, solver_won=True, majority=[j0], losers=[j1, j2])
+    # one reveal is below the quorum of 2: Void; the silent two pay the one who revealed
+    value, cred = expected_resolve(c, d, job, Verdict.VOID, majority=[j0], losers=[j1, j2])
     assert diff(before, worth(c)) == value and game_credits(c) == cred
     assert {e["juror"] for e in ev(c, r, "JurorSlashed")} == {j1, j2}
-    assert state(c, did).phase == Phase.RESOLVED
+    assert (state(c, did).phase, state(c, did).verdict) == (Phase.RESOLVED, Verdict.VOID)
     for fn, args in ((g2.commit_vote, (True, salt(j2))), (g1.reveal_vote, (True, salt(j1))),
-                     (out.resolve, ()), (out.abort_moot, ())):
+                     (out.resolve, ()), (out.draw_jury, ())):
         e = revert(fn, did, *args)
         assert (e.error, e.error_args) == ("WrongPhase", {"id": did, "phase": Phase.RESOLVED})
-    withdraw_all(c, [r])
+    withdraw_all(c)
 
 
 # --- settlement -------------------------------------------------------------------------------
 
 
-def test_majority_invalid_slashes_the_solver_and_reopens_the_job(c: LocalChain) -> None:
+@pytest.mark.parametrize(("reward", "sampled"), [
+    pytest.param(REWARD, True, id="sampled"),
+    pytest.param(3 * REWARD, False, id="unsampled-bigger-bond"),
+])
+def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
+        c: LocalChain, reward: int, sampled: bool) -> None:
+    """The jury proves the step invalid: minority jurors lose a cut that scales with the
+    bonds at stake; the round is condemned and, after the window, finalize splits the
+    solver's bond once (submitter share now; challenger and jury shares by claimReward),
+    slashing the attestors only when the segment was one they vouched for (sampled)."""
     m, reg = c.reader.market, c.reader.registry
-    job = new_job(c)
-    did = challenge(c, job)
-    bisect(c, did, lower=False)
+    segments = 12  # sampleCount 8 < 12: some segments are not sampled
+    job = new_job(c, segments=segments, reward=reward)
+    sample = m.sampled_segments(job.id)
+    seg = next(s for s in range(segments) if (s in sample) == sampled)
+    did = challenge(c, job, CHAL, seg)
+    to_jury(c, did, lower=False)
     d = state(c, did)
+    assert not set(job.attestors) & set(d.jury)
     escrow, before = m.totalEscrow(), worth(c)
     r = run_jury(c, did, [False, False, True])
     (res,) = ev(c, r, "DisputeResolved")
-    assert (res["solverWon"], res["validVotes"], res["invalidVotes"], res["slashedBond"]) == (
-        False, 1, 2, job.bond)
-    atts = [addr(c, i) for i in ATTESTORS]
-    value, cred = expected(c, d, job, solver_won=False, majority=d.jury[:2],
-                           losers=d.jury[2:], attestors=atts)
-    assert diff(before, worth(c)) == value
-    assert game_credits(c) == cred
-    minv = int(reg.call("minVerifierStake"))
-    cut = minv * c.reader.dispute.call("params").jurorSlashBps // BPS
+    assert (res["verdict"], res["validVotes"], res["invalidVotes"], res["slashedBond"]) == (
+        Verdict.INVALID, 1, 2, 0)
+    value, cred = expected_resolve(c, d, job, Verdict.INVALID, majority=d.jury[:2],
+                                   losers=d.jury[2:])
+    assert diff(before, worth(c)) == value and game_credits(c) == cred
+    cb = m.market_params().challenge_bond
+    cut = (job.bond + cb) * gp(c).jurorSlashBps // BPS
     assert [(e["juror"], e["amount"]) for e in ev(c, r, "JurorSlashed")] == [(d.jury[2], cut)]
-    att = minv * m.market_params().attestor_slash_bps // BPS
-    slashed = [(e["attestor"], e["amount"], e["beneficiary"])
-               for e in ev(c, r, "AttestorSlashed", "market")]
-    assert slashed == [(a, att, d.challenger) for a in atts]
-    assert m.credits(d.challenger) == len(atts) * att
-
+    assert reg.locked_stake(d.challenger) == 0 and reg.locked_stake(d.solver) == job.bond
+    ri = m.round_info(job.id, 1)
+    assert (ri.condemned, ri.sampled_invalid, ri.settled, ri.jury_wins) == (
+        True, sampled, False, 1)
     j = m.get_job(job.id)
-    assert (j.status, j.bond, j.open_disputes, j.trace_root) == (JobStatus.OPEN, 0, 0, ZERO)
+    assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
+    assert_window_kept_open(c, job, r)
+    assert not m.isDisputeLive(did) and m.dispute_ref(did).settled
+    assert revert(c[CHAL].market.claim_reward, did).error == "RoundNotSettled"
+    check_books(c)
+
+    before = worth(c)
+    rf = finalize(c, job)
+    atts = job.attestors if sampled else []
+    exp = expected_round(c, job, jury_wins=1, timeout_wins=0, attestors=atts)
+    (rs,) = ev(c, rf, "RoundSettled", "market")
+    assert (rs["slashedBond"], rs["perChallenger"], rs["perJury"]) == (
+        job.bond, exp.per_challenger, exp.per_jury)
+    assert [(e["attestor"], e["amount"]) for e in ev(c, rf, "AttestorSlashed", "market")] == [
+        (a, exp.attestor_cut) for a in atts]
+    moved = {d.solver: -job.bond, addr(c, SUBMITTER): exp.to_submitter}
+    moved.update({a: -exp.attestor_cut for a in atts})
+    assert diff(before, worth(c)) == moved
+    assert m.totalUnclaimed() == exp.per_challenger + exp.per_jury
+    j = m.get_job(job.id)
+    assert (j.status, j.bond, j.open_disputes, j.trace_root, j.round) == (
+        JobStatus.OPEN, 0, 0, ZERO, 1)
     assert m.totalEscrow() == escrow
-    assert reg.locked_stake(d.solver) == 0 and reg.locked_stake(d.challenger) == 0
-    assert not m.isDisputeLive(did) and m.disputeRef(did).settled
-    check_books(c)
-    withdraw_all(c, [r])
-    assert c[CHAL].market.withdraw() == len(atts) * att
+    assert reg.locked_stake(d.solver) == 0
     check_books(c)
 
+    game_before = game_credits(c)
+    rc = c[OUTSIDER].market.claim_reward(did)
+    (rw,) = ev(c, rc, "RewardClaimed", "market")
+    assert (rw["challenger"], rw["amount"], rw["juryAmount"]) == (
+        d.challenger, exp.per_challenger, exp.per_jury)
+    jury_cred: Counter[str] = Counter()
+    split(exp.per_jury, majority_invalid(state(c, did)), jury_cred)
+    assert majority_invalid(state(c, did)) == d.jury[:2]
+    moved[d.challenger] = exp.per_challenger
+    for a, v in jury_cred.items():
+        moved[a] = moved.get(a, 0) + v
+    assert diff(before, worth(c)) == moved
+    assert nonzero(Counter(game_credits(c)) - Counter(game_before)) == dict(jury_cred)
+    assert m.totalUnclaimed() == 0
+    assert revert(c[OUTSIDER].market.claim_reward, did).error == "AlreadyPaid"
+    check_books(c)
+    withdraw_all(c)
 
-def test_majority_valid_pays_the_solver_and_upholds_the_segment(c: LocalChain) -> None:
+
+def test_majority_valid_pays_the_jury_burns_the_rest_and_the_job_pays_out(
+        c: LocalChain) -> None:
     m = c.reader.market
+    cb = m.market_params().challenge_bond
     job = new_job(c)
     did = challenge(c, job)
-    bisect(c, did)
+    to_jury(c, did)
     d = state(c, did)
-    before = worth(c)
+    before, burned = worth(c), c.reader.dispute.total_burned()
     r = run_jury(c, did, [True, HIDE, True])  # j1 committed but never revealed
     (res,) = ev(c, r, "DisputeResolved")
-    cb = m.market_params().challenge_bond
-    assert (res["solverWon"], res["validVotes"], res["invalidVotes"], res["slashedBond"]) == (
-        True, 2, 0, cb)
-    value, cred = expected(c, d, job, solver_won=True, majority=[d.jury[0], d.jury[2]],
-                           losers=[d.jury[1]])
+    assert (res["verdict"], res["validVotes"], res["invalidVotes"], res["slashedBond"]) == (
+        Verdict.VALID, 2, 0, cb)
+    value, cred = expected_resolve(c, d, job, Verdict.VALID, majority=[d.jury[0], d.jury[2]],
+                                   losers=[d.jury[1]])
     assert diff(before, worth(c)) == value and game_credits(c) == cred
+    assert d.solver not in value  # a losing challenger's bond never reaches the solver
+    to_jury_share = cb * gp(c).jurorShareOfChallengerBondBps // BPS
+    assert c.reader.dispute.total_burned() == burned + cb - to_jury_share == burned + value[BURN]
     assert [e["juror"] for e in ev(c, r, "JurorSlashed")] == [d.jury[1]]
-    assert not ev(c, r, "AttestorSlashed", "market")
-    assert state(c, did).solver_won
-    assert m.isUpheld(job.id, SEG)
-    e = revert(challenge, c, job, CHAL2)
-    assert (e.error, e.error_args) == ("SegmentAlreadyUpheld", {"segment": SEG})
+    assert state(c, did).solver_won and state(c, did).verdict == Verdict.VALID
+    assert m.is_barred(job.id, SEG, addr(c, CHAL))
+    assert revert(challenge, c, job, CHAL).error == "ChallengerBarredFrom"
+    snap = c.snapshot()
+    challenge(c, job, CHAL2)  # another verifier may still dispute it
+    c.revert(snap)
     assert m.get_job(job.id).status == JobStatus.COMMITTED
+    assert revert(c[OUTSIDER].market.claim_reward, did).error == "RoundNotSettled"
     check_books(c)
-    withdraw_all(c, [r])
-    c.advance(m.market_params().verification_window)
-    c[OUTSIDER].market.finalize(job.id)  # no live dispute left: the job pays out
+    withdraw_all(c)
+    rf = finalize(c, job)  # no live dispute left: a clean round, the job pays out
+    (fe,) = ev(c, rf, "JobFinalized", "market")
+    assert (fe["reward"], fe["attestations"]) == (REWARD, 3)
+    per = BUDGET // m.market_params().attestors_per_job
     assert m.credits(d.solver) == REWARD
+    assert all(m.credits(a) == per for a in job.attestors)
+    assert m.credits(addr(c, SUBMITTER)) == BUDGET - 3 * per
+    # a clean round is never "settled" as a condemned one: a lost challenge claims nothing
+    assert revert(c[OUTSIDER].market.claim_reward, did).error == "RoundNotSettled"
     check_books(c)
+    withdraw_all(c)
 
 
-@pytest.mark.parametrize("ballots", [
-    pytest.param([True, False, None], id="tie-1-1"),
-    pytest.param([HIDE, HIDE, HIDE], id="no-reveals"),
-    pytest.param([None, None, None], id="no-commits"),
-    pytest.param([True, True, True], id="unanimous-valid"),
+@pytest.mark.parametrize(("ballots", "verdict"), [
+    pytest.param([True, False, None], Verdict.VOID, id="tie-1-1"),
+    pytest.param([False, None, HIDE], Verdict.VOID, id="one-reveal-below-quorum"),
+    pytest.param([HIDE, HIDE, HIDE], Verdict.VOID, id="no-reveals"),
+    pytest.param([None, None, None], Verdict.VOID, id="no-commits"),
+    pytest.param([True, True, True], Verdict.VALID, id="unanimous-valid"),
+    pytest.param([False, HIDE, False], Verdict.INVALID, id="two-invalid-one-silent"),
 ])
-def test_ties_and_silence_uphold_the_solver(c: LocalChain, ballots: list[Ballot]) -> None:
+def test_ties_and_silence_decide_nothing(c: LocalChain, ballots: list[Ballot],
+                                         verdict: Verdict) -> None:
+    """Below quorum or a tie is Void: silent jurors pay the ones who revealed (burned when
+    nobody did), the challenger gets its bond back and is not barred, the round is not
+    condemned. Silence never decides for either side."""
+    m, reg = c.reader.market, c.reader.registry
     job = new_job(c)
     did = challenge(c, job)
-    bisect(c, did)
+    to_jury(c, did)
     d = state(c, did)
     before = worth(c)
     r = run_jury(c, did, ballots)
-    majority = [j for j, b in zip(d.jury, ballots, strict=True) if b is True]
+    revealed = [j for j, b in zip(d.jury, ballots, strict=True) if isinstance(b, bool)]
+    if verdict == Verdict.VOID:
+        majority = revealed
+    else:
+        majority = [j for j, b in zip(d.jury, ballots, strict=True)
+                    if b is (verdict == Verdict.VALID)]
     losers = [j for j in d.jury if j not in majority]
-    value, cred = expected(c, d, job, solver_won=True, majority=majority, losers=losers)
+    value, cred = expected_resolve(c, d, job, verdict, majority=majority, losers=losers)
     assert diff(before, worth(c)) == value and game_credits(c) == cred
-    assert ev(c, r, "DisputeResolved")[0]["solverWon"] is True
+    assert ev(c, r, "DisputeResolved")[0]["verdict"] == verdict
     assert sorted(e["juror"] for e in ev(c, r, "JurorSlashed")) == sorted(losers)
-    assert c.reader.market.isUpheld(job.id, SEG)
-    withdraw_all(c, [r])
+    assert all(e["amount"] == juror_cut(c, job) for e in ev(c, r, "JurorSlashed"))
+    assert m.is_barred(job.id, SEG, addr(c, CHAL)) == (verdict == Verdict.VALID)
+    assert m.round_info(job.id, 1).condemned == (verdict == Verdict.INVALID)
+    assert reg.locked_stake(addr(c, CHAL)) == 0
+    if not majority:
+        assert value[BURN] == juror_cut(c, job) * len(losers)
+    assert_window_kept_open(c, job, r)
+    check_books(c)
+    withdraw_all(c)
 
 
-def test_second_dispute_is_moot_once_the_first_proves_the_job_invalid(c: LocalChain) -> None:
+def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> None:
+    """The puppet attacks: a second challenge that the solver lets time out, and a third
+    whose challenger lets its own clock run out, neither stops the honest dispute nor
+    takes its reward. Challenges stay open past the window while a dispute is live;
+    finalize waits for every dispute of the round; the bond is split once; the timeout
+    win shares nothing because a jury proved the fault (before: the puppet's timeout
+    reopened the job, mooted the honest dispute and took the challenger share)."""
     m, reg = c.reader.market, c.reader.registry
-    cb = m.market_params().challenge_bond
-    job = new_job(c, attest=(1, 2))
-    third = VERIFIERS[-1]
+    g = c.reader.dispute
+    job = new_job(c)
+    third = next(i for i in VERIFIERS if addr(c, i) not in job.committee)
+    end = m.get_job(job.id).window_end
+    mine_at(c, end - 5)
     a = challenge(c, job, CHAL, 1)
+    mine_at(c, end + 1)  # the window is over, but a dispute is live: challenges stay open
     b = challenge(c, job, CHAL2, 2)
     cc = challenge(c, job, third, 3)
     assert m.get_job(job.id).open_disputes == 3
-    out = c[OUTSIDER].dispute
-    for did in (a, b, cc):
-        e = revert(out.abort_moot, did)
-        assert (e.error, e.error_args) == ("DisputeStillLive", {"id": did})
-    bisect(c, a)
-    bisect(c, b)  # b waits in its commit phase, cc in bisection (solver to move)
+    assert revert(c[OUTSIDER].market.finalize, job.id).error_args == {"openDisputes": 3}
+    c[SOLVER_I].dispute.post_mids(cc, mids(c, cc))  # cc's challenger then never moves
+    to_jury(c, a)
     da = state(c, a)
+    before, burned = worth(c), g.total_burned()
+    ra = run_jury(c, a, [False, False, False])
+    assert ev(c, ra, "DisputeResolved")[0]["verdict"] == Verdict.INVALID
+    assert m.get_job(job.id).status == JobStatus.COMMITTED  # the others are still live
+    assert m.isDisputeLive(b) and m.isDisputeLive(cc)
+    assert_window_kept_open(c, job, ra)  # the ended dispute gave the window its grace back
+    assert revert(c[OUTSIDER].market.finalize, job.id).error == "WindowNotOver"
+    mine_at(c, m.get_job(job.id).window_end)
+    assert revert(c[OUTSIDER].market.finalize, job.id).error_args == {"openDisputes": 2}
+    rb = c[OUTSIDER].dispute.timeout(b)  # the solver's puppet lets the solver time out
+    assert ev(c, rb, "DisputeResolved")[0]["verdict"] == Verdict.SOLVER_TIMED_OUT
+    rc = c[OUTSIDER].dispute.timeout(cc)
+    assert ev(c, rc, "DisputeResolved")[0]["verdict"] == Verdict.VALID
+    assert_window_kept_open(c, job, rc)
+    assert m.get_job(job.id).window_end == ts_of(c, rc) + m.market_params().dispute_grace
+    cb = m.market_params().challenge_bond
+    va, _ = expected_resolve(c, da, job, Verdict.INVALID, majority=da.jury)
+    exp_moves = Counter(va)
+    exp_moves.update({addr(c, third): -cb, BURN: cb})  # cc: no jury, all of it burned
+    assert diff(before, worth(c)) == nonzero(exp_moves)
+    assert g.total_burned() == burned + cb
+    assert all(reg.locked_stake(addr(c, i)) == 0 for i in (CHAL, CHAL2, third))
+    ri = m.round_info(job.id, 1)
+    assert (ri.condemned, ri.sampled_invalid, ri.jury_wins, ri.timeout_wins) == (
+        True, True, 1, 1)
+    check_books(c)
+
     before = worth(c)
-    free_b, free_c = reg.free_stake(addr(c, CHAL2)), reg.free_stake(addr(c, third))
-    assert reg.locked_stake(addr(c, CHAL2)) == cb
-    r = run_jury(c, a, [False, False, False])
-    assert ev(c, r, "DisputeResolved")[0]["solverWon"] is False
-    assert m.get_job(job.id).status == JobStatus.OPEN
-    assert not m.isDisputeLive(b) and not m.isDisputeLive(cc)
-
-    # b: anyone aborts it; the bond comes back, nobody is paid or slashed
-    rb = out.abort_moot(b)
-    assert ev(c, rb, "DisputeMooted") and not ev(c, rb, "Credited")
-    assert state(c, b).phase == Phase.MOOT
-    assert reg.locked_stake(addr(c, CHAL2)) == 0
-    assert reg.free_stake(addr(c, CHAL2)) == free_b + cb
-    e = revert(out.abort_moot, b)
-    assert (e.error, e.error_args) == ("WrongPhase", {"id": b, "phase": Phase.MOOT})
-    jb = state(c, b).jury[0]
-    assert revert(c[idx(c, jb)].dispute.commit_vote, b, True, ZERO).error == "WrongPhase"
-    # cc: its solver ran out of clock meanwhile, but the timeout only moots it
-    rc = out.timeout(cc)
-    assert ev(c, rc, "DisputeMooted") and not ev(c, rc, "TimedOut")
-    assert not ev(c, rc, "Credited")
-    assert state(c, cc).phase == Phase.MOOT
-    assert reg.free_stake(addr(c, third)) == free_c + cb
-    assert revert(out.resolve, cc).error == "WrongPhase"
-
-    # only dispute a moved money
-    value, cred = expected(c, da, job, solver_won=False, majority=da.jury, losers=(),
-                           attestors=[addr(c, i) for i in ATTESTORS])
-    assert diff(before, worth(c)) == value and game_credits(c) == cred
+    finalize(c, job)
+    exp = expected_round(c, job, jury_wins=1, timeout_wins=1, attestors=job.attestors)
+    ri = m.round_info(job.id, 1)
+    assert (ri.settled, ri.per_challenger, ri.per_jury) == (
+        True, exp.per_challenger, exp.per_jury)
+    for did in (b, cc):
+        e = revert(c[OUTSIDER].market.claim_reward, did)
+        assert (e.error, e.error_args) == ("NotAWinner", {"disputeId": did})
+    c[OUTSIDER].market.claim_reward(a)
+    jury_cred: Counter[str] = Counter()
+    split(exp.per_jury, da.jury, jury_cred)
+    moved: Counter[str] = Counter({addr(c, SOLVER_I): -job.bond,
+                                   addr(c, SUBMITTER): exp.to_submitter,
+                                   addr(c, CHAL): exp.per_challenger})
+    for at in job.attestors:
+        moved[at] -= exp.attestor_cut
+    moved.update(jury_cred)
+    assert diff(before, worth(c)) == nonzero(moved)
+    assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
+    assert m.totalUnclaimed() == 0
+    assert m.credits(addr(c, CHAL2)) == 0  # the puppet's timeout win is paid nothing
     check_books(c)
-    withdraw_all(c, [r, rb, rc])
-    check_books(c)
+    withdraw_all(c)
