@@ -1,8 +1,14 @@
-"""Artifact transfer throughput: our protocol vs a plain TCP copy, two processes, loopback.
+"""Artifact transfer throughput: our protocol vs a plain TCP copy, separate processes, loopback.
 
-Usage: python bench/p2p_throughput.py [--mb 256]
+Usage: python bench/p2p_throughput.py [--mb 256] [--reps 2]
 The last stdout line is JSON: p2p and tcp MB/s, their ratio, and the receiving
-process's peak RSS and its growth over the transfer.
+process's peak RSS and its growth over the transfer; then, in the same run:
+
+- `slow_*`: the same fetch from one honest provider and one that answers and
+  then trickles 1 byte/s, against the honest provider alone (target: <= 2x);
+- `two_honest_*`: throughput from two honest providers against one (target:
+  >= 1.5x; every provider and the receiver share this machine's cores, so on a
+  small machine the CPU, not the network, sets the ceiling).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -32,22 +39,26 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # KiB on Linux
 
 
-def receive_p2p(addr: str, aid: str, home: str) -> dict[str, float]:
+def receive_p2p(addrs: str, aid: str, home: str) -> dict[str, float]:
     import trio  # noqa: PLC0415
 
     from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
 
     out: dict[str, float] = {}
+    peers = addrs.split(",")
 
     async def main() -> None:
         cfg = NodeConfig.in_dir(home, streams_per_peer=int(os.environ.get("BENCH_STREAMS", "1")))
         async with PolnetNode(cfg) as node:
-            await node.connect(addr)
+            for addr in peers:
+                await node.connect(addr)
             out["rss_before_mb"] = rss_mb()
             t = time.perf_counter()
-            await node.fetch(aid, peers=[addr], provide=False)
+            stats = await node.fetch(aid, peers=peers, provide=False)
             out["seconds"] = time.perf_counter() - t
             out["rss_after_mb"] = rss_mb()
+            out["reissued_chunks"] = stats.reissued_chunks
+            out["peers_used"] = len(stats.chunks_fetched)
 
     trio.run(main)
     out["peak_rss_mb"] = peak_rss_mb()
@@ -73,6 +84,46 @@ def serve_tcp(path: str) -> None:
                 conn.sendall(block)
 
 
+def serve_slow(home: str) -> None:
+    """A provider that answers manifests, then sends every chunk at 1 byte/s."""
+    import trio  # noqa: PLC0415
+
+    from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
+    from node.p2p.wire import (  # noqa: PLC0415
+        PROTOCOL_ID,
+        encode_frame,
+        read_frame,
+        write_payload,
+    )
+
+    async def main() -> None:
+        async with PolnetNode(NodeConfig.in_dir(home)) as node:
+            async def handle(stream: Any) -> None:
+                try:
+                    while True:
+                        req = await read_frame(stream)
+                        if req.get("op") == "manifest":
+                            await write_payload(stream, {"ok": True},
+                                                node.store.manifest(req["id"]).to_bytes())
+                            continue
+                        await stream.write(encode_frame({"ok": True, "size": req["length"]}))
+                        data = node.store.read_range(req["id"], req["offset"], req["length"])
+                        for i in range(len(data)):
+                            await stream.write(data[i:i + 1])
+                            await trio.sleep(1)
+                except Exception:
+                    await stream.reset()
+
+            node.host.set_stream_handler(PROTOCOL_ID, handle)
+            print(json.dumps({"addrs": node.addrs}), flush=True)
+            await trio.sleep_forever()
+
+    from node import logs  # noqa: PLC0415
+
+    logs.configure(level="WARNING")
+    trio.run(main)
+
+
 def child(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, __file__, *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -81,6 +132,7 @@ def child(args: list[str]) -> subprocess.Popen[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=2, help="p2p runs per scenario (best kept)")
     ap.add_argument("--role", default="bench")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
@@ -92,6 +144,9 @@ def main() -> None:
         return
     if a.role == "serve-tcp":
         serve_tcp(a.rest[0])
+        return
+    if a.role == "serve-slow":
+        serve_slow(a.rest[0])
         return
 
     from node.store import ArtifactStore  # noqa: PLC0415
@@ -106,20 +161,43 @@ def main() -> None:
         store = ArtifactStore(Path(tmp) / "prov" / "store")
         aid = store.put_file(src)
 
-        prov = subprocess.Popen(
-            [sys.executable, "-m", "node.p2p.serve", "--home", str(Path(tmp) / "prov")],
-            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        for extra in ("prov2", "slow"):  # a second honest copy, and the slow provider's
+            assert ArtifactStore(Path(tmp) / extra / "store").put_file(src) == aid
+        procs: list[subprocess.Popen[str]] = []
+
+        def start(args: list[str]) -> str:
+            procs.append(subprocess.Popen(args, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL))
+            assert procs[-1].stdout is not None
+            return str(json.loads(procs[-1].stdout.readline())["addrs"][0])
+
+        def fetch(addrs: list[str], home: str) -> dict[str, float]:
+            r = child(["--role", "recv-p2p", ",".join(addrs), aid, str(Path(tmp) / home)])
+            out: dict[str, float] = json.loads(r.communicate(timeout=600)[0].strip()
+                                               .splitlines()[-1])
+            got = ArtifactStore(Path(tmp) / home / "store")
+            assert got.has(aid), f"p2p transfer into {home} did not complete"
+            got.path(aid).unlink()
+            return out
+
         try:
-            assert prov.stdout is not None
-            addr = json.loads(prov.stdout.readline())["addrs"][0]
-            r = child(["--role", "recv-p2p", addr, aid, str(Path(tmp) / "recv")])
-            p2p = json.loads(r.communicate(timeout=600)[0].strip().splitlines()[-1])
+            serve = [sys.executable, "-m", "node.p2p.serve", "--home"]
+            addr = start([*serve, str(Path(tmp) / "prov")])
+            addr2 = start([*serve, str(Path(tmp) / "prov2")])
+            slow_addr = start([sys.executable, __file__, "--role", "serve-slow",
+                               str(Path(tmp) / "slow")])
+            # Interleaved and best of --reps: on a shared machine one run is noise.
+            runs: dict[str, list[dict[str, float]]] = {"one": [], "slow": [], "two": []}
+            for _ in range(a.reps):
+                runs["one"].append(fetch([addr], "recv"))
+                runs["slow"].append(fetch([slow_addr, addr], "recv-slow"))
+                runs["two"].append(fetch([addr, addr2], "recv-two"))
+            p2p, slow, two = (min(runs[k], key=lambda r: r["seconds"])
+                              for k in ("one", "slow", "two"))
         finally:
-            prov.kill()
-            prov.wait()
-        got = ArtifactStore(Path(tmp) / "recv" / "store")
-        assert got.has(aid), "p2p transfer did not complete"
-        got.path(aid).unlink()
+            for proc in procs:
+                proc.kill()
+                proc.wait()
 
         srv = child(["--role", "serve-tcp", str(src)])
         assert srv.stdout is not None
@@ -137,6 +215,15 @@ def main() -> None:
         "ratio": round(p2p_mbs / tcp_mbs, 3),
         "receiver_peak_rss_MB": round(p2p["peak_rss_mb"], 1),
         "receiver_rss_growth_MB": round(p2p["rss_after_mb"] - p2p["rss_before_mb"], 1),
+        "honest_alone_s": round(p2p["seconds"], 2),
+        "slow_plus_honest_s": round(slow["seconds"], 2),
+        "slow_vs_alone": round(slow["seconds"] / p2p["seconds"], 2),
+        "slow_reissued_chunks": int(slow["reissued_chunks"]),
+        "two_honest_MBps": round(size / 1e6 / two["seconds"], 1),
+        "two_honest_vs_one": round(p2p["seconds"] / two["seconds"], 2),
+        "two_honest_peers_used": int(two["peers_used"]),
+        "reps": a.reps,
+        "cpus": os.cpu_count(),
     }))
 
 

@@ -107,10 +107,10 @@ class PeerAllowance:
     def _room(self, peer: str, ip: str | None, registered: bool) -> bool:
         lim = self.limits
         if registered:
-            return (self.streams[peer] < lim.max_streams_per_peer
+            return (self.streams.get(peer, 0) < lim.max_streams_per_peer
                     and self.total < lim.max_streams_total)
         strangers = self._strangers()
-        if self.streams[peer] >= lim.max_streams_per_stranger:
+        if self.streams.get(peer, 0) >= lim.max_streams_per_stranger:
             return False
         if lim.max_streams_per_ip is not None and ip is not None \
                 and sum(1 for s in strangers if s.ip == ip) >= lim.max_streams_per_ip:
@@ -121,17 +121,19 @@ class PeerAllowance:
     def _evictable(self, registered: bool) -> Slot | None:
         """The longest-idle stream whose slot a newcomer may take."""
         now = trio.current_time()
-        pool = self.slots if registered else self._strangers()
-        idle = [s for s in pool if s.idle_since is not None
-                and now - s.idle_since >= self.limits.evict_idle_s]
-        return min(idle, key=lambda s: s.idle_since or 0.0, default=None)
+        idle = [s for s in self.slots if s.idle_since is not None
+                and now - s.idle_since >= self.limits.evict_idle_s
+                and (registered or not s.registered)]
+        # Strangers' streams go first, the longest idle first.
+        return min(idle, key=lambda s: (s.registered, s.idle_since or 0.0), default=None)
 
     def claim(self, peer: str, ip: str | None = None) -> Slot | None:
         """A slot for a new stream from `peer`, evicting an idle stream if need be."""
         registered = peer in self.registered
         if not self._room(peer, ip, registered):
-            over_peer = self.streams[peer] >= (self.limits.max_streams_per_peer if registered
-                                               else self.limits.max_streams_per_stranger)
+            over_peer = self.streams.get(peer, 0) >= (
+                self.limits.max_streams_per_peer if registered
+                else self.limits.max_streams_per_stranger)
             victim = None if over_peer else self._evictable(registered)
             if victim is None:
                 self.refused += 1

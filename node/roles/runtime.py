@@ -351,12 +351,14 @@ class Runtime:
         others' time: the hinted registry nodes first (the party who must serve,
         e.g. the job's solver), then DHT providers, then bootstrap peers; again
         until `timeout`. Verified chunks carry over from one source to the next.
-        The artifact is pinned for its job (`job_id`, or the job the book knows it
-        from), so garbage collection frees it once the job is settled.
+        What this call downloads is pinned for its job (`job_id`, or the job the
+        book knows it from), so garbage collection frees it once the job is
+        settled; what the store already held (e.g. what we publish) is left alone.
         """
         store = self.p2p.store
-        if not store.has(artifact_id):
-            await self._fetch_from_sources(artifact_id, hint_accounts, timeout, expected_size)
+        if store.has(artifact_id):  # ours (published) or fetched before: pins unchanged
+            return store.path(artifact_id)
+        await self._fetch_from_sources(artifact_id, hint_accounts, timeout, expected_size)
         jid = job_id if job_id is not None else self.book.job_of(artifact_id)
         if jid is not None and jid not in self._settled:
             await trio.to_thread.run_sync(store.pin, artifact_id, f"job:{jid}")
