@@ -278,3 +278,48 @@ def test_throwaway_identities_do_not_starve_an_honest_fetch(tmp_path: Path,
                     assert occupied == 12 and allowance.evicted >= 1
 
     trio.run(main)
+
+
+# --- each fetch source its own budget --------------------------------------------------
+
+
+def mute_handler() -> Handler:
+    """Takes requests and never answers (holds the stream open)."""
+
+    async def handle(stream: INetStream) -> None:
+        try:
+            while True:
+                await read_frame(stream)
+        except Exception:
+            await stream.reset()
+
+    return handle
+
+
+def test_a_mute_first_source_costs_only_its_budget(tmp_path: Path) -> None:
+    from node.roles.runtime import Source, fetch_in_turn, source_budget
+
+    data = os.urandom(2 * MiB)
+    # The hinted source's budget (6 s) ends before the mute peer's own request
+    # deadline (10 s) would: the budget, not the deadline, moves the fetch on.
+    timeout = 12.0
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S + 30):
+            async with started(tmp_path, ["mute", "honest", "fetcher"]) as (mute, honest, f):
+                aid = honest.store.put_bytes(data)
+                assert mute.store.put_bytes(data) == aid
+                mute.host.set_stream_handler(PROTOCOL_ID, mute_handler())
+
+                async def sources() -> list[Source]:
+                    return [("hint solver", [mute.addrs[0]]), ("bootstrap", [honest.addrs[0]])]
+
+                t0 = trio.current_time()
+                await fetch_in_turn(f, aid, sources, timeout)
+                took = trio.current_time() - t0
+                assert f.store.path(aid).read_bytes() == data
+                assert took < timeout  # the mute source did not eat the whole timeout
+                assert source_budget("hint solver", timeout) < f.config.fetch.header_timeout_s
+                assert mute.peer_id not in f.banned  # cut by its budget, not its deadline
+
+    trio.run(main)
