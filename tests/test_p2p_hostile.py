@@ -17,6 +17,7 @@ from typing import Any
 import multiaddr
 import pytest
 import trio
+import trio.testing
 from libp2p.abc import IHost, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
@@ -323,3 +324,34 @@ def test_a_mute_first_source_costs_only_its_budget(tmp_path: Path) -> None:
                 assert mute.peer_id not in f.banned  # cut by its budget, not its deadline
 
     trio.run(main)
+
+
+def test_serving_slots_per_ip_reserved_and_eviction_order() -> None:
+    """The slot rules on their own (the per-IP rule cannot be shown on one loopback IP)."""
+    from node.p2p.limits import PeerAllowance
+
+    async def main() -> None:
+        lim = ServeLimits(max_streams_total=6, reserved_for_registered=2,
+                          max_streams_per_stranger=2, max_streams_per_ip=3, evict_idle_s=1.0)
+        a = PeerAllowance(lim, registered={"member"})
+        # Per IP: three strangers' streams from 10.0.0.1, then no more from there.
+        held = [a.claim(p, "10.0.0.1") for p in ("s1", "s1", "s2")]
+        assert all(held) and a.claim("s3", "10.0.0.1") is None
+        assert a.claim("s1", "10.0.0.2") is None  # per-stranger cap, whatever the IP
+        assert a.claim("s4", "10.0.0.2") is not None  # the strangers' pool (4) is now full
+        assert a.claim("s5", "10.0.0.3") is None  # nothing idle long enough to evict
+        # The reserved slots are there for registered nodes.
+        m1, m2 = a.claim("member", "10.0.0.9"), a.claim("member", "10.0.0.9")
+        assert m1 is not None and m2 is not None and a.total == 6
+        await trio.sleep(1.5)  # everything idle now
+        # A registered newcomer evicts a stranger's stream first, never a member's.
+        m3 = a.claim("member", "10.0.0.9")
+        assert m3 is not None and a.evicted == 1
+        assert {s.peer for s in a.slots}.issuperset({"member"})
+        assert sum(1 for s in a.slots if s.registered) == 3
+        # A released slot frees its place; counts never go negative.
+        a.release(m3)
+        a.release(m3)
+        assert a.total == 5 and a.streams["member"] == 2
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
