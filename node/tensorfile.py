@@ -64,7 +64,7 @@ def _entry(name: str, spec: Any, what: str, error: ErrorFactory) -> TensorInfo:
     if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "data_offsets"}:
         raise error(f"{what}: tensor {name[:80]!r} is not {{dtype, shape, data_offsets}}")
     dtype, shape, offsets = spec["dtype"], spec["shape"], spec["data_offsets"]
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise error(f"{what}: tensor {name[:80]!r} has unknown dtype {str(dtype)[:20]!r}")
     if not isinstance(shape, list) or len(shape) > MAX_RANK \
             or not all(_is_int(d) and d >= 0 for d in shape):

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -46,7 +47,7 @@ from node.datasets import atomic_write, fsync_dir
 from node.errors import CheckpointError, MalformedInput, TrainingError
 from node.proof import MerkleTree, TraceLeaf, build_trace_tree, canonical_json, loss_to_e9
 from node.proof import state_hash as compute_state_hash
-from node.spec import JobSpec
+from node.spec import MAX_CHECKPOINT_INTERVAL, MAX_STEPS, JobSpec
 from node.tensorfile import Header, read_header
 from node.train.behavior import HonestBehavior, SegmentBehavior
 from node.train.layout import check_layout, max_file_bytes, max_header_bytes
@@ -70,6 +71,7 @@ _MANIFEST_FIELDS = {"job_id": "int", "spec_hash": "str", "dataset_hash": "str", 
                     "total_steps": "int", "segment_count": "int", "state_hashes": "[str]",
                     "losses": "[float]", "losses_e9": "[int]", "root": "str",
                     "checkpoints": "list"}
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _ENTRY_FIELDS = {"step": "int", "file": "str", "sha256": "str", "bytes": "int"}
 _META_FIELDS = {"format": "str", "job_id": "int", "step": "int", "state_hash": "str",
                 "spec_hash": "str", "segment_loss": "float?", "loss_e9": "int"}
@@ -145,12 +147,25 @@ class TraceManifest:
             if not isinstance(c, dict):
                 raise MalformedInput("trace manifest: a checkpoint entry is not an object")
             check_fields(c, _ENTRY_FIELDS, what="trace manifest checkpoint entry")
+        _check_ranges(d)
         d["checkpoints"] = [CheckpointEntry(**c) for c in d["checkpoints"]]
         return cls(**d)
 
     def leaves_and_tree(self) -> tuple[list[TraceLeaf], MerkleTree]:
         return build_trace_tree(self.job_id, self.k,
                                 [bytes.fromhex(h) for h in self.state_hashes], self.losses_e9)
+
+
+def _check_ranges(d: dict[str, Any]) -> None:
+    """What the leaves' abi encoding needs: uint256 counts, 32-byte hex hashes."""
+    ints = [d["job_id"], d["k"], d["total_steps"], d["segment_count"], *d["losses_e9"],
+            *(v for c in d["checkpoints"] for v in (c["step"], c["bytes"]))]
+    if not all(0 <= v < 2**256 for v in ints) or not 1 <= d["k"] <= MAX_CHECKPOINT_INTERVAL \
+            or d["total_steps"] > MAX_STEPS or d["segment_count"] > MAX_STEPS:
+        raise MalformedInput("trace manifest: a count or loss is out of range (uint256, "
+                             f"1 <= k <= {MAX_CHECKPOINT_INTERVAL}, steps <= {MAX_STEPS})")
+    if not all(_HEX64.fullmatch(h) for h in (*d["state_hashes"], d["root"])):
+        raise MalformedInput("trace manifest: state hashes and root must be 64 hex digits")
 
 
 # --- checkpoints ----------------------------------------------------------------------
