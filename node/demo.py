@@ -26,7 +26,7 @@ SUBMITTER, HONEST, CHEATER, VERIFIERS = 1, 2, 3, (4, 5, 6)
 NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "CommitteeDrawn",
             "Attested", "Challenged", "MidsPosted", "RangeNarrowed", "JuryRequested",
             "JuryDrawn", "VoteRevealed", "TimedOut", "DisputeResolved", "RoundCondemned",
-            "RoundSettled", "RewardClaimed", "Burned", "JobReopened", "JobFinalized",
+            "RoundSettled", "RewardPaid", "Burned", "JobReopened", "JobFinalized",
             "AttestorSlashed", "Slashed", "JurorSlashed", "JobReclaimed"}
 ALARM = {"Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
          "RoundCondemned", "Burned"}

@@ -104,7 +104,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         assert "TimedOut" not in evs
         assert net.address(CHEATER) not in jury and challenger not in jury
         assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
-        claimed = net.wait_event("RewardClaimed", 180, contract="JobMarket")
+        claimed = net.wait_event("RewardPaid", 180, contract="JobMarket")
         paid = str(claimed.args["challenger"])
         assert int(claimed.args["amount"]) > 0
         assert net.holdings(net.address(CHEATER)) < cheat_before  # bond slashed

@@ -30,7 +30,6 @@ log = get_logger("polnet.verifier")
 
 BENIGN_ATTEST = ("AlreadyAttested", "NotInCommittee", "WindowClosed", "InvalidStatus")
 BENIGN_CHALLENGE = ("WindowClosed", "InvalidStatus", "ChallengerBarredFrom")
-BENIGN_CLAIM = ("NotAWinner", "AlreadyPaid")
 
 
 class Verifier:
@@ -259,7 +258,7 @@ class Verifier:
             self._busy.discard(f"d{did}")
 
     async def _claim(self, d: Any) -> bool:
-        """Claim our reward once the round is settled; False while it is not yet."""
+        """Settle the round (``finalize`` pays its first winner); False until it is."""
         rt, c = self.rt, self.rt.chain_client
         r = await rt.chain(c.market.round_info, d.job_id, (await rt.chain(
             c.market.dispute_ref, d.id)).round)
@@ -269,8 +268,7 @@ class Verifier:
                 await rt.transact_ok(c.market.finalize, d.job_id,
                                      benign=("InvalidStatus", "WindowNotOver", "DisputesOpen"))
             return False
-        await rt.transact_ok(c.market.claim_reward, d.id, benign=BENIGN_CLAIM)
-        log.info("reward_claimed", dispute=d.id, paid=r.first_winner == d.id)
+        log.info("round_settled", dispute=d.id, job=d.job_id, paid_us=r.first_winner == d.id)
         return True
 
     async def _choose(self, d: Any) -> None:

@@ -44,7 +44,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 public override jobCount;
     uint256 public override totalEscrow; // reward + budget of jobs not Finalized / Cancelled
     uint256 public override totalCredits; // credited, not yet withdrawn
-    uint256 public override totalUnclaimed; // winners' shares of settled rounds, not yet claimed
     mapping(address => uint256) public override credits;
 
     mapping(uint256 => Job) internal _jobs;
@@ -56,14 +55,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 round;
         bool settled;
         Verdict verdict;
-        bool paid;
     }
 
     mapping(uint256 => DisputeRec) internal _disputes;
 
     // per (job, round)
-    mapping(uint256 => mapping(uint32 => address[])) internal _committee;
-    mapping(uint256 => mapping(uint32 => uint256)) internal _attestedMask; // bit i: seat i attested
+    /// @dev The committee as a bit stream over words 0, 1, ...: seat i (address | ATTESTED,
+    ///      SEAT_BITS wide) at bits [i * SEAT_BITS, (i + 1) * SEAT_BITS), so 3 seats take 2
+    ///      words and attesting flips a bit in a word already written.
+    mapping(uint256 => mapping(uint32 => mapping(uint256 => uint256))) internal _seats;
+    uint256 internal constant ATTESTED = 1 << 160;
+    uint256 internal constant SEAT_BITS = 161;
+    uint256 internal constant SEAT_MASK = (1 << 161) - 1;
     mapping(uint256 => mapping(uint32 => RoundInfo)) internal _rounds;
     /// @dev keccak256(jobId, round, segment, challenger) => lost a dispute on it
     mapping(bytes32 => bool) internal _barred;
@@ -233,16 +236,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _credit(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
 
-        address[] storage seats = _committee[jobId][round];
-        uint256 mask = _attestedMask[jobId][round];
+        address[] memory atts = attestorsOf(jobId);
         uint256 per = j.verificationBudget / _attestorsPerJob;
-        uint256 paid;
-        uint32 count;
-        for (uint256 i; i < seats.length; ++i) {
-            if (mask & (1 << i) == 0) continue;
-            _credit(seats[i], per);
-            paid += per;
-            ++count;
+        uint256 paid = per * atts.length;
+        uint32 count = uint32(atts.length);
+        for (uint256 i; i < atts.length; ++i) {
+            _credit(atts[i], per);
         }
         // Seats nobody filled or attested, and the division remainder, go back.
         _credit(j.submitter, j.verificationBudget - paid);
@@ -273,27 +272,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit Withdrawn(msg.sender, amount);
     }
 
-    function claimReward(uint256 disputeId) external nonReentrant {
-        DisputeRec storage d = _disputes[disputeId];
-        if (d.jobId == 0) revert UnknownDispute(disputeId);
-        RoundInfo storage r = _rounds[d.jobId][d.round];
-        if (!r.settled) revert RoundNotSettled(d.jobId, d.round);
-        // INVARIANT: only the earliest-opened dispute the solver lost is paid.
-        if (r.firstWinner != disputeId) revert NotAWinner(disputeId);
-        if (d.paid) revert AlreadyPaid(disputeId);
-        d.paid = true;
-        uint256 toChallenger = r.perChallenger;
-        uint256 toJury = d.verdict == Verdict.Invalid ? r.perJury : 0;
-        totalUnclaimed -= toChallenger + toJury;
-        address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
-        _credit(challenger, toChallenger);
-        if (toJury != 0) {
-            _token.safeTransfer(disputeGame, toJury);
-            IDisputeGame(disputeGame).creditJury(disputeId, toJury);
-        }
-        emit RewardClaimed(disputeId, challenger, toChallenger, toJury);
-    }
-
     // --- verifier ---
 
     function attest(uint256 jobId) external {
@@ -304,15 +282,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (block.number <= j.sampleBlock || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
         }
         uint32 round = j.round;
-        address[] storage seats = _committee[jobId][round];
-        uint256 n = seats.length;
+        mapping(uint256 => uint256) storage words = _seats[jobId][round];
         uint256 i;
-        while (i < n && seats[i] != msg.sender) ++i;
+        uint256 e;
+        for (; i < MAX_COMMITTEE; ++i) {
+            e = _seat(words, i);
+            if (e == 0 || address(uint160(e)) == msg.sender) break;
+        }
         // INVARIANT: only the seed's stake-weighted committee attests, so sybils cannot crowd it.
-        if (i == n) revert NotInCommittee(msg.sender);
-        uint256 mask = _attestedMask[jobId][round];
-        if (mask & (1 << i) != 0) revert AlreadyAttested(msg.sender);
-        _attestedMask[jobId][round] = mask | (1 << i);
+        if (e == 0 || i == MAX_COMMITTEE) revert NotInCommittee(msg.sender);
+        if (e & ATTESTED != 0) revert AlreadyAttested(msg.sender);
+        uint256 bit = i * SEAT_BITS + 160;
+        words[bit >> 8] |= uint256(1) << (bit & 255);
         j.attestations += 1;
         emit Attested(jobId, msg.sender, round);
     }
@@ -415,29 +396,19 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function committeeOf(uint256 jobId) external view returns (address[] memory) {
-        return _committee[jobId][_jobs[jobId].round];
+        return _committeeOf(jobId, false);
     }
 
-    function attestorsOf(uint256 jobId) public view returns (address[] memory out) {
-        uint32 round = _jobs[jobId].round;
-        address[] storage seats = _committee[jobId][round];
-        uint256 mask = _attestedMask[jobId][round];
-        out = new address[](seats.length);
-        uint256 m;
-        for (uint256 i; i < seats.length; ++i) {
-            if (mask & (1 << i) != 0) out[m++] = seats[i];
-        }
-        assembly ("memory-safe") {
-            mstore(out, m)
-        }
+    function attestorsOf(uint256 jobId) public view returns (address[] memory) {
+        return _committeeOf(jobId, true);
     }
 
     function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
-        uint32 round = _jobs[jobId].round;
-        address[] storage seats = _committee[jobId][round];
-        uint256 mask = _attestedMask[jobId][round];
-        for (uint256 i; i < seats.length; ++i) {
-            if (seats[i] == verifier) return mask & (1 << i) != 0;
+        mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
+        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+            uint256 e = _seat(words, i);
+            if (e == 0) break;
+            if (address(uint160(e)) == verifier) return e & ATTESTED != 0;
         }
         return false;
     }
@@ -449,7 +420,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function disputeRef(uint256 disputeId) external view returns (DisputeRef memory) {
         DisputeRec storage d = _disputes[disputeId];
         address challenger = d.jobId == 0 ? address(0) : IDisputeGame(disputeGame).challengerOf(disputeId);
-        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled, d.verdict, d.paid);
+        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled, d.verdict);
     }
 
     function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
@@ -474,7 +445,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function totalOwed() external view returns (uint256) {
-        return totalEscrow + totalCredits + totalUnclaimed;
+        return totalEscrow + totalCredits;
     }
 
     // --- internals ---
@@ -513,9 +484,17 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             keccak256(abi.encode(seed, "attest")), _attestorsPerJob, j.poolLen, j.snapshotBlock, exclude
         );
         uint32 round = j.round;
-        address[] storage stored = _committee[jobId][round];
+        mapping(uint256 => uint256) storage words = _seats[jobId][round];
+        uint256[] memory buf = new uint256[]((seats.length * SEAT_BITS + 255) >> 8);
         for (uint256 i; i < seats.length; ++i) {
-            stored.push(seats[i]);
+            uint256 bit = i * SEAT_BITS;
+            uint256 o = bit & 255;
+            uint256 e = uint160(seats[i]);
+            buf[bit >> 8] |= e << o;
+            if (o + SEAT_BITS > 256) buf[(bit >> 8) + 1] |= e >> (256 - o);
+        }
+        for (uint256 w; w < buf.length; ++w) {
+            words[w] = buf[w];
         }
         emit CommitteeDrawn(jobId, round, seats);
     }
@@ -529,10 +508,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (r.sampledInvalid) chPot += _slashAttestors(jobId);
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
-        uint256 perJury = _disputes[r.firstWinner].verdict == Verdict.Invalid ? juryPot : 0;
+        uint256 winner = r.firstWinner;
+        uint256 perJury = _disputes[winner].verdict == Verdict.Invalid ? juryPot : 0;
         uint256 perCh = chPot + juryPot - perJury;
-        totalUnclaimed += perCh + perJury;
         _credit(j.submitter, toSubmitter);
+        // One winner, so it is paid here: O(1) however many disputes the round had.
+        address challenger = IDisputeGame(disputeGame).challengerOf(winner);
+        _credit(challenger, perCh);
+        if (perJury != 0) {
+            _token.safeTransfer(disputeGame, perJury);
+            IDisputeGame(disputeGame).creditJury(winner, perJury);
+        }
+        emit RewardPaid(winner, challenger, perCh, perJury);
         r.settled = true;
         r.perChallenger = uint128(perCh);
         r.perJury = uint128(perJury);
@@ -549,6 +536,32 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         for (uint256 i; i < atts.length; ++i) {
             total += taken[i];
             emit AttestorSlashed(jobId, atts[i], taken[i]);
+        }
+    }
+
+    /// @dev Seat i of the bit stream (it may straddle two words); 0 past the last seat.
+    function _seat(mapping(uint256 => uint256) storage words, uint256 i) internal view returns (uint256 e) {
+        unchecked {
+            uint256 bit = i * SEAT_BITS;
+            uint256 w = bit >> 8;
+            uint256 o = bit & 255;
+            e = words[w] >> o;
+            if (o + SEAT_BITS > 256) e |= words[w + 1] << (256 - o);
+            e &= SEAT_MASK;
+        }
+    }
+
+    function _committeeOf(uint256 jobId, bool attestedOnly) internal view returns (address[] memory out) {
+        mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
+        out = new address[](MAX_COMMITTEE);
+        uint256 m;
+        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+            uint256 e = _seat(words, i);
+            if (e == 0) break;
+            if (!attestedOnly || e & ATTESTED != 0) out[m++] = address(uint160(e));
+        }
+        assembly ("memory-safe") {
+            mstore(out, m)
         }
     }
 
@@ -599,7 +612,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // INVARIANT: dispute ids are unique (the game never reuses one).
         if (d.jobId != 0) revert UnknownDispute(disputeId);
         uint32 round = j.round;
-        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false, Verdict.None, false);
+        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false, Verdict.None);
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 

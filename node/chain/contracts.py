@@ -213,7 +213,7 @@ class RoundInfo:
     settled: bool
     jury_wins: int
     timeout_wins: int
-    first_winner: int  # the earliest-opened dispute the solver lost: the one claim_reward pays
+    first_winner: int  # the earliest-opened dispute the solver lost: the one finalize pays
     per_challenger: int
     per_jury: int
 
@@ -226,7 +226,6 @@ class DisputeRef:
     round: int
     settled: bool
     verdict: Verdict
-    paid: bool
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "verdict", Verdict(self.verdict))
@@ -293,10 +292,6 @@ class Market(Bound):
     def withdraw(self) -> int:
         """Pays out the caller's credit; returns the amount."""
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
-
-    def claim_reward(self, dispute_id: int) -> TxReceipt:
-        """Credit a winning challenger (and its majority jurors) once the round is settled."""
-        return self.transact("claimReward", dispute_id)
 
     # verifier
     def attest(self, job_id: int) -> TxReceipt:

@@ -28,7 +28,7 @@ pragma solidity ^0.8.24;
 ///      by `finalize` after the window, when all disputes of the round have ended:
 ///      submitterShareBps to the submitter, the rest (plus the attestors' slashes when a
 ///      jury proved a sampled segment invalid) to the challenger of the EARLIEST-OPENED
-///      dispute the solver lost (`RoundInfo.firstWinner`, paid by `claimReward`). Opening
+///      dispute the solver lost (`RoundInfo.firstWinner`, paid in that `finalize`). Opening
 ///      order, not finishing order: a puppet opened after an honest challenge cannot take
 ///      its reward by losing faster, and a puppet opened before any honest one is the
 ///      cheater reporting itself (it forfeits the reward and the submitter share).
@@ -124,7 +124,6 @@ interface IJobMarket {
         uint32 round; // job round the dispute belongs to
         bool settled; // the dispute game reported its verdict
         Verdict verdict;
-        bool paid; // claimReward done
     }
 
     /// @notice Settlement state of one round of a job.
@@ -135,8 +134,8 @@ interface IJobMarket {
         uint32 juryWins; // disputes of the round that ended Invalid
         uint32 timeoutWins; // disputes of the round that ended SolverTimedOut
         uint64 firstWinner; // the earliest-opened dispute the solver lost: the one paid
-        uint128 perChallenger; // what claimReward credits firstWinner's challenger
-        uint128 perJury; // what claimReward hands the dispute game for firstWinner's majority jurors
+        uint128 perChallenger; // what firstWinner's challenger was credited
+        uint128 perJury; // what firstWinner's majority jurors were handed (through the game)
     }
 
     // --- events ---
@@ -176,7 +175,7 @@ interface IJobMarket {
     event RoundSettled(
         uint256 indexed jobId, uint32 round, uint256 slashedBond, uint256 toSubmitter, uint128 perChallenger, uint128 perJury
     );
-    event RewardClaimed(uint256 indexed disputeId, address indexed challenger, uint256 amount, uint256 juryAmount);
+    event RewardPaid(uint256 indexed disputeId, address indexed challenger, uint256 amount, uint256 juryAmount);
     event AttestorSlashed(uint256 indexed jobId, address indexed attestor, uint256 amount);
     event JobReopened(uint256 indexed jobId, address indexed formerSolver, uint32 round);
     event JobReclaimed(uint256 indexed jobId, address indexed solver, uint256 slashed, uint256 unlocked);
@@ -221,9 +220,6 @@ interface IJobMarket {
     error UnknownDispute(uint256 disputeId);
     error DisputeNotLive(uint256 disputeId);
     error DisputesOpen(uint32 openDisputes);
-    error RoundNotSettled(uint256 jobId, uint32 round);
-    error NotAWinner(uint256 disputeId);
-    error AlreadyPaid(uint256 disputeId);
     error NothingToWithdraw();
 
     // --- submitter ---
@@ -264,8 +260,9 @@ interface IJobMarket {
     /// @notice After the window, with no live dispute. A clean round: credits the solver the
     ///         reward, unlocks its bond, pays each committee member that attested
     ///         verificationBudget / attestorsPerJob (the rest to the submitter). A condemned
-    ///         round: slashes the bond, credits the submitter its share, sets the winners'
-    ///         shares (`claimReward`), slashes the attestors if a sampled segment was proven
+    ///         round: slashes the bond, credits the submitter its share and the round's first
+    ///         winner the rest (its majority jurors their share, through the dispute game),
+    ///         slashes the attestors (to that winner) if a jury proved a sampled segment
     ///         invalid, and reopens the job with its escrow intact.
     function finalize(uint256 jobId) external;
 
@@ -276,11 +273,6 @@ interface IJobMarket {
     /// @notice Pay out the caller's credit.
     function withdraw() external returns (uint256 amount);
 
-    /// @notice Anyone, once the dispute's round is settled: credit the round's first winner's
-    ///         challenger its share (and hand that dispute's majority jurors theirs through the
-    ///         dispute game; when it was won on the solver's clock, the jurors' share goes to the
-    ///         challenger too).
-    function claimReward(uint256 disputeId) external;
 
     // --- verifier ---
 
@@ -333,9 +325,8 @@ interface IJobMarket {
     function token() external view returns (address);
     function registry() external view returns (address);
     function disputeGame() external view returns (address);
-    /// @notice Escrow of unsettled jobs + unpaid credits + unclaimed rewards: what the market owes.
+    /// @notice Escrow of unsettled jobs + unpaid credits: what the market owes.
     function totalOwed() external view returns (uint256);
     function totalEscrow() external view returns (uint256);
     function totalCredits() external view returns (uint256);
-    function totalUnclaimed() external view returns (uint256);
 }

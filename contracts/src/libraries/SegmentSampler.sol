@@ -6,37 +6,39 @@ pragma solidity ^0.8.24;
 ///         `sample_segments`: draw `i` is
 ///         `uint256(keccak256(abi.encode(seed, i))) % segmentCount`, duplicates are
 ///         skipped, until `min(n, segmentCount)` distinct segments; returned in draw order.
-/// @dev Cost grows with n^2 (duplicate check) and, when n is close to segmentCount,
-///      with the coupon-collector number of draws: keep n small (tens).
+/// @dev Duplicates are found in a memory bitmap (one bit per segment), so a draw costs
+///      a keccak and two word operations; `contains` stops at the first draw of the
+///      segment. When n is close to segmentCount the coupon-collector number of draws
+///      still grows: keep n well below segmentCount.
 library SegmentSampler {
     function sample(bytes32 seed, uint256 segmentCount, uint256 n) internal pure returns (uint256[] memory out) {
         if (segmentCount == 0) return new uint256[](0);
         if (n > segmentCount) n = segmentCount;
         out = new uint256[](n);
+        uint256[] memory seen = new uint256[]((segmentCount + 255) >> 8);
         uint256 filled;
-        uint256 i;
-        while (filled < n) {
+        for (uint256 i; filled < n; ++i) {
             uint256 s = uint256(keccak256(abi.encode(seed, i))) % segmentCount;
-            bool dup;
-            for (uint256 j; j < filled; ++j) {
-                if (out[j] == s) {
-                    dup = true;
-                    break;
-                }
-            }
-            if (!dup) out[filled++] = s;
-            unchecked {
-                ++i;
-            }
+            uint256 bit = uint256(1) << (s & 255);
+            if (seen[s >> 8] & bit != 0) continue;
+            seen[s >> 8] |= bit;
+            out[filled++] = s;
         }
     }
 
     /// @notice True when `segment` is among `sample(seed, segmentCount, n)`.
     function contains(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment) internal pure returns (bool) {
         if (segment >= segmentCount) return false;
-        uint256[] memory s = sample(seed, segmentCount, n);
-        for (uint256 j; j < s.length; ++j) {
-            if (s[j] == segment) return true;
+        if (n >= segmentCount) return true;
+        uint256[] memory seen = new uint256[]((segmentCount + 255) >> 8);
+        uint256 filled;
+        for (uint256 i; filled < n; ++i) {
+            uint256 s = uint256(keccak256(abi.encode(seed, i))) % segmentCount;
+            if (s == segment) return true;
+            uint256 bit = uint256(1) << (s & 255);
+            if (seen[s >> 8] & bit != 0) continue;
+            seen[s >> 8] |= bit;
+            ++filled;
         }
         return false;
     }
