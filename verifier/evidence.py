@@ -25,8 +25,9 @@ from node.errors import (
 from node.logs import get_logger
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.runtime import Runtime
+from node.train.layout import max_file_bytes
 from node.train.step import TrainContext
-from node.train.trace import TraceManifest, load_checkpoint, merkle_proof
+from node.train.trace import MAX_MANIFEST_BYTES, TraceManifest, load_checkpoint, merkle_proof
 from verifier.replay import (
     CommittedState,
     load_committed_start,
@@ -52,8 +53,11 @@ class JobEvidence:
     _states: dict[tuple[int, bytes], Tensors] = field(default_factory=dict)
 
     async def _load(self, artifact_id: str, state_hash: bytes) -> Tensors:
-        path = await self.rt.fetch(artifact_id, (self.job.solver,))
-        # The spec bounds the file and its layout before a tensor byte is read.
+        # The spec bounds the download, then the file and its layout before a tensor
+        # byte is read; what we fetch is pinned for the job and collected once it settles.
+        path = await self.rt.fetch(artifact_id, (self.job.solver,),
+                                   expected_size=max_file_bytes(self.ctx.spec),
+                                   job_id=self.job_id)
         ck = await trio.to_thread.run_sync(load_checkpoint, path, state_hash, self.ctx.spec)
         return dict(ck.tensors)
 
@@ -176,7 +180,8 @@ class Evidence:
     async def _manifest(self, job_id: int, job: Job) -> TraceManifest | None:
         for aid in list(self.rt.book.manifests.get(job_id, [])):
             try:
-                path = await self.rt.fetch(aid, (job.solver,), timeout=30)
+                path = await self.rt.fetch(aid, (job.solver,), timeout=30,
+                                           expected_size=MAX_MANIFEST_BYTES, job_id=job_id)
                 m = parse_manifest(path.read_bytes())
             except PolnetError as exc:
                 log.warning("manifest_unusable", job=job_id, artifact=aid, error=str(exc))

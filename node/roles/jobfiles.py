@@ -12,12 +12,13 @@ import trio
 from node.datasets import Dataset, load_dataset
 from node.errors import SpecError
 from node.roles.runtime import Runtime
-from node.spec import JobSpec, parse_spec_json
+from node.spec import MAX_SPEC_BYTES, JobSpec, parse_spec_json
 
 
 async def fetch_job_inputs(rt: Runtime, spec_hash: bytes, dataset_hash: bytes,
                            hint_accounts: tuple[str, ...] = ()) -> tuple[JobSpec, Dataset]:
-    spec_path = await rt.fetch(spec_hash.hex(), hint_accounts)
+    # A spec is small: a provider claiming more is lying and is refused before a byte.
+    spec_path = await rt.fetch(spec_hash.hex(), hint_accounts, expected_size=MAX_SPEC_BYTES)
     spec = parse_spec_json(spec_path.read_bytes())
     if spec.spec_hash() != spec_hash:
         # The store checked the file's sha256; a non-canonical encoding would land here.
