@@ -400,7 +400,7 @@ def test_challenge_with_python_merkle_proof(chain: LocalChain, roles: Roles) -> 
     assert v.registry.free_stake(v.address) == free - bond
     ref = v.market.dispute_ref(dispute_id)
     assert (ref.job_id, ref.segment, ref.challenger, ref.round) == (job, seg, v.address, 1)
-    assert (ref.settled, ref.verdict, ref.paid) == (False, Verdict.NONE, False)
+    assert (ref.settled, ref.verdict) == (False, Verdict.NONE)
     assert v.market.isDisputeLive(dispute_id)
     assert v.market.get_job(job).open_disputes == 1
     chain.advance(v.market.market_params().verification_window)
@@ -508,7 +508,6 @@ def test_solver_timeout_condemns_the_round_settled_once_at_finalize(
     seg = 4
     did = v.market.challenge(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
                              tree.proof(seg + 1))
-    assert revert(m.claim_reward, did).error == "RoundNotSettled"
     r = _timeout(chain, roles, did)  # the solver never posts its mids
     assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.SOLVER_TIMED_OUT
     assert m.events(r, "RoundCondemned")[0]["args"]["round"] == 1
@@ -517,11 +516,12 @@ def test_solver_timeout_condemns_the_round_settled_once_at_finalize(
     assert j.status == JobStatus.COMMITTED and j.window_end >= chain.timestamp() + \
         mp.dispute_grace
     info = m.round_info(job, 1)
-    assert (info.condemned, info.settled, info.jury_wins, info.timeout_wins) == \
-        (True, False, 0, 1)
+    assert (info.condemned, info.settled, info.jury_wins, info.timeout_wins,
+            info.first_winner) == (True, False, 0, 1, did)
+    assert m.dispute_ref(did).verdict == Verdict.SOLVER_TIMED_OUT
     assert v.registry.locked_stake(v.address) == 0  # the winner's bond is unlocked
     assert v.dispute.total_burned() == 0
-    assert revert(m.claim_reward, did).error == "RoundNotSettled"
+    assert m.credits(v.address) == 0  # nothing paid before the round settles
     assert revert(m.finalize, job).error == "WindowNotOver"
     escrow = int(m.call("totalEscrow"))
     check_conserved(chain)
@@ -531,10 +531,13 @@ def test_solver_timeout_condemns_the_round_settled_once_at_finalize(
     r = m.finalize(job)
     to_sub = bond * mp.submitter_share_bps // BPS
     jury_pot = bond * mp.juror_share_bps // BPS
-    per = bond - to_sub  # one timeout win, no jury: it takes the jurors' share too
+    per = bond - to_sub  # won on the solver's clock, no jurors: it takes their share too
     st = m.events(r, "RoundSettled")[0]["args"]
     assert (st["slashedBond"], st["toSubmitter"], st["perChallenger"], st["perJury"]) == \
         (bond, to_sub, per, 0)
+    paid = m.events(r, "RewardPaid")[0]["args"]
+    assert (paid["disputeId"], paid["challenger"], paid["amount"], paid["juryAmount"]) == \
+        (did, v.address, per, 0)
     assert jury_pot > 0 and not m.events(r, "AttestorSlashed")
     assert m.events(r, "JobReopened")[0]["args"]["formerSolver"] == solver.address
     j = m.get_job(job)
@@ -543,19 +546,10 @@ def test_solver_timeout_condemns_the_round_settled_once_at_finalize(
     assert solver.registry.locked_stake(solver.address) == 0
     assert solver.registry.free_stake(solver.address) == 500 * TOKEN - bond
     assert m.credits(roles.submitter.address) == to_sub
-    assert int(m.call("totalUnclaimed")) == per
+    assert m.credits(v.address) == per
     info = m.round_info(job, 1)
     assert (info.settled, info.per_challenger, info.per_jury) == (True, per, 0)
-    assert revert(m.finalize, job).error == "InvalidStatus"
-    check_conserved(chain)
-
-    r = m.claim_reward(did)  # anyone may; the challenger is credited
-    rc = m.events(r, "RewardClaimed")[0]["args"]
-    assert (rc["challenger"], rc["amount"], rc["juryAmount"]) == (v.address, per, 0)
-    assert m.credits(v.address) == per and int(m.call("totalUnclaimed")) == 0
-    assert m.dispute_ref(did).paid
-    assert revert(m.claim_reward, did).error == "AlreadyPaid"
-    assert revert(m.claim_reward, did + 1).error == "UnknownDispute"
+    assert revert(m.finalize, job).error == "InvalidStatus"  # settled once
     assert v.market.withdraw() == per
     check_conserved(chain)
 
@@ -605,23 +599,27 @@ def test_jury_verdict_pays_the_provers_and_slashes_the_attestors(chain: LocalCha
     for a in d.jury:
         roles.by_address(a).dispute.commit_vote(did, False, salt)
     chain.advance(int(dp.commitWindow))
+    # the other dispute ends first: the solver's clock ran out meanwhile
+    roles.outsider.dispute.timeout(did2)
+    assert m.dispute_ref(did2).verdict == Verdict.SOLVER_TIMED_OUT
+    assert m.round_info(job, 1).first_winner == did2  # the only one lost so far
     for a in d.jury:
         roles.by_address(a).dispute.reveal_vote(did, False, salt)
     chain.advance(int(dp.revealWindow))
     r = game.resolve(did)
     assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.INVALID
     assert chal.registry.locked_stake(chal.address) == 0
-    _timeout(chain, roles, did2)  # the other dispute: the solver's clock ran out long ago
-    assert m.dispute_ref(did2).verdict == Verdict.SOLVER_TIMED_OUT
     info = m.round_info(job, 1)
-    assert (info.condemned, info.sampled_invalid, info.jury_wins, info.timeout_wins) == \
-        (True, True, 1, 1)
+    # opening order, not finishing order: the earlier-opened jury win is the one paid
+    assert (info.condemned, info.sampled_invalid, info.jury_wins, info.timeout_wins,
+            info.first_winner) == (True, True, 1, 1, did)
     assert m.get_job(job).status == JobStatus.COMMITTED
     check_conserved(chain)
 
     chain.advance(mp.dispute_grace)
     bond = REWARD * mp.bond_factor_bps // BPS
     game_credits = int(game.call("totalCredits"))
+    juror_credits = [game.credits(a) for a in d.jury]
     r = m.finalize(job)
     cut = int(solver.registry.call("minVerifierStake")) * mp.attestor_slash_bps // BPS
     sl = m.events(r, "AttestorSlashed")
@@ -632,20 +630,16 @@ def test_jury_verdict_pays_the_provers_and_slashes_the_attestors(chain: LocalCha
     per_ch = bond - to_sub - per_jury + cut  # the jury win alone: the clock win gets nothing
     st = m.events(r, "RoundSettled")[0]["args"]
     assert (st["slashedBond"], st["perChallenger"], st["perJury"]) == (bond, per_ch, per_jury)
+    paid = m.events(r, "RewardPaid")
+    assert [(p["args"]["disputeId"], p["args"]["challenger"], p["args"]["amount"],
+             p["args"]["juryAmount"]) for p in paid] == [(did, chal.address, per_ch, per_jury)]
     assert m.get_job(job).status == JobStatus.OPEN
     assert m.credits(sub.address) == to_sub
-    check_conserved(chain)
-
-    assert revert(m.claim_reward, did2).error == "NotAWinner"
-    r = m.claim_reward(did)
-    rc = m.events(r, "RewardClaimed")[0]["args"]
-    assert (rc["challenger"], rc["amount"], rc["juryAmount"]) == (chal.address, per_ch, per_jury)
-    assert m.credits(chal.address) == per_ch
+    assert m.credits(chal.address) == per_ch and m.credits(chal2.address) == 0
+    # the majority jurors' share went to the game, split among them
     assert int(game.call("totalCredits")) == game_credits + per_jury
-    n = len(d.jury)
-    shares = [game.credits(a) for a in d.jury]
-    assert sum(shares) == per_jury and min(shares) >= per_jury // n
-    assert int(m.call("totalUnclaimed")) == 0
+    shares = [game.credits(a) - c for a, c in zip(d.jury, juror_credits, strict=True)]
+    assert sum(shares) == per_jury and min(shares) >= per_jury // len(d.jury)
     check_conserved(chain)
 
 
