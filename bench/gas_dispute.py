@@ -5,10 +5,10 @@ sampled, a committee of 3 that attests), then plays: challenge of a sampled segm
 ceil(log_fanout(k)) bisection rounds (postMids + choose; the last choose requests the
 jury) -> drawJury once the seed block is mined -> every juror commits and reveals ->
 resolve -> finalize of the condemned round after the window (the solver's bond split
-once, the attestors slashed) -> claimReward (the challenger's share, the jury's share
-handed to the game) -> everyone credited withdraws (jurors from the game; challenger
-and submitter from the market). Gas is each receipt's gasUsed; the committee's own
-attestations belong to the job's life (bench/gas.py), not to the dispute.
+once, the attestors slashed, the winner and its jury paid) -> everyone credited
+withdraws (jurors from the game; challenger and submitter from the market). Gas is
+each receipt's gasUsed; the committee's own attestations belong to the job's life
+(bench/gas.py), not to the dispute.
 
 The default outcome is the costlier one: the step is invalid, and the challenger picks
 a middle part whenever there is one (both range ends move: two hash writes).
@@ -48,7 +48,7 @@ from node.chain.rpc import make_web3  # noqa: E402
 TARGET = 1_200_000
 SEGMENTS, SAMPLES, COMMITTEE = 64, 44, 3  # production sampling, as in bench/gas.py
 CALLS = ("challenge", "postMids", "choose", "drawJury", "commitVote", "revealVote", "resolve",
-         "finalize", "claimReward", "withdraw")
+         "finalize", "withdraw")
 
 
 def _avg(xs: list[int]) -> int:
@@ -161,8 +161,7 @@ def _play(c: LocalChain, k: int, jurors: int, solver_wins: bool) -> dict[str, An
         r = sub.market.finalize(job)  # the condemned round: bond split, attestors slashed
         gas["finalize"].append(r["gasUsed"])
         assert m.events(r, "AttestorSlashed"), "the sampled segment's attestors were not slashed"
-        r = chal.market.claim_reward(did)
-        gas["claimReward"].append(r["gasUsed"])
+        assert m.events(r, "RewardPaid"), "finalize did not pay the round's winner"
     for i, who in enumerate(c.addresses):
         if g.credits(who):
             gas["withdraw"].append(c[i].dispute.transact("withdraw")["gasUsed"])
@@ -192,7 +191,6 @@ def _play(c: LocalChain, k: int, jurors: int, solver_wins: bool) -> dict[str, An
         "revealVote_avg": _avg(gas["revealVote"]),
         "resolve": gas["resolve"][0],
         "finalize_condemned": gas["finalize"][0] if gas["finalize"] else None,
-        "claimReward": gas["claimReward"][0] if gas["claimReward"] else None,
         "withdraw_avg": _avg(gas["withdraw"]),
         "withdraw_count": len(gas["withdraw"]),
         "tx_count": sum(len(v) for v in gas.values()),
@@ -211,7 +209,7 @@ def print_run(run: dict[str, Any]) -> None:
           f"{run['attestors']} attestors, step {run['outcome']}:")
     for key in ("challenge", "postMids_avg", "choose_avg", "choose_last_with_jury_request",
                 "bisection_round_avg", "drawJury", "commitVote_avg", "revealVote_avg",
-                "resolve", "finalize_condemned", "claimReward", "withdraw_avg"):
+                "resolve", "finalize_condemned", "withdraw_avg"):
         if run[key] is not None:
             print(f"  {key:<30} {run[key]:>10,}")
     print(f"  {'withdrawals':<30} {run['withdraw_count']:>10}")
