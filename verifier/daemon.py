@@ -20,6 +20,7 @@ import trio
 
 from node.chain.contracts import JobStatus, Phase, Side, Verdict
 from node.chain.events import ChainEvent, EventWatcher
+from node.chain.revert_names import errors
 from node.errors import PolnetError
 from node.logs import get_logger
 from node.roles.runtime import VERIFIER, Runtime, guarded
@@ -28,8 +29,17 @@ from verifier.evidence import Evidence, judge_segment
 
 log = get_logger("polnet.verifier")
 
-BENIGN_ATTEST = ("AlreadyAttested", "NotInCommittee", "WindowClosed", "InvalidStatus")
-BENIGN_CHALLENGE = ("WindowClosed", "InvalidStatus", "ChallengerBarredFrom")
+# Reverts that mean "already done, or not ours to do": checked against the ABIs.
+BENIGN_ATTEST = errors("AlreadyAttested", "NotInCommittee", "WindowClosed", "InvalidStatus")
+BENIGN_CHALLENGE = errors("WindowClosed", "InvalidStatus", "ChallengerBarredFrom")
+FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen")
+SEED_BENIGN = errors("SeedAlreadyFixed")
+DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
+TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
+REVEAL_BENIGN = errors("AlreadyRevealed", "RevealNotOpen")
+RESOLVE_BENIGN = errors("WrongPhase", "RevealNotOver")
+MOVE_BENIGN = errors("NotYourTurn", "WrongPhase")
+VOTE_BENIGN = errors("AlreadyCommitted", "CommitClosed")
 
 
 class Verifier:
@@ -98,7 +108,7 @@ class Verifier:
                 nursery.start_soon(guarded, "_check_job", self._check_job, jid)
             if now > job.window_end and job.open_disputes == 0:
                 await rt.transact_ok(c.market.finalize, jid,
-                                     benign=("InvalidStatus", "WindowNotOver", "DisputesOpen"))
+                                     benign=FINALIZE_BENIGN)
         for key, info in list(self.state.data["disputes"].items()):
             if f"d{key}" not in self._busy and info.get("phase") != "over":
                 self._busy.add(f"d{key}")
@@ -118,7 +128,7 @@ class Verifier:
             if job.seed == bytes(32):
                 if await rt.chain(c.block_number) <= job.sample_block:
                     return  # the seed block is not mined yet: next tick
-                await rt.transact_ok(c.market.fix_seed, jid, benign=("SeedAlreadyFixed",))
+                await rt.transact_ok(c.market.fix_seed, jid, benign=SEED_BENIGN)
             segments = await rt.chain(c.market.sampled_segments, jid)
             ev = await self.evidence.for_job(jid, job)
             if ev is None:
@@ -232,12 +242,12 @@ class Verifier:
             if d.phase == Phase.DRAWING:
                 if await rt.chain(c.block_number) > d.draw_block:
                     await rt.transact_ok(c.dispute.draw_jury, did,
-                                         benign=("WrongPhase", "JuryNotReady"))
+                                         benign=DRAW_BENIGN)
                 return
             if d.phase == Phase.BISECTION:
                 if d.turn == Side.SOLVER and d.solver_clock_left == 0:
                     await rt.transact_ok(c.dispute.timeout, did,
-                                         benign=("WrongPhase", "ClockNotExpired"))
+                                         benign=TIMEOUT_BENIGN)
                 elif d.turn == Side.CHALLENGER and info["role"] == "challenger":
                     await self._choose(d)
             elif d.phase == Phase.COMMIT and info["role"] == "juror" and "salt" not in info:
@@ -246,12 +256,12 @@ class Verifier:
                 if info["role"] == "juror" and "salt" in info and not info.get("revealed"):
                     await rt.transact_ok(c.dispute.reveal_vote, did, info["valid"],
                                          bytes.fromhex(info["salt"]),
-                                         benign=("AlreadyRevealed", "RevealNotOpen"))
+                                         benign=REVEAL_BENIGN)
                     with self.state as st:
                         st["disputes"][key]["revealed"] = True
                 if now > d.reveal_end:
                     await rt.transact_ok(c.dispute.resolve, did,
-                                         benign=("WrongPhase", "RevealNotOver"))
+                                         benign=RESOLVE_BENIGN)
         except PolnetError as exc:
             log.warning("dispute_move_failed", dispute=did, error=str(exc))
         finally:
@@ -266,7 +276,7 @@ class Verifier:
             job = await rt.chain(c.market.get_job, d.job_id)
             if job.open_disputes == 0 and await rt.chain(c.timestamp) > job.window_end:
                 await rt.transact_ok(c.market.finalize, d.job_id,
-                                     benign=("InvalidStatus", "WindowNotOver", "DisputesOpen"))
+                                     benign=FINALIZE_BENIGN)
             return False
         log.info("round_settled", dispute=d.id, job=d.job_id, paid_us=r.first_winner == d.id)
         return True
@@ -292,7 +302,7 @@ class Verifier:
             # Nothing to replay from: the first part is as disputable as any, and a
             # state the solver cannot serve counts against it.
             await self.rt.transact_ok(c.dispute.choose, d.id, 0, hashes,
-                                      benign=("NotYourTurn", "WrongPhase"))
+                                      benign=MOVE_BENIGN)
             log.info("part_chosen", dispute=d.id, disputed=[points[0], points[1]],
                      why=f"state {d.lo} unusable")
             return
@@ -319,7 +329,7 @@ class Verifier:
         if self.malicious:
             part = len(points) - 2  # walk to the last step and hope the jury errs
         await self.rt.transact_ok(c.dispute.choose, d.id, part, hashes,
-                                  benign=("NotYourTurn", "WrongPhase"))
+                                  benign=MOVE_BENIGN)
         log.info("part_chosen", dispute=d.id, range=[d.lo, d.hi],
                  disputed=[points[part], points[part + 1]], why=why)
 
@@ -341,5 +351,5 @@ class Verifier:
         with self.state as st:  # salt on disk before the commitment leaves
             st["disputes"][str(d.id)].update(valid=valid, salt=salt.hex())
         await self.rt.transact_ok(self.rt.chain_client.dispute.commit_vote, d.id, valid, salt,
-                                  benign=("AlreadyCommitted", "CommitClosed"))
+                                  benign=VOTE_BENIGN)
         log.info("vote_committed", dispute=d.id, step=[d.lo, d.hi], valid=valid)

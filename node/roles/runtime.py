@@ -22,6 +22,7 @@ from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
 from node.chain.events import EventWatcher
+from node.chain.revert_names import errors
 from node.config import NodeSettings
 from node.errors import ContractRevert, PeerUnavailable, RpcUnavailable
 from node.logs import get_logger
@@ -284,6 +285,7 @@ class Runtime:
                           benign: tuple[str, ...] = ()) -> bool:
         """Send a transaction; a revert named in ``benign`` (someone else did it
         first, or our own earlier try landed) is logged and returns False."""
+        errors(*benign)  # a name no contract has would turn a benign revert into a crash
         try:
             await self.chain(fn, *args)
             return True

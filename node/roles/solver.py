@@ -19,6 +19,7 @@ import trio
 
 from node.chain.contracts import JobStatus, Phase, Side
 from node.chain.events import ChainEvent, EventWatcher
+from node.chain.revert_names import errors
 from node.errors import ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
@@ -31,6 +32,14 @@ from node.train.budget import machine_memory_mb
 from node.train.probe import probe_job
 
 log = get_logger("polnet.solver")
+
+# Reverts that mean "already done, by us or someone else": checked against the ABIs.
+CLAIM_BENIGN = errors("InvalidStatus")  # another solver claimed it first
+COMMIT_BENIGN = errors("InvalidStatus")  # our commit already landed (a lost receipt, a restart)
+FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen")
+DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
+TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
+MOVE_BENIGN = errors("NotYourTurn", "WrongPhase")
 
 ANNOUNCE_EVERY_S = 3.0
 SAFETY_FACTOR = 2.0  # claim only if the estimated training time x this fits the deadline
@@ -120,8 +129,7 @@ class Solver:
                     self._set_phase(jid, "lost")
                 elif job.open_disputes == 0 and await self.rt.chain(c.timestamp) > job.window_end:
                     await self.rt.transact_ok(c.market.finalize, jid,
-                                              benign=("InvalidStatus", "WindowNotOver",
-                                                      "DisputesOpen"))
+                                              benign=FINALIZE_BENIGN)
         # A committed job still needs us (disputes), so it counts until it is paid.
         active = sum(1 for i in jobs.values()
                      if i["phase"] in ("training", "committing", "committed"))
@@ -192,7 +200,7 @@ class Solver:
         if await rt.chain(c.registry.free_stake, rt.address) < need:
             await rt.chain(c.token.ensure_allowance, c.registry.address, need)
             await rt.chain(c.registry.stake, need)
-        if not await rt.transact_ok(c.market.claim_job, jid, benign=("WrongStatus",)):
+        if not await rt.transact_ok(c.market.claim_job, jid, benign=CLAIM_BENIGN):
             self._drop(jid)
             return False
         job = await rt.chain(c.market.get_job, jid)
@@ -279,7 +287,7 @@ class Solver:
                 raise PolnetError(f"trace manifest root {manifest.root} is not its leaves' root")
             # Benign: our commit already landed (a lost receipt, a restart after it mined).
             await rt.transact_ok(c.market.commit_trace, jid, leaves, tree,
-                                 benign=("InvalidStatus",))
+                                 benign=COMMIT_BENIGN)
             job = await rt.chain(c.market.get_job, jid)
             if job.status == JobStatus.COMMITTED and job.solver.lower() == rt.address.lower():
                 self._set_phase(jid, "committed")
@@ -345,7 +353,7 @@ class Solver:
             # Anyone may draw; the seed is fixed, so whoever sends it gets the same jury.
             if await self.rt.chain(c.block_number) > d.draw_block:
                 await self.rt.transact_ok(c.dispute.draw_jury, did,
-                                          benign=("WrongPhase", "JuryNotReady"))
+                                          benign=DRAW_BENIGN)
             return
         key = f"d{did}"
         if d.phase == Phase.BISECTION and d.turn == Side.SOLVER and key not in self._busy:
@@ -355,7 +363,7 @@ class Solver:
         elif d.phase == Phase.BISECTION and d.turn == Side.CHALLENGER \
                 and d.challenger_clock_left == 0:
             await self.rt.transact_ok(c.dispute.timeout, did,
-                                      benign=("WrongPhase", "ClockNotExpired"))
+                                      benign=TIMEOUT_BENIGN)
 
     async def serve_state(self, jid: int, step: int, tensors: Any) -> str:
         """Store a regenerated state as a checkpoint artifact and announce it."""
@@ -389,7 +397,7 @@ class Solver:
             else:  # a test cheat: claim the states, serve none of them
                 hashes = [state_hash(states[t]) for t in steps]
             await self.rt.transact_ok(self.rt.chain_client.dispute.post_mids, did, hashes,
-                                      benign=("NotYourTurn", "WrongPhase"))
+                                      benign=MOVE_BENIGN)
             log.info("mids_posted", dispute=did, job=jid, steps=steps)
         finally:
             self._busy.discard(f"d{did}")
