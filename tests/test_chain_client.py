@@ -70,6 +70,29 @@ def test_revert_decoded_from_failed_receipt(chain: LocalChain) -> None:
     assert chain.w3.eth.get_transaction_count(c.address) == nonce + 1  # it was mined
 
 
+def test_revert_caused_by_a_rival_in_the_same_block_is_decoded(chain: LocalChain) -> None:
+    """Two solvers claim one job in the same block: the second reverts on chain, and
+    only a replay on the state that block left says why (issue 12: it used to replay
+    before the block, where the call passes, and report "reason unavailable")."""
+    from devnet.testing import job_terms
+    from node.chain.contracts import SOLVER
+
+    a, b = chain.join(2, SOLVER, 500 * 10**18), chain.join(3, SOLVER, 500 * 10**18)
+    job = chain[1].post_job(job_terms())
+    chain.rpc("evm_setAutomine", False)
+    try:
+        assert a.sender is not None and b.sender is not None
+        ha = a.sender.submit(a.market.tx_params("claimJob", job), gas=300_000)
+        hb = b.sender.submit(b.market.tx_params("claimJob", job), gas=300_000)
+        chain.mine()
+    finally:
+        chain.rpc("evm_setAutomine", True)
+    a.sender.wait(ha)
+    with pytest.raises(ContractRevert) as e:
+        b.sender.wait(hb, b.market.tx_params("claimJob", job))
+    assert e.value.error == "InvalidStatus"
+
+
 def test_error_table_builtin_and_unknown() -> None:
     t = ErrorTable()
     e = t.decode(bytes.fromhex("08c379a0") + abi_encode(["string"], ["nope"]))

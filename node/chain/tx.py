@@ -162,15 +162,20 @@ class TxSender:
         if tx is not None:
             call: TxParams = {"from": self.address, **tx,  # type: ignore[typeddict-item]
                               "gas": receipt["gasUsed"] + 100_000}
-            try:
-                self.w3.eth.call(call, block_identifier=max(receipt["blockNumber"] - 1, 0))
-            except ContractLogicError as exc:
-                return revert_from(exc, self.errors)
-            except Web3RPCError:
-                pass
-            except TRANSPORT_ERRORS:
-                pass
-        return TransactionFailed(f"transaction {tx_hash} reverted (reason unavailable)")
+            # Replay on the state the block left (a transaction ahead of ours in the same
+            # block, e.g. a rival claim, is what usually made it revert), then before it.
+            mined = int(receipt["blockNumber"])
+            for block in (mined, max(mined - 1, 0)):
+                try:
+                    self.w3.eth.call(call, block_identifier=block)
+                except ContractLogicError as exc:
+                    return revert_from(exc, self.errors)
+                except Web3RPCError:
+                    continue
+                except TRANSPORT_ERRORS:
+                    break
+        return TransactionFailed(f"transaction {tx_hash} reverted on chain and its replay at "
+                                 "the mined block passes (reason unavailable)")
 
 
 __all__ = ["TxSender", "revert_from"]
