@@ -60,3 +60,15 @@ def test_daemon_without_devnet_says_how_to_start_one(tmp_path: Path) -> None:
     out = polnet("solver", "run", "--dev-account", "2", home=tmp_path)
     assert out.returncode == 1
     assert "polnet devnet up" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_amounts_are_exact_decimals() -> None:
+    from node.cli.job_cmd import pol_to_wei
+    from node.errors import ConfigError
+
+    assert pol_to_wei("1.1", "--reward") == 1_100_000_000_000_000_000  # not ...128
+    assert pol_to_wei("100", "--reward") == 100 * 10**18
+    assert pol_to_wei("0.000000000000000001", "--budget") == 1
+    for bad in ("1e-19", "-1", "abc", "nan"):
+        with pytest.raises(ConfigError, match="--reward"):
+            pol_to_wei(bad, "--reward")

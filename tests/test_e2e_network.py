@@ -181,6 +181,10 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
                               str(challenged.args["disputeId"]), "--json"], env=env,
                              capture_output=True, text=True, timeout=60)
         game = json.loads(out.stdout)
+        for area, missing in (("job", "999"), ("dispute", "999")):  # no zero-filled records
+            bad = subprocess.run([sys.executable, "-m", "node.cli.main", area, "status",
+                                  missing], env=env, capture_output=True, text=True, timeout=60)
+            assert bad.returncode == 1 and f"no {area} 999" in bad.stderr, bad.stderr
         lo, hi = game["range"]
         assert (game["phase"], game["solver_won"], hi - lo, game["mid_steps"]) == (
             "resolved", True, 1, [])

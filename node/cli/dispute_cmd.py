@@ -28,6 +28,12 @@ def status(
     settings = load_config(config)
     c = ChainClient.from_deployment(Deployment.load(settings.deployment_path), None,
                                     settings.rpc_url)
+    count = int(c.dispute.call("disputeCount"))
+    if not 1 <= dispute_id <= count:
+        from node.errors import ConfigError
+
+        raise ConfigError(f"no dispute {dispute_id}: {count} dispute(s) so far (a dispute "
+                          "id, not a job id: `polnet job status JOB` lists its challenges)")
     d = c.dispute.get_dispute(dispute_id)
     data = {"id": d.id, "job": d.job_id, "segment": d.segment, "phase": d.phase.name.lower(),
             "range": [d.lo, d.hi], "steps": [d.start_step, d.end_step], "rounds": d.rounds,

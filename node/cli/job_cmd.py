@@ -21,6 +21,23 @@ app = typer.Typer(help="Submit training jobs and follow them to settlement.",
 TOKEN = 10**18
 
 
+def pol_to_wei(text: str, flag: str) -> int:
+    """POL as an exact decimal ("1.1" is 1.1e18 wei, not 1100000000000000128)."""
+    from decimal import Decimal, InvalidOperation
+
+    from node.errors import ConfigError
+
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise ConfigError(f"{flag} {text!r} is not a number of POL (e.g. 100 or 1.5)") from None
+    wei = value * TOKEN
+    if not value.is_finite() or wei != wei.to_integral_value() or value < 0:
+        raise ConfigError(f"{flag} {text!r}: POL has 18 decimals; give a non-negative "
+                          "amount with at most 18 digits after the point")
+    return int(wei)
+
+
 def _client(config: Path | None, dev_account: int | None = None):  # type: ignore[no-untyped-def]
     from node.chain.client import ChainClient
     from node.chain.deployment import Deployment
@@ -35,8 +52,8 @@ def _client(config: Path | None, dev_account: int | None = None):  # type: ignor
 def submit(
     spec: Path = typer.Argument(..., help="Job spec (TOML or JSON)."),
     dataset: Path = typer.Option(..., "--dataset", help="Dataset file the spec names."),
-    reward: float = typer.Option(..., "--reward", help="Reward in POL."),
-    budget: float = typer.Option(10.0, "--budget", help="Verification budget in POL."),
+    reward: str = typer.Option(..., "--reward", help="Reward in POL (exact decimal, e.g. 1.1)."),
+    budget: str = typer.Option("10", "--budget", help="Verification budget in POL."),
     solve_duration: int = typer.Option(600, "--solve-duration",
                                        help="Seconds a solver has after claiming."),
     serve: bool = typer.Option(True, "--serve/--no-serve",
@@ -54,7 +71,8 @@ def submit(
     from node.roles.runtime import Runtime
     from node.roles.submitter import JobRequest, check_request, post, serve_until_final
 
-    req = JobRequest(spec, dataset, int(reward * TOKEN), int(budget * TOKEN), solve_duration)
+    req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
+                     solve_duration)
     check_request(req)  # fail before starting anything
     settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
                              keystore=keystore, bootstrap=bootstrap)
@@ -80,9 +98,15 @@ def status(
     from rich.console import Console
     from rich.table import Table
 
+    from node.errors import ConfigError
     from node.roles.submitter import job_report
 
-    rep = job_report(_client(config), job_id)
+    c = _client(config)
+    count = c.market.job_count()
+    if not 1 <= job_id <= count:
+        raise ConfigError(f"no job {job_id}: the market has {count} job(s) "
+                          "(`polnet job list` shows them)")
+    rep = job_report(c, job_id)
     if as_json:
         typer.echo(json.dumps(rep, indent=2, default=str))
         return
