@@ -1,8 +1,9 @@
 """DisputeGame against anvil: every transition and revert, the chess clock, the
 jury request and draw, commit-reveal, each verdict (Valid, Invalid,
 SolverTimedOut, Void), the one settlement per round that the market makes
-afterwards (``finalize`` + ``claimReward``), and that the pull payments add up
-to exactly the tokens that moved (burned tokens included).
+afterwards (``finalize``, which also pays the round's one winner: the
+earliest-opened dispute the solver lost), and that the pull payments add up to
+exactly the tokens that moved (burned tokens included).
 
 The module deploys its own contracts on the session anvil (``anvil`` fixture)
 with a verification window longer than a whole dispute, so a dispute's end and
@@ -407,20 +408,55 @@ class RoundSplit:
     attestor_cut: int
 
 
-def expected_round(c: LocalChain, job: Job, jury_wins: int, timeout_wins: int,
+def expected_round(c: LocalChain, job: Job, by_jury: bool,
                    attestors: Sequence[str] = ()) -> RoundSplit:
-    """IJobMarket's split of a condemned round's bond, from the on-chain params."""
+    """IJobMarket's split of a condemned round's bond, from the on-chain params: the
+    submitter's share; the rest, plus the attestors' slashes, to the round's one winner
+    (``by_jury``: its verdict was Invalid, so its majority jurors get the jurors' share;
+    on the solver's clock the challenger gets that too)."""
     mp = c.reader.market.market_params()
     att = int(c.reader.registry.call("minVerifierStake")) * mp.attestor_slash_bps // BPS
     to_sub = job.bond * mp.submitter_share_bps // BPS
     jury_pot = job.bond * mp.juror_share_bps // BPS
     ch_pot = job.bond - to_sub - jury_pot + att * len(attestors)
-    if jury_wins:
-        per_ch, per_jury, wins = ch_pot // jury_wins, jury_pot // jury_wins, jury_wins
-    else:
-        per_ch, per_jury, wins = (ch_pot + jury_pot) // timeout_wins, 0, timeout_wins
-    dust = ch_pot + jury_pot - (per_ch + per_jury) * wins
-    return RoundSplit(to_sub + dust, per_ch, per_jury, att)
+    per_jury = jury_pot if by_jury else 0
+    return RoundSplit(to_sub, ch_pot + jury_pot - per_jury, per_jury, att)
+
+
+def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: int,
+                            exp: RoundSplit) -> dict[str, int]:
+    """``rf`` (finalize of a condemned round) settled the round and paid ``winner`` there:
+    ``RewardPaid``, the market's credits (submitter, then the winner's challenger), the
+    round's record, and the jurors' share handed to the game for ``winner``'s majority
+    (credited there). Returns the game credits that finalize created."""
+    m, g = c.reader.market, c.reader.dispute
+    challenger = m.dispute_ref(winner).challenger
+    assert challenger == g.challengerOf(winner) != ZERO_ADDR
+    (rw,) = ev(c, rf, "RewardPaid", "market")
+    assert (rw["disputeId"], rw["challenger"], rw["amount"], rw["juryAmount"]) == (
+        winner, challenger, exp.per_challenger, exp.per_jury)
+    (rs,) = ev(c, rf, "RoundSettled", "market")
+    assert (rs["slashedBond"], rs["toSubmitter"], rs["perChallenger"], rs["perJury"]) == (
+        job.bond, exp.to_submitter, exp.per_challenger, exp.per_jury)
+    credited = [(e["account"], e["amount"]) for e in ev(c, rf, "Credited", "market")]
+    assert credited == [(a, v) for a, v in ((addr(c, SUBMITTER), exp.to_submitter),
+                                            (challenger, exp.per_challenger)) if v]
+    ri = m.round_info(job.id, m.dispute_ref(winner).round)
+    assert (ri.condemned, ri.settled, ri.first_winner, ri.per_challenger, ri.per_jury) == (
+        True, True, winner, exp.per_challenger, exp.per_jury)
+    jury_cred: Counter[str] = Counter()
+    if exp.per_jury:
+        majority = majority_invalid(state(c, winner))
+        assert majority  # the market only hands the jurors' share over when they exist
+        split(exp.per_jury, majority, jury_cred)
+    assert {e["account"]: e["amount"] for e in ev(c, rf, "Credited")} == dict(jury_cred)
+    assert not ev(c, rf, "Burned")
+    assert m.totalOwed() == m.totalEscrow() + m.totalCredits()
+    # settled once: the job is Open again, a second finalize has nothing to settle
+    e = revert(c[OUTSIDER].market.finalize, job.id)
+    assert (e.error, e.error_args) == ("InvalidStatus", {"jobId": job.id,
+                                                         "status": JobStatus.OPEN})
+    return dict(jury_cred)
 
 
 def majority_invalid(d: DisputeState) -> list[str]:
@@ -727,8 +763,9 @@ def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
 
 def test_solver_out_of_time_condemns_the_round_without_a_jury(c: LocalChain) -> None:
     """The solver loses on time: the challenger's bond comes back at once, the solver's
-    bond is split once, by finalize after the window; the attestors keep their stake
-    (nothing was proven), and the challenger's share is paid by claimReward."""
+    bond is split once, by finalize after the window, which pays the challenger there
+    (its share and the jurors' share: no jury decided); the attestors keep their stake
+    (nothing was proven)."""
     clock = gp(c).clock
     m, reg = c.reader.market, c.reader.registry
     job = new_job(c)
@@ -759,38 +796,26 @@ def test_solver_out_of_time_condemns_the_round_without_a_jury(c: LocalChain) -> 
     assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
     assert not m.isDisputeLive(did)
     assert revert(out.timeout, did).error == "WrongPhase"
-    e = revert(c[OUTSIDER].market.claim_reward, did)
-    assert (e.error, e.error_args) == ("RoundNotSettled", {"jobId": job.id, "round": 1})
+    assert ri.first_winner == did and (ri.per_challenger, ri.per_jury) == (0, 0)
     e = revert(c[OUTSIDER].market.finalize, job.id)
     assert e.error == "WindowNotOver"
     check_books(c)
 
-    rf = finalize(c, job)
-    exp = expected_round(c, job, jury_wins=0, timeout_wins=1)
-    assert exp.per_jury == 0
-    assert diff(before, worth(c)) == {addr(c, SOLVER_I): -job.bond,
-                                      addr(c, SUBMITTER): exp.to_submitter}
+    rf = finalize(c, job)  # an outsider's finalize pays the challenger
+    exp = expected_round(c, job, by_jury=False)
+    assert exp.per_jury == 0 and exp.per_challenger == job.bond - exp.to_submitter > 0
+    assert assert_paid_in_finalize(c, job, rf, did, exp) == {}  # no jurors: the game pays none
+    moved = {addr(c, SOLVER_I): -job.bond, addr(c, SUBMITTER): exp.to_submitter,
+             addr(c, CHAL): exp.per_challenger}
+    assert diff(before, worth(c)) == moved and sum(moved.values()) == 0
+    assert game_credits(c) == {}
+    assert m.credits(addr(c, CHAL)) == exp.per_challenger
     assert not ev(c, rf, "AttestorSlashed", "market")
-    ri = m.round_info(job.id, 1)
-    assert (ri.settled, ri.per_challenger, ri.per_jury) == (True, exp.per_challenger, 0)
-    assert m.totalUnclaimed() == exp.per_challenger
     j = m.get_job(job.id)
     assert (j.status, j.solver, j.bond, j.open_disputes, j.round) == (
         JobStatus.OPEN, ZERO_ADDR, 0, 0, 1)
     assert m.totalEscrow() == escrow == REWARD + BUDGET  # the escrow stays for the next solver
     assert reg.locked_stake(addr(c, SOLVER_I)) == 0
-    check_books(c)
-
-    rc = c[OUTSIDER].market.claim_reward(did)  # anyone may trigger it; the challenger is paid
-    (rw,) = ev(c, rc, "RewardClaimed", "market")
-    assert (rw["challenger"], rw["amount"], rw["juryAmount"]) == (
-        addr(c, CHAL), exp.per_challenger, 0)
-    assert diff(before, worth(c)) == {addr(c, SOLVER_I): -job.bond,
-                                      addr(c, SUBMITTER): exp.to_submitter,
-                                      addr(c, CHAL): exp.per_challenger}
-    assert m.totalUnclaimed() == 0
-    assert revert(c[CHAL].market.claim_reward, did).error == "AlreadyPaid"
-    assert revert(c[CHAL].market.claim_reward, 99).error == "UnknownDispute"
     check_books(c)
     withdraw_all(c)
     c[SOLVER_I].market.claim_job(job.id)  # reopened: claimable again, a new round
@@ -836,8 +861,8 @@ def test_challenger_out_of_time_burns_its_bond_and_bars_only_it(c: LocalChain) -
     e = revert(challenge, c, job, CHAL)
     assert (e.error, e.error_args) == ("ChallengerBarredFrom", {"segment": SEG,
                                                                 "challenger": addr(c, CHAL)})
-    e = revert(c[CHAL].market.claim_reward, did)
-    assert e.error == "RoundNotSettled"
+    ri = m.round_info(job.id, 1)  # a lost challenge wins nothing and settles nothing
+    assert (ri.condemned, ri.settled, ri.first_winner, ri.per_challenger) == (False, False, 0, 0)
     # no free uphold: anyone else may still dispute the same segment, and CHAL another one
     d2 = challenge(c, job, CHAL2)
     d3 = challenge(c, job, CHAL, SEG + 1)
@@ -1057,8 +1082,9 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
         c: LocalChain, reward: int, sampled: bool) -> None:
     """The jury proves the step invalid: minority jurors lose a cut that scales with the
     bonds at stake; the round is condemned and, after the window, finalize splits the
-    solver's bond once (submitter share now; challenger and jury shares by claimReward),
-    slashing the attestors only when the segment was one they vouched for (sampled)."""
+    solver's bond once and pays right there: the submitter share, the challenger share
+    (plus the attestors' slashes, only when the segment was one they vouched for:
+    sampled) and the jurors' share to the dispute's majority jurors, through the game."""
     m, reg = c.reader.market, c.reader.registry
     segments = 12  # sampleCount 8 < 12: some segments are not sampled
     job = new_job(c, segments=segments, reward=reward)
@@ -1087,44 +1113,32 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
     assert_window_kept_open(c, job, r)
     assert not m.isDisputeLive(did) and m.dispute_ref(did).settled
-    assert revert(c[CHAL].market.claim_reward, did).error == "RoundNotSettled"
+    assert ri.first_winner == did and (ri.per_challenger, ri.per_jury) == (0, 0)
     check_books(c)
 
-    before = worth(c)
+    before, game_before = worth(c), game_credits(c)
     rf = finalize(c, job)
     atts = job.attestors if sampled else []
-    exp = expected_round(c, job, jury_wins=1, timeout_wins=0, attestors=atts)
-    (rs,) = ev(c, rf, "RoundSettled", "market")
-    assert (rs["slashedBond"], rs["perChallenger"], rs["perJury"]) == (
-        job.bond, exp.per_challenger, exp.per_jury)
+    assert len(atts) == (3 if sampled else 0)
+    exp = expected_round(c, job, by_jury=True, attestors=atts)
+    assert exp.per_jury > 0 and exp.per_challenger > 0
     assert [(e["attestor"], e["amount"]) for e in ev(c, rf, "AttestorSlashed", "market")] == [
         (a, exp.attestor_cut) for a in atts]
-    moved = {d.solver: -job.bond, addr(c, SUBMITTER): exp.to_submitter}
+    jury_cred = assert_paid_in_finalize(c, job, rf, did, exp)
+    assert majority_invalid(state(c, did)) == d.jury[:2]  # the minority juror gets none
+    assert set(jury_cred) == set(d.jury[:2]) and sum(jury_cred.values()) == exp.per_jury
+    assert nonzero(Counter(game_credits(c)) - Counter(game_before)) == jury_cred
+    moved: Counter[str] = Counter({d.solver: -job.bond, addr(c, SUBMITTER): exp.to_submitter,
+                                   d.challenger: exp.per_challenger})
     moved.update({a: -exp.attestor_cut for a in atts})
-    assert diff(before, worth(c)) == moved
-    assert m.totalUnclaimed() == exp.per_challenger + exp.per_jury
+    moved.update(jury_cred)
+    assert diff(before, worth(c)) == nonzero(moved)
+    assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
     j = m.get_job(job.id)
     assert (j.status, j.bond, j.open_disputes, j.trace_root, j.round) == (
         JobStatus.OPEN, 0, 0, ZERO, 1)
     assert m.totalEscrow() == escrow
     assert reg.locked_stake(d.solver) == 0
-    check_books(c)
-
-    game_before = game_credits(c)
-    rc = c[OUTSIDER].market.claim_reward(did)
-    (rw,) = ev(c, rc, "RewardClaimed", "market")
-    assert (rw["challenger"], rw["amount"], rw["juryAmount"]) == (
-        d.challenger, exp.per_challenger, exp.per_jury)
-    jury_cred: Counter[str] = Counter()
-    split(exp.per_jury, majority_invalid(state(c, did)), jury_cred)
-    assert majority_invalid(state(c, did)) == d.jury[:2]
-    moved[d.challenger] = exp.per_challenger
-    for a, v in jury_cred.items():
-        moved[a] = moved.get(a, 0) + v
-    assert diff(before, worth(c)) == moved
-    assert nonzero(Counter(game_credits(c)) - Counter(game_before)) == dict(jury_cred)
-    assert m.totalUnclaimed() == 0
-    assert revert(c[OUTSIDER].market.claim_reward, did).error == "AlreadyPaid"
     check_books(c)
     withdraw_all(c)
 
@@ -1156,7 +1170,8 @@ def test_majority_valid_pays_the_jury_burns_the_rest_and_the_job_pays_out(
     challenge(c, job, CHAL2)  # another verifier may still dispute it
     c.revert(snap)
     assert m.get_job(job.id).status == JobStatus.COMMITTED
-    assert revert(c[OUTSIDER].market.claim_reward, did).error == "RoundNotSettled"
+    ri = m.round_info(job.id, 1)  # the solver won: nothing condemned, nobody to pay
+    assert (ri.condemned, ri.settled, ri.first_winner, ri.jury_wins) == (False, False, 0, 0)
     check_books(c)
     withdraw_all(c)
     rf = finalize(c, job)  # no live dispute left: a clean round, the job pays out
@@ -1166,8 +1181,12 @@ def test_majority_valid_pays_the_jury_burns_the_rest_and_the_job_pays_out(
     assert m.credits(d.solver) == REWARD
     assert all(m.credits(a) == per for a in job.attestors)
     assert m.credits(addr(c, SUBMITTER)) == BUDGET - 3 * per
-    # a clean round is never "settled" as a condemned one: a lost challenge claims nothing
-    assert revert(c[OUTSIDER].market.claim_reward, did).error == "RoundNotSettled"
+    # a clean round is never "settled" as a condemned one: a lost challenge is paid nothing
+    assert not ev(c, rf, "RewardPaid", "market") and not ev(c, rf, "RoundSettled", "market")
+    ri = m.round_info(job.id, 1)
+    assert (ri.condemned, ri.settled, ri.first_winner, ri.per_challenger, ri.per_jury) == (
+        False, False, 0, 0, 0)
+    assert m.credits(addr(c, CHAL)) == 0 and not ev(c, rf, "Credited")
     check_books(c)
     withdraw_all(c)
 
@@ -1218,8 +1237,9 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
     """The puppet attacks: a second challenge that the solver lets time out, and a third
     whose challenger lets its own clock run out, neither stops the honest dispute nor
     takes its reward. Challenges stay open past the window while a dispute is live;
-    finalize waits for every dispute of the round; the bond is split once; the timeout
-    win shares nothing because a jury proved the fault (before: the puppet's timeout
+    finalize waits for every dispute of the round; the bond is split once and paid in
+    that finalize to the one winner, the earliest-opened dispute the solver lost (the
+    honest one): the puppet's timeout win is paid nothing (before: the puppet's timeout
     reopened the job, mooted the honest dispute and took the challenger share)."""
     m, reg = c.reader.market, c.reader.registry
     g = c.reader.dispute
@@ -1263,18 +1283,14 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
         True, True, 1, 1)
     check_books(c)
 
+    assert a < b < cc and ri.first_winner == a  # opened first, by the honest challenger
+
     before = worth(c)
-    finalize(c, job)
-    exp = expected_round(c, job, jury_wins=1, timeout_wins=1, attestors=job.attestors)
-    ri = m.round_info(job.id, 1)
-    assert (ri.settled, ri.per_challenger, ri.per_jury) == (
-        True, exp.per_challenger, exp.per_jury)
-    for did in (b, cc):
-        e = revert(c[OUTSIDER].market.claim_reward, did)
-        assert (e.error, e.error_args) == ("NotAWinner", {"disputeId": did})
-    c[OUTSIDER].market.claim_reward(a)
-    jury_cred: Counter[str] = Counter()
-    split(exp.per_jury, da.jury, jury_cred)
+    rf = finalize(c, job)
+    exp = expected_round(c, job, by_jury=True, attestors=job.attestors)
+    jury_cred = assert_paid_in_finalize(c, job, rf, a, exp)
+    assert [e["attestor"] for e in ev(c, rf, "AttestorSlashed", "market")] == job.attestors
+    assert set(jury_cred) == set(da.jury)  # a's jury was unanimous: all three are paid
     moved: Counter[str] = Counter({addr(c, SOLVER_I): -job.bond,
                                    addr(c, SUBMITTER): exp.to_submitter,
                                    addr(c, CHAL): exp.per_challenger})
@@ -1283,7 +1299,7 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
     moved.update(jury_cred)
     assert diff(before, worth(c)) == nonzero(moved)
     assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
-    assert m.totalUnclaimed() == 0
     assert m.credits(addr(c, CHAL2)) == 0  # the puppet's timeout win is paid nothing
+    assert m.credits(addr(c, third)) == 0
     check_books(c)
     withdraw_all(c)
