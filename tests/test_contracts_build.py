@@ -144,6 +144,10 @@ def test_solidity_libraries_match_vectors() -> None:
         for case in json.loads((VECTORS / "sampling_vectors.json").read_text())["cases"]:
             assert h.functions.sample(case["seed"], case["segment_count"], case["n"]).call() \
                 == case["segments"], case
+            # contains() stops early: it must agree with the whole sample on every segment
+            for seg in range(min(case["segment_count"], 80)):
+                assert h.functions.contains(case["seed"], case["segment_count"], case["n"],
+                                            seg).call() == (seg in case["segments"]), (case, seg)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

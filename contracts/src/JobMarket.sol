@@ -343,7 +343,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                if (SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, d.segment) && j.seed != 0) {
+                if (j.seed != 0 && SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, d.segment)) {
                     r.sampledInvalid = true;
                 }
             } else {

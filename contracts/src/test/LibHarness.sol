@@ -32,4 +32,8 @@ contract LibHarness {
     function sample(bytes32 seed, uint256 segmentCount, uint256 n) external pure returns (uint256[] memory) {
         return SegmentSampler.sample(seed, segmentCount, n);
     }
+
+    function contains(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment) external pure returns (bool) {
+        return SegmentSampler.contains(seed, segmentCount, n, segment);
+    }
 }
