@@ -37,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
     params = DevnetParams.model_validate({
         "market": {"verification_window": args.window, "sample_count": 4},
-        "registry": {"unbond_delay": 900}})
+        "registry": {"unbond_delay": 1800}})
     with tempfile.TemporaryDirectory(prefix="polnet-bench-net-") as tmp:
         home = Path(tmp)
         inputs = pack_inputs(home / "data")

@@ -21,10 +21,11 @@ TOKEN = 10**18
 
 class RegistryParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    # Longer than a whole dispute (2 clocks + commit + reveal) so a juror or attestor
-    # cannot unbond and walk away from a slash it has coming.
+    # Longer than window + grace + a whole dispute (2 clocks, every clock extension,
+    # commit + reveal; the DisputeGame refuses less) so a juror or attestor cannot unbond
+    # and walk away from a slash it has coming.
     unbond_delay: int = Field(
-        default=900, ge=0, description="seconds between requestUnbond and withdraw"
+        default=1800, ge=0, description="seconds between requestUnbond and withdraw"
     )
     min_solver_stake: int = Field(default=100 * TOKEN, ge=0)
     min_verifier_stake: int = Field(default=50 * TOKEN, ge=1)
@@ -98,11 +99,16 @@ class DisputeParams(BaseModel):
     jury_lookahead: int = Field(
         default=2, ge=1, le=128,
         description="blocks between the jury request and the block whose hash seeds it")
+    clock_extension: int = Field(
+        default=10, ge=0,
+        description="seconds a side to move always has after the other side's move")
 
     @model_validator(mode="after")
     def _quorum_fits(self) -> DisputeParams:
         if self.quorum > self.jury_size:
             raise ValueError("quorum must not exceed jury_size")
+        if self.clock_extension > self.clock:
+            raise ValueError("clock_extension must not exceed clock")
         return self
 
 

@@ -507,12 +507,15 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
                    {"quorum": 4}, {"jury_size": 0}, {"jury_size": 16}, {"jury_lookahead": 0},
                    {"jury_lookahead": 129}, {"juror_slash_bps": 10_001},
                    {"juror_share_of_challenger_bond_bps": 10_001}, {"commit_window": 0},
-                   {"reveal_window": 0}):
+                   {"reveal_window": 0}, {"clock": 5, "clock_extension": 6}):
         assert revert(deploy, update).error == "InvalidParams", update
-    # the unbonding delay (7200 s) must outlast window 3600 + grace 30 + 2 clocks + 60 + 60:
-    # a juror or attestor cannot walk away from a slash it has coming
-    assert revert(deploy, {"clock": 1_800}).error == "InvalidParams"  # 7350 >= 7200
-    deploy({"clock": 1_700})  # 7150 < 7200: fine
+    # the unbonding delay (7200 s) must outlast window 3600 + grace 30 + 2 clocks + every
+    # clock extension (2 x 32 rounds x 10 s) + 60 + 60: a juror or attestor cannot walk
+    # away from a slash it has coming
+    ext = 2 * 32 * PARAMS.dispute.clock_extension
+    assert revert(deploy, {"clock": 1_500}).error == "InvalidParams"  # 6750 + ext >= 7200
+    assert 3600 + 30 + 2 * 1_400 + ext + 120 < 7200
+    deploy({"clock": 1_400})
     zero = {**addrs, "NodeRegistry": ZERO_ADDR}
     assert revert(c[0].deploy, "DisputeGame",
                   *constructor_args("DisputeGame", zero, PARAMS.dispute)).error == "ZeroAddress"
@@ -756,6 +759,30 @@ def test_chess_clock_runs_only_for_the_side_to_move(c: LocalChain) -> None:
     assert (d.phase, d.verdict, d.solver_won, d.solver_clock_left) == (
         Phase.RESOLVED, Verdict.SOLVER_TIMED_OUT, False, 0)
     assert d.challenger_clock_left == clock - 25
+
+
+def test_a_late_move_leaves_the_other_side_the_clock_extension(c: LocalChain) -> None:
+    """Before (issue 11): no clock extension, so a side that had spent its clock lost
+    to a move made in the other side's last second. Now, as in Optimism's
+    FaultDisputeGame, the side to move always has at least ``clockExtension``."""
+    clock, ext = gp(c).clock, gp(c).clockExtension
+    assert 0 < ext < clock
+    job = new_job(c, attest=False)
+    did = challenge(c, job)
+    t0 = c.timestamp()  # the challenge's block: the solver's clock starts there
+    solver, chal = c[SOLVER_I].dispute, c[CHAL].dispute
+    next_ts(c, t0 + clock - 2)  # the solver spends all but 2 s of its clock
+    m1 = mids(c, did)
+    solver.post_mids(did, m1)
+    next_ts(c, t0 + clock + 5)
+    r = chal.choose(did, 1, m1)
+    # 2 s were left: the extension tops it up, and the solver can still answer after 2 s
+    assert state(c, did).solver_clock_left == ext
+    next_ts(c, ts_of(c, r) + ext - 1)
+    r = solver.post_mids(did, mids(c, did))
+    assert ev(c, r, "MidsPosted")[0]["solverClockLeft"] == 1
+    # a clock with more than the extension left is untouched
+    assert state(c, did).challenger_clock_left == clock - 7
 
 
 # --- timeouts -------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 jurorShareOfChallengerBondBps; // of a losing challenger's bond, to the majority jurors; rest burned
         uint256 fanout; // parts per bisection round, 2..MAX_FANOUT (2 = halves)
         uint256 juryLookahead; // blocks between the jury request and the block whose hash seeds it
+        uint256 clockExtension; // seconds a side to move always has after the other's move (<= clock)
     }
 
     /// @notice Stored phase; `getDispute` reports Reveal once the commit window is over.
@@ -231,6 +232,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev Bounds the calldata and event of one move.
     uint256 internal constant MAX_FANOUT = 64;
     uint256 internal constant MAX_JURY = 15;
+    /// @dev Rounds a range of up to 2^32 steps can take (fanout >= 2): bounds the extensions.
+    uint256 internal constant MAX_ROUNDS = 32;
     /// @dev Where burned tokens go: nobody holds its key.
     address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
@@ -247,6 +250,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal immutable _jurorShareOfChallengerBondBps;
     uint256 internal immutable _fanout;
     uint256 internal immutable _juryLookahead;
+    uint256 internal immutable _clockExtension;
     /// @dev market.params().challengeBond, fixed for the market's life: what every dispute locked.
     uint256 internal immutable _challengeBond;
 
@@ -277,12 +281,12 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
                 || params_.revealWindow == 0 || params_.commitWindow > 365 days || params_.revealWindow > 365 days
                 || params_.jurorSlashBps > BPS || params_.jurorShareOfChallengerBondBps > BPS
                 || params_.fanout < 2 || params_.fanout > MAX_FANOUT || params_.juryLookahead == 0
-                || params_.juryLookahead > 128
+                || params_.juryLookahead > 128 || params_.clockExtension > params_.clock
                 // INVARIANT: stake stays slashable for longer than a window plus a whole dispute,
                 // so no attestor or juror can unbond and walk away from a slash it has coming.
                 || registry_.unbondDelay()
-                    <= mp.verificationWindow + mp.disputeGrace + 2 * params_.clock + params_.commitWindow
-                        + params_.revealWindow
+                    <= mp.verificationWindow + mp.disputeGrace + 2 * params_.clock
+                        + 2 * MAX_ROUNDS * params_.clockExtension + params_.commitWindow + params_.revealWindow
         ) revert InvalidParams();
         token = token_;
         registry = registry_;
@@ -296,6 +300,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         _jurorShareOfChallengerBondBps = params_.jurorShareOfChallengerBondBps;
         _fanout = params_.fanout;
         _juryLookahead = params_.juryLookahead;
+        _clockExtension = params_.clockExtension;
         _challengeBond = mp.challengeBond;
     }
 
@@ -351,6 +356,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint48 left = _charge(id, s, s.solverClock);
         s.solverClock = left;
         s.turn = Side.Challenger;
+        // As Optimism's FaultDisputeGame: a move near the end never leaves the other side
+        // less than the extension to answer it.
+        if (s.challengerClock < _clockExtension) s.challengerClock = uint48(_clockExtension);
         // Only the commitment is stored (one word, not parts - 1): `choose` gets the
         // hashes back as calldata and checks them against it.
         _hashes[id][3 - s.loIdx - s.hiIdx] = keccak256(abi.encodePacked(hashes));
@@ -394,6 +402,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             s.rounds += 1;
         }
         s.turn = Side.Solver;
+        if (s.solverClock < _clockExtension) s.solverClock = uint48(_clockExtension);
         Core storage c = _core[id];
         uint256 start = c.startStep;
         unchecked {
@@ -539,7 +548,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             jurorSlashBps: _jurorSlashBps,
             jurorShareOfChallengerBondBps: _jurorShareOfChallengerBondBps,
             fanout: _fanout,
-            juryLookahead: _juryLookahead
+            juryLookahead: _juryLookahead,
+            clockExtension: _clockExtension
         });
     }
 
