@@ -221,6 +221,8 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
                     for e in evs["RangeNarrowed"]]
         assert narrowed == [(3, 5), (4, 5)]
         assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))
+        # the bond is settled once, by finalize after the window and its grace
+        net.wait_event("RoundSettled", 180, contract="JobMarket", jobId=job)
         assert net.holdings(net.address(CHEATER)) < liar_before
         assert net.conserved()
 
