@@ -310,11 +310,19 @@ class PolnetNode:
                         on_bad_peer=self._drop_peer, policy=self.config.fetch)
         stats = await dl.fetch(artifact_id, reachable, progress, expected_size)
         if provide:
-            try:
-                await self.provide(artifact_id)
-            except Exception as exc:  # we have it; advertising is best effort
-                log.info("provide_failed", artifact=artifact_id, error=repr(exc))
+            # Advertising is best effort and a DHT walk can take its 10 s query timeout
+            # (a peer that never answers): do it in the background, never in the fetch.
+            if self.nursery is not None:
+                self.nursery.start_soon(self._provide_quietly, artifact_id)
+            else:
+                await self._provide_quietly(artifact_id)
         return stats
+
+    async def _provide_quietly(self, artifact_id: str) -> None:
+        try:
+            await self.provide(artifact_id)
+        except Exception as exc:  # we have it; advertising is best effort
+            log.info("provide_failed", artifact=artifact_id, error=repr(exc))
 
     async def _dial_all(self, infos: Sequence[PeerInfo]) -> list[ID]:
         """Dial providers at once, each within the open timeout; the reachable, in order."""
