@@ -159,8 +159,17 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         assert net.holdings(net.address(V1)) < bad_before
         assert net.c.dispute.total_burned() > 0
         assert net.conserved()
-        metrics = urllib.request.urlopen(
-            f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=10).read().decode()
+        def scrape() -> str:
+            return urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics",
+                                          timeout=10).read().decode()
+
+        metrics = scrape()
+        for _ in range(20):  # the job is paid: its bond is no longer locked (bounded wait)
+            if 'polnet_stake{kind="locked"} 0.0' in metrics:
+                break
+            time.sleep(1)
+            metrics = scrape()
+        assert 'polnet_stake{kind="locked"} 0.0' in metrics
         assert "polnet_stake" in metrics and "polnet_training_steps_total" in metrics
         steps = [ln for ln in metrics.splitlines()
                  if ln.startswith("polnet_training_steps_total ")]

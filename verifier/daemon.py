@@ -58,9 +58,9 @@ class Verifier:
         with self.state as st:
             if ev.contract == "JobMarket" and ev.event == "ResultCommitted":
                 jid = str(ev.args["jobId"])
-                # The event does not carry the round; the job's current one is this commit's.
-                rnd = self.rt.chain_client.market.get_job(int(jid)).round
-                st["jobs"][jid] = {"round": rnd, "phase": "pending", "verdicts": {}}
+                # The event does not carry the round: the trio thread reads it (no RPC
+                # here, under the state lock the event loop also takes).
+                st["jobs"][jid] = {"round": None, "phase": "pending", "verdicts": {}}
             elif ev.event == "DisputeOpened" and str(ev.args["challenger"]).lower() == me:
                 st["disputes"].setdefault(str(ev.args["id"]), {"role": "challenger"})
             elif ev.event == "JuryDrawn" and me in [str(a).lower() for a in ev.args["jury"]]:
@@ -92,6 +92,9 @@ class Verifier:
             jid = int(key)
             busy = f"j{jid}"
             job = await rt.chain(c.market.get_job, jid)
+            if info["round"] is None and job.status == JobStatus.COMMITTED:
+                self._set(jid, round=job.round)  # the commit's round: the job's current one
+                info = self.state.data["jobs"][key]
             if job.status != JobStatus.COMMITTED or job.round != info["round"]:
                 if info["phase"] != "done":
                     self._set(jid, phase="done")

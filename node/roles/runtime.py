@@ -335,6 +335,9 @@ class Runtime:
         if total:
             self.metrics.credits_withdrawn.inc(total)
             log.info("withdrawn", amount=total)
+        # Withdrawals follow settlements, which also lock and unlock stake: keep the
+        # stake gauges true (they kept a paid job's bond as locked).
+        await self.refresh_stake_metrics()
         return total
 
     # --- artifacts ----------------------------------------------------------------
