@@ -70,15 +70,44 @@ def measure_job_gas(anvil: AnvilProcess | None = None) -> dict[str, Any]:
 
 
 def _job_life(c: LocalChain) -> dict[str, Any]:
+    submitter, solver = c[1], c.join(2, SOLVER, 500 * TOKEN)
+    cap = int(c.reader.registry.call("sortitionCap"))
+    for i in range(3, 3 + POOL):
+        c.join(i, VERIFIER, cap)
+    # The first job on a fresh deployment also pays one-time writes (the job counter,
+    # the market's escrow total and token balance): reported apart; the figures are
+    # those of the second job, what every later job costs.
+    first = _one_job(c, submitter, solver)
+    gas = _one_job(c, submitter, solver)
+    out: dict[str, Any] = {k: round(sum(v) / len(v)) for k, v in gas.items()}
+    total = sum(sum(v) for v in gas.values())
+    old_attest_total = OLD_ATTESTS_PER_JOB * OLD_ATTEST_AVG
+    out.update({
+        "segments": SEGMENTS, "steps_per_segment": K, "sampled_segments": SAMPLES,
+        "committee": COMMITTEE, "verifier_pool": POOL,
+        "attest_count": len(gas["attest"]), "attestations": len(gas["attest"]) + 1,
+        "withdraw_count": len(gas["withdraw"]),
+        "total_one_job": total,
+        "total_first_job_on_fresh_contracts": sum(sum(v) for v in first.values()),
+        # withdrawals are per account, not per job: credits of many jobs pull in one
+        "total_one_job_without_withdrawals": total - sum(gas["withdraw"]),
+        "target_one_job": TARGET,
+        "target_one_job_ok": total <= TARGET,
+        # arithmetic, not measured: the old per-segment rule at these parameters
+        "old_rule_attest_txs_computed": OLD_ATTESTS_PER_JOB,
+        "old_rule_attest_gas_computed": old_attest_total,
+        "old_rule_total_one_job_computed": total - sum(gas["attest"])
+        - sum(gas["attest_fixing_seed"]) + old_attest_total,
+    })
+    return out
+
+
+def _one_job(c: LocalChain, submitter: Any, solver: Any) -> dict[str, list[int]]:
     gas: dict[str, list[int]] = {}
 
     def rec(name: str, receipt: Any) -> None:
         gas.setdefault(name, []).append(int(receipt["gasUsed"]))
 
-    submitter, solver = c[1], c.join(2, SOLVER, 500 * TOKEN)
-    cap = int(c.reader.registry.call("sortitionCap"))
-    for i in range(3, 3 + POOL):
-        c.join(i, VERIFIER, cap)
     terms = job_terms(reward=100 * TOKEN, budget=30 * TOKEN, duration=3600,
                       segments=SEGMENTS, k=K)
     submitter.token.approve(submitter.market.address, terms.reward + terms.verification_budget)
@@ -108,26 +137,7 @@ def _job_life(c: LocalChain) -> dict[str, Any]:
     for who in (solver, *(c[idx(a)] for a in committee)):
         rec("withdraw", who.market.transact("withdraw"))
     assert m.credits(submitter.address) == 0  # the budget splits evenly: nothing to pull
-    out: dict[str, Any] = {k: round(sum(v) / len(v)) for k, v in gas.items()}
-    total = sum(sum(v) for v in gas.values())
-    old_attest_total = OLD_ATTESTS_PER_JOB * OLD_ATTEST_AVG
-    out.update({
-        "segments": SEGMENTS, "steps_per_segment": K, "sampled_segments": SAMPLES,
-        "committee": COMMITTEE, "verifier_pool": POOL,
-        "attest_count": len(gas["attest"]), "attestations": len(gas["attest"]) + 1,
-        "withdraw_count": len(gas["withdraw"]),
-        "total_one_job": total,
-        # withdrawals are per account, not per job: credits of many jobs pull in one
-        "total_one_job_without_withdrawals": total - sum(gas["withdraw"]),
-        "target_one_job": TARGET,
-        "target_one_job_ok": total <= TARGET,
-        # arithmetic, not measured: the old per-segment rule at these parameters
-        "old_rule_attest_txs_computed": OLD_ATTESTS_PER_JOB,
-        "old_rule_attest_gas_computed": old_attest_total,
-        "old_rule_total_one_job_computed": total - sum(gas["attest"])
-        - sum(gas["attest_fixing_seed"]) + old_attest_total,
-    })
-    return out
+    return gas
 
 
 def main() -> None:
@@ -146,6 +156,8 @@ def main() -> None:
     verdict = "ok" if job["target_one_job_ok"] else f"MISSED by {over:,}"
     print(f"  {'total':<14} {job['total_one_job']:>10,}  target <= {TARGET:,}: {verdict}")
     print(f"  {'w/o withdraws':<14} {job['total_one_job_without_withdrawals']:>10,}")
+    print(f"  (the first job on fresh contracts: {job['total_first_job_on_fresh_contracts']:,};"
+          " the figures above are the second job's)")
     print(f"  old per-segment rule, COMPUTED from its last measurement (not measured now): "
           f"{OLD_ATTESTS_PER_JOB} attest txs x {OLD_ATTEST_AVG:,} = "
           f"{job['old_rule_attest_gas_computed']:,} gas of attestations, "
