@@ -185,6 +185,7 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
                               "--json"], env=env, capture_output=True, text=True, timeout=60)
         report = json.loads(out.stdout)
         assert report["status"] == "finalized" and report["solver"] == net.address(HONEST)
+        assert {"to": net.address(HONEST), "amount": reward, "why": "reward"} in report["payouts"]
         assert any(e["event"] == "Challenged" for e in report["events"])
         out = subprocess.run([sys.executable, "-m", "node.cli.main", "dispute", "status",
                               str(challenged.args["disputeId"]), "--json"], env=env,

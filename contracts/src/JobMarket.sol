@@ -519,7 +519,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             _token.safeTransfer(disputeGame, perJury);
             IDisputeGame(disputeGame).creditJury(winner, perJury);
         }
-        emit RewardPaid(winner, challenger, perCh, perJury);
+        emit RewardPaid(jobId, winner, challenger, perCh, perJury);
         r.settled = true;
         r.perChallenger = uint128(perCh);
         r.perJury = uint128(perJury);

@@ -50,8 +50,9 @@ def register(app: typer.Typer) -> None:
             mark = "ok" if c.has_code else "NO CODE"
             bal = "" if c.token_balance is None else f"  holds {c.token_balance / 1e18:,.4f} POL"
             typer.echo(f"  {c.name:<13} {c.address}  code {mark}{bal}")
-        for addr, eth, pol in st.accounts:
-            typer.echo(f"  {addr}  {eth / 1e18:,.2f} ETH  {pol / 1e18:,.2f} POL")
+        typer.echo("  dev accounts (use one with --dev-account N):")
+        for n, (addr, eth, pol) in enumerate(st.accounts):
+            typer.echo(f"  {n:>3}  {addr}  {eth / 1e18:,.2f} ETH  {pol / 1e18:,.2f} POL")
         if st.problem:
             typer.echo(f"problem: {st.problem}")
             raise typer.Exit(1)

@@ -80,8 +80,8 @@ def submit(
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
             job_id = await post(rt, req)
-            typer.echo(f"job {job_id} posted; serving inputs at {rt.p2p.addrs[0]}"
-                       f"/p2p/{rt.p2p.peer_id.to_base58()}")
+            # addrs already end in /p2p/<peer id>
+            typer.echo(f"job {job_id} posted; serving inputs at {rt.p2p.addrs[0]}")
             if serve:
                 await serve_until_final(rt, [job_id], None)
 
@@ -112,18 +112,37 @@ def status(
         return
     t = Table(title=f"job {job_id}")
     t.add_column("field")
-    t.add_column("value")
+    t.add_column("value", overflow="fold")
     for k, v in rep.items():
-        if k != "events":
-            t.add_row(k, str(v))
+        if k not in ("events", "payouts"):
+            t.add_row(k, _human(k, v))
     Console().print(t)
+    pay = Table(title="payouts (credited; each account pulls with withdraw)")
+    for col in ("to", "POL", "why"):
+        pay.add_column(col, overflow="fold")
+    for p in rep["payouts"]:
+        pay.add_row(p["to"], f"{p['amount'] / TOKEN:g}", p["why"])
+    Console().print(pay if rep["payouts"] else "payouts: none yet")
     ev = Table(title="events")
     for col in ("block", "event", "details"):
-        ev.add_column(col)
+        ev.add_column(col, overflow="fold")
     for e in rep["events"]:
         details = {k: v for k, v in e.items() if k not in ("event", "block", "jobId")}
-        ev.add_row(str(e["block"]), e["event"], json.dumps(details, default=str)[:120])
+        ev.add_row(str(e["block"]), e["event"], json.dumps(details, default=str))
     Console().print(ev)
+
+
+def _human(key: str, value: object) -> str:
+    """Amounts in POL and times in UTC for people; --json keeps the raw numbers."""
+    import datetime as dt
+
+    if key in ("reward", "verification_budget", "bond") and isinstance(value, int):
+        return f"{value / TOKEN:g} POL"
+    if key in ("deadline", "window_end") and isinstance(value, int):
+        if not value:
+            return "-"
+        return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return str(value)
 
 
 @app.command("list")
@@ -146,7 +165,7 @@ def list_jobs(config: ConfigOpt = None) -> None:
 @app.command("cancel")
 def cancel(job_id: int = typer.Argument(...), config: ConfigOpt = None,
            dev_account: DevAccountOpt = None) -> None:
-    """Cancel an unclaimed job; the escrow is credited back (then `withdraw`)."""
+    """Cancel an unclaimed job; the escrow is credited back and withdrawn at once."""
     c = _client(config, dev_account)
     c.market.cancel(job_id)
     paid = c.market.withdraw()

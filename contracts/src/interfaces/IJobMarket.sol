@@ -175,7 +175,9 @@ interface IJobMarket {
     event RoundSettled(
         uint256 indexed jobId, uint32 round, uint256 slashedBond, uint256 toSubmitter, uint128 perChallenger, uint128 perJury
     );
-    event RewardPaid(uint256 indexed disputeId, address indexed challenger, uint256 amount, uint256 juryAmount);
+    event RewardPaid(
+        uint256 indexed jobId, uint256 indexed disputeId, address indexed challenger, uint256 amount, uint256 juryAmount
+    );
     event AttestorSlashed(uint256 indexed jobId, address indexed attestor, uint256 amount);
     event JobReopened(uint256 indexed jobId, address indexed formerSolver, uint32 round);
     event JobReclaimed(uint256 indexed jobId, address indexed solver, uint256 slashed, uint256 unlocked);
