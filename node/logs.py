@@ -12,6 +12,26 @@ import sys
 
 import structlog
 
+# libp2p warns about every peer that left (its dials, DHT pushes and cached failures):
+# routine on a network with churn, and most of a node's log otherwise. Kept at DEBUG.
+_DEPARTED_PEER_NOISE = ("Failed to open TCP stream", "ADD_PROVIDER", "negative cache",
+                        "Failed to open stream", "unable to connect to",
+                        "all attempts to connect")
+
+
+class DepartedPeerFilter(logging.Filter):
+    """Drops libp2p's warnings about unreachable peers unless the node logs at DEBUG."""
+
+    def __init__(self, keep: bool) -> None:
+        super().__init__()
+        self.keep = keep
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.keep or not record.name.startswith("libp2p"):
+            return True
+        msg = record.getMessage()
+        return not any(s in msg for s in _DEPARTED_PEER_NOISE)
+
 
 def configure(json: bool = False, level: str = "INFO") -> None:
     lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
@@ -35,6 +55,7 @@ def configure(json: bool = False, level: str = "INFO") -> None:
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared]))
+    handler.addFilter(DepartedPeerFilter(keep=lvl <= logging.DEBUG))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     # Libraries are chatty (libp2p logs every failed dial): warnings and up unless debugging.
