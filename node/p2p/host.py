@@ -312,10 +312,12 @@ class PolnetNode:
         if provide:
             # Advertising is best effort and a DHT walk can take its 10 s query timeout
             # (a peer that never answers): do it in the background, never in the fetch.
-            if self.nursery is not None:
+            try:
+                if self.nursery is None:
+                    raise RuntimeError("node not running")
                 self.nursery.start_soon(self._provide_quietly, artifact_id)
-            else:
-                await self._provide_quietly(artifact_id)
+            except RuntimeError:  # shutting down: nobody will ask us for it anyway
+                log.info("provide_skipped", artifact=artifact_id, reason="node stopping")
         return stats
 
     async def _provide_quietly(self, artifact_id: str) -> None:
