@@ -119,7 +119,11 @@ class Solver:
                 if mine and job.status == JobStatus.CLAIMED:
                     self._busy.add(key)
                     nursery.start_soon(guarded, "_train_and_commit", self._train_and_commit, jid)
-                elif not (mine and job.status == JobStatus.COMMITTED):
+                elif mine and job.status in (JobStatus.COMMITTED, JobStatus.FINALIZED):
+                    # Our commit landed but the daemon died (or lost the receipt) before
+                    # writing the phase: the chain says committed, so it is.
+                    self._set_phase(jid, "committed")
+                else:
                     self._set_phase(jid, "lost")
             elif info["phase"] == "committed":
                 if job.status == JobStatus.FINALIZED:
