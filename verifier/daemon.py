@@ -253,8 +253,16 @@ class Verifier:
                                          benign=TIMEOUT_BENIGN)
                 elif d.turn == Side.CHALLENGER and info["role"] == "challenger":
                     await self._choose(d)
-            elif d.phase == Phase.COMMIT and info["role"] == "juror" and "salt" not in info:
-                await self._vote(d)
+            elif d.phase == Phase.COMMIT and info["role"] == "juror" \
+                    and not info.get("committed"):
+                if "salt" not in info:
+                    await self._vote(d)
+                else:  # the salt was saved but we died before its commitment landed
+                    await rt.transact_ok(c.dispute.commit_vote, did, info["valid"],
+                                         bytes.fromhex(info["salt"]), benign=VOTE_BENIGN)
+                    with self.state as st:
+                        st["disputes"][key]["committed"] = True
+                    log.info("vote_committed", dispute=did, valid=info["valid"], resent=True)
             elif d.phase == Phase.REVEAL:
                 if info["role"] == "juror" and "salt" in info and not info.get("revealed"):
                     await rt.transact_ok(c.dispute.reveal_vote, did, info["valid"],
@@ -355,4 +363,6 @@ class Verifier:
             st["disputes"][str(d.id)].update(valid=valid, salt=salt.hex())
         await self.rt.transact_ok(self.rt.chain_client.dispute.commit_vote, d.id, valid, salt,
                                   benign=VOTE_BENIGN)
+        with self.state as st:
+            st["disputes"][str(d.id)]["committed"] = True
         log.info("vote_committed", dispute=d.id, step=[d.lo, d.hi], valid=valid)
