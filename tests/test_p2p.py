@@ -174,3 +174,19 @@ def test_per_peer_stream_limit(tmp_path: Path) -> None:
                 assert sum(stats.chunks_fetched.values()) == 2
 
     trio.run(main)
+
+
+def test_only_libp2p_shutdown_races_are_ignored_at_close() -> None:
+    """py-libp2p may schedule a pubsub read on a stopping service while a node closes
+    (seen as `job fetch` / `job submit` crashing after their work was done)."""
+    from node.p2p.host import _without_shutdown_races
+
+    race = RuntimeError("Nursery is closed to new arrivals")
+    assert _without_shutdown_races(race) is None
+    assert _without_shutdown_races(BaseExceptionGroup("x", [race, race])) is None
+    real = ValueError("a real failure")
+    rest = _without_shutdown_races(BaseExceptionGroup("x", [race, real]))
+    assert isinstance(rest, BaseExceptionGroup) and rest.exceptions == (real,)
+    assert _without_shutdown_races(real) is real
+    other = RuntimeError("something else")
+    assert _without_shutdown_races(other) is other
