@@ -37,6 +37,7 @@ SOLVER, VERIFIER = 1, 2
 T = TypeVar("T")
 log = get_logger("polnet.runtime")
 
+WITHDRAW_BENIGN = errors("NothingToWithdraw")
 RPC_PATIENCE_S = 120.0  # how long a node waits out a dead RPC before giving up
 GC_EVERY_S = 300.0       # how often a daemon collects garbage in its store
 PART_MAX_AGE_S = 2 * 3600.0  # an interrupted download untouched this long is deleted
@@ -328,10 +329,14 @@ class Runtime:
         """Pull every credit this account has in the market and the dispute game."""
         c = self.chain_client
         total = 0
-        if await self.chain(c.market.credits, self.address) > 0:
-            total += await self.chain(c.market.withdraw)
-        if await self.chain(c.dispute.credits, self.address) > 0:
-            total += await self.chain(c.dispute.withdraw)
+        for book in (c.market, c.dispute):
+            if await self.chain(book.credits, self.address) > 0:
+                try:
+                    total += await self.chain(book.withdraw)
+                except ContractRevert as exc:  # a concurrent (or retried) withdraw took it
+                    if exc.error not in WITHDRAW_BENIGN:
+                        raise
+                    log.info("tx_not_needed", call="withdraw", error=exc.error)
         if total:
             self.metrics.credits_withdrawn.inc(total)
             log.info("withdrawn", amount=total)
