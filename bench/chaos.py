@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from devnet.localnet import TOKEN, LocalNet  # noqa: E402
-from devnet.params import DevnetParams  # noqa: E402
+from devnet.params import short_network_params  # noqa: E402
 from node.chain.client import ChainClient  # noqa: E402
 from node.chain.contracts import JobStatus  # noqa: E402
 from node.chain.events import ChainEvent  # noqa: E402
@@ -60,16 +60,6 @@ PHASES = ("training", "commit", "replay", "dispute", "vote", "serving")
 LOG_LINE = re.compile(r"\[(\w+)\s*\]\s+(\w+)(.*)$")
 MAX_LOG_BYTES = 1 << 20  # read at most this much of one log per pass
 EXITED_OK = (0, -signal.SIGKILL, -signal.SIGTERM)
-
-
-def params() -> DevnetParams:
-    """tests/test_e2e_network.py's windows: one committee seat, a one-juror quorum."""
-    return DevnetParams.model_validate({
-        "market": {"verification_window": 35, "sample_count": 4, "attestors_per_job": 1,
-                   "dispute_grace": 20},
-        "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20, "fanout": 8,
-                    "quorum": 1},
-        "registry": {"unbond_delay": 3600}})
 
 
 @dataclass
@@ -342,7 +332,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     data = home / "data"
     inputs = pack_inputs(data)
     digits_hash = hashlib.sha256(inputs["digits"].read_bytes()).hexdigest()
-    with LocalNet(home / "net", params()) as net:
+    with LocalNet(home / "net", short_network_params()) as net:
         ch = Chaos(net, rng, args, data, dataset=inputs["digits"])
         for j in range(args.jobs):  # distinct specs: each job's inputs come from its submitter
             path = spec_for("mlp_digits.toml", digits_hash, data / f"job{j}.toml",

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -88,33 +87,13 @@ def serve_slow(home: str) -> None:
     """A provider that answers manifests, then sends every chunk at 1 byte/s."""
     import trio  # noqa: PLC0415
 
+    from devnet.testing import trickle_handler  # noqa: PLC0415
     from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
-    from node.p2p.wire import (  # noqa: PLC0415
-        PROTOCOL_ID,
-        encode_frame,
-        read_frame,
-        write_payload,
-    )
+    from node.p2p.wire import PROTOCOL_ID  # noqa: PLC0415
 
     async def main() -> None:
         async with PolnetNode(NodeConfig.in_dir(home)) as node:
-            async def handle(stream: Any) -> None:
-                try:
-                    while True:
-                        req = await read_frame(stream)
-                        if req.get("op") == "manifest":
-                            await write_payload(stream, {"ok": True},
-                                                node.store.manifest(req["id"]).to_bytes())
-                            continue
-                        await stream.write(encode_frame({"ok": True, "size": req["length"]}))
-                        data = node.store.read_range(req["id"], req["offset"], req["length"])
-                        for i in range(len(data)):
-                            await stream.write(data[i:i + 1])
-                            await trio.sleep(1)
-                except Exception:
-                    await stream.reset()
-
-            node.host.set_stream_handler(PROTOCOL_ID, handle)
+            node.host.set_stream_handler(PROTOCOL_ID, trickle_handler(node))
             print(json.dumps({"addrs": node.addrs}), flush=True)
             await trio.sleep_forever()
 

@@ -152,3 +152,16 @@ def struct_args(model: BaseModel, abi_input: dict[str, Any]) -> tuple[Any, ...] 
             f"missing {[snake(m) for m in missing]}, unknown {unknown}"
         )
     return tuple(values[n] for n in names)
+
+
+def short_network_params() -> DevnetParams:
+    """Windows for whole-network runs of real daemons on a LocalNet (tests/test_e2e_network.py,
+    bench/chaos.py): short enough that jobs settle in minutes. With three verifiers in all,
+    one committee seat leaves two to judge (attestors never sit on a jury), and one juror
+    makes a quorum."""
+    return DevnetParams.model_validate({
+        "market": {"verification_window": 35, "sample_count": 4, "attestors_per_job": 1,
+                   "dispute_grace": 20},
+        "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20, "fanout": 8,
+                    "quorum": 1},
+        "registry": {"unbond_delay": 3600}})

@@ -1,22 +1,45 @@
 """Helpers for tests and demos driving a local anvil: clients per dev account,
-snapshots, time travel. Used by ``tests/conftest.py``."""
+snapshots, time travel, a module's own deployment, in-process node settings, a tiny
+real training job, a Python model of the registry's sortition and a slow (trickling)
+artifact provider. Used by ``tests/conftest.py``, the tests and the benches.
+
+Heavy or networked parts (training, libp2p) are imported where they are used, so
+that importing this module stays cheap."""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak
+from pydantic import SecretStr
 from web3 import Web3
 
-from devnet.anvil import AnvilProcess
+from devnet.anvil import AnvilProcess, dev_accounts
+from devnet.deploy import CONTRACTS, deploy_all
+from devnet.params import DevnetParams
+from node.chain.artifacts import artifacts_dir
 from node.chain.client import ChainClient
-from node.chain.contracts import JobTerms
+from node.chain.contracts import VERIFIER, JobTerms, NodeInfo, Registry
 from node.chain.deployment import Deployment
 from node.chain.rpc import make_web3
+from node.config import NodeSettings, load_config
 from node.errors import ChainError
-from node.proof import MerkleTree, TraceLeaf, build_trace_tree
+from node.proof import MerkleTree, TraceLeaf, build_trace_tree, canonical_json
+
+if TYPE_CHECKING:
+    from libp2p.abc import INetStream
+
+    from node.p2p import PolnetNode
+    from node.roles.runtime import Runtime
+    from node.roles.solver import Solver
 
 TOKEN = 10**18
 FAKE_INIT = keccak(b"state0")  # S_0 of every fake trace below
@@ -109,3 +132,201 @@ class LocalChain:
 
     def timestamp(self) -> int:
         return int(self.w3.eth.get_block("latest")["timestamp"])
+
+    @contextmanager
+    def reverting(self) -> Iterator[LocalChain]:
+        """This chain, its state reverted to now when the block ends."""
+        snap = self.snapshot()
+        try:
+            yield self
+        finally:
+            self.revert(snap)
+
+
+def sha(b: bytes) -> str:
+    """An artifact's id: the hex sha256 of its bytes."""
+    return hashlib.sha256(b).hexdigest()
+
+
+# --- a deployment of one's own --------------------------------------------------------
+
+
+def artifacts_missing() -> list[str]:
+    """The contracts whose build artifacts are absent (``make contracts`` makes them)."""
+    d = artifacts_dir()
+    return [n for n in CONTRACTS if not (d / f"{n}.json").is_file()]
+
+
+@contextmanager
+def own_deployment(anvil: AnvilProcess, params: DevnetParams,
+                   deployer: int = 0) -> Iterator[LocalChain]:
+    """Fresh contracts with ``params`` on ``anvil`` (its ``params.accounts`` dev accounts
+    funded), every bit of it reverted when the block ends."""
+    w3 = make_web3(anvil.url)
+    snap = str(w3.provider.make_request("evm_snapshot", [])["result"])  # type: ignore[arg-type]
+    accts = dev_accounts(params.accounts)
+    dep = deploy_all(w3, accts[deployer], params, fund=accts, rpc_url=anvil.url)
+    c = LocalChain(anvil, dep)
+    try:
+        yield c
+    finally:
+        c.revert(snap)
+
+
+# --- in-process nodes and a tiny real job ------------------------------------------------
+
+
+def node_settings(home: Path, c: LocalChain, name: str, account: int, stake: int,
+                  bootstrap: list[str] | None = None) -> NodeSettings:
+    """Settings of an in-process ``Runtime`` named ``name`` under ``home``, signing as dev
+    account ``account`` of ``c``'s deployment (saved once as ``home/deployment.json``)."""
+    dep = home / "deployment.json"
+    if not dep.exists():
+        c.deployment.save(dep)
+    return load_config(None, home=home, name=name, deployment=dep,
+                       private_key=SecretStr(c.deployment.accounts[account].private_key),
+                       poll_interval=0.2, stake=stake, bootstrap=bootstrap or [])
+
+
+def tiny_mlp_spec(ds_hash: str, steps: int, k: int) -> bytes:
+    """The canonical bytes of a tiny MLP spec on the bundled digits (``ds_hash``):
+    ``steps`` steps, a checkpoint every ``k``."""
+    from node.spec import parse_spec  # noqa: PLC0415
+
+    d = {"name": "mlp", "seed": 3, "dataset_hash": ds_hash,
+         "model": {"family": "mlp", "input_dim": 64, "hidden": [32], "num_classes": 10},
+         "optimizer": {"name": "sgd", "lr": 0.05}, "batch_size": 32, "total_steps": steps,
+         "checkpoint_interval": k, "resources": {"max_memory_mb": 256}}
+    return canonical_json(parse_spec(d).model_dump(mode="json"))
+
+
+def real_job_terms(spec_b: bytes, data: bytes, steps: int, k: int, reward: int = 10 * TOKEN,
+                   budget: int = 3 * TOKEN, duration: int = 600) -> JobTerms:
+    """Terms of a job that really trains: its S_0 is the spec's real initial state hash."""
+    from node.datasets import parse_dataset  # noqa: PLC0415
+    from node.spec import parse_spec_json  # noqa: PLC0415
+    from node.train.step import TrainContext, initial_state_hash  # noqa: PLC0415
+
+    init = initial_state_hash(TrainContext.create(parse_spec_json(spec_b), parse_dataset(data)))
+    return JobTerms(spec_hash=bytes.fromhex(sha(spec_b)), dataset_hash=bytes.fromhex(sha(data)),
+                    reward=reward, verification_budget=budget, solve_duration=duration,
+                    total_steps=steps, steps_per_segment=k, init_state_hash=init)
+
+
+async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: JobTerms,
+                           spec_b: bytes, data: bytes, stake: int,
+                           behavior: str = "honest") -> tuple[Solver, int]:
+    """The solver daemon's own path on ``rt``: registered with ``stake``, holding the spec
+    and data (as if fetched from the submitter), it claims the job dev account
+    ``submitter`` posts with ``terms``, trains it with ``Solver._train_and_commit`` and
+    commits. Returns the solver and the job id."""
+    from node.chain.contracts import SOLVER  # noqa: PLC0415
+    from node.roles.solver import Solver  # noqa: PLC0415
+
+    await rt.ensure_registered(SOLVER, stake)
+    rt.p2p.store.put_bytes(spec_b)
+    rt.p2p.store.put_bytes(data)
+    jid = await rt.chain(c[submitter].post_job, terms)
+    sc = rt.chain_client
+    await rt.chain(sc.market.claim_job, jid)
+    job = await rt.chain(sc.market.get_job, jid)
+    solver = Solver(rt, behavior=behavior)
+    with solver.state as st:
+        st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
+                                "spec": sha(spec_b), "dataset": sha(data)}
+    await solver._train_and_commit(jid)
+    return solver, jid
+
+
+# --- the registry's sortition, re-done in Python ------------------------------------------
+
+
+@dataclass
+class PoolView:
+    """What a draw reads from the registry, read once."""
+
+    pool: list[str]
+    nodes: dict[str, NodeInfo]
+    cap: int
+    min_v: int
+    attempts: int
+
+    @classmethod
+    def read(cls, reg: Registry) -> PoolView:
+        pool: list[str] = list(reg.verifiers())
+        return cls(pool, {a: reg.node_of(a) for a in pool}, int(reg.call("sortitionCap")),
+                   int(reg.call("minVerifierStake")), int(reg.call("DRAW_ATTEMPTS")))
+
+    def draw(self, seed: bytes, want: int, pool_len: int, snapshot: int,
+             exclude: Sequence[str]) -> list[str]:
+        """INodeRegistry.sortition as its NatSpec states it."""
+        pool, nodes, cap, min_v = self.pool, self.nodes, self.cap, self.min_v
+        pool_len = min(pool_len, len(pool))
+        picked: list[str] = []
+        for i in range(want * self.attempts):
+            if len(picked) >= min(want, pool_len):
+                break
+            r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
+            a = pool[r % pool_len]
+            n = nodes[a]
+            eligible = n.registered and n.roles & VERIFIER and n.free_stake >= min_v
+            if n.changed_at > snapshot or not eligible:
+                continue
+            if (r >> 128) % cap >= min(n.free_stake, cap):
+                continue
+            if a in picked or a in exclude:
+                continue
+            picked.append(a)
+        return picked
+
+
+def py_sortition(c: LocalChain, seed: bytes, want: int, pool_len: int, snapshot: int,
+                 exclude: Sequence[str]) -> list[str]:
+    """``registry.sortition(...)`` as the Python model computes it from ``c``'s registry now."""
+    return PoolView.read(c.reader.registry).draw(seed, want, pool_len, snapshot, exclude)
+
+
+# --- a slow artifact provider (a test cheat) ------------------------------------------
+
+
+@dataclass
+class SlowLog:
+    """What a slow provider was asked for, and how many chunks it finished sending."""
+
+    manifests: list[str] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)
+    completed: int = 0
+
+
+def trickle_handler(node: PolnetNode,
+                    seen: SlowLog | None = None) -> Callable[[INetStream], Awaitable[None]]:
+    """An artifact-protocol handler for ``node`` that answers manifests at once, then sends
+    every chunk at 1 byte/s (set it with ``node.host.set_stream_handler(PROTOCOL_ID, ...)``);
+    what it is asked for goes to ``seen``."""
+    import trio  # noqa: PLC0415
+
+    from node.p2p.wire import encode_frame, read_frame, write_payload  # noqa: PLC0415
+
+    log = seen if seen is not None else SlowLog()
+
+    async def handle(stream: INetStream) -> None:
+        try:
+            while True:
+                req = await read_frame(stream)
+                if req.get("op") == "manifest":
+                    log.manifests.append(str(req["id"]))
+                    await write_payload(stream, {"ok": True},
+                                        node.store.manifest(req["id"]).to_bytes())
+                    continue
+                log.reads.append(str(req["id"]))
+                data = node.store.read_range(req["id"], req["offset"], req["length"])
+                await stream.write(encode_frame({"ok": True, "size": len(data)}))
+                for i in range(len(data)):
+                    await stream.write(data[i:i + 1])
+                    await trio.sleep(1)
+                log.completed += 1
+        except Exception:
+            with suppress(Exception):
+                await stream.reset()
+
+    return handle

@@ -4,6 +4,9 @@ runs inside an anvil snapshot that is reverted afterwards.
 - ``anvil``: a bare anvil on a free 127.0.0.1 port (session).
 - ``deployed``: the Deployment of all contracts with 10 funded dev accounts (session).
 - ``chain``: a :class:`devnet.testing.LocalChain` over it, state reverted after the test.
+- ``module_deployment``: the requesting module's own contracts, deployed with its
+  ``PARAMS`` on the session anvil, everything reverted after the module (module).
+- ``module_chain``: that deployment, its state reverted after each test.
 """
 
 from __future__ import annotations
@@ -13,19 +16,19 @@ from collections.abc import Iterator
 import pytest
 
 from devnet.anvil import AnvilProcess, dev_accounts, start_anvil
-from devnet.deploy import CONTRACTS, deploy_all
+from devnet.deploy import deploy_all
 from devnet.params import DevnetParams
-from devnet.testing import LocalChain
-from node.chain.artifacts import artifacts_dir
+from devnet.testing import LocalChain, artifacts_missing, own_deployment
 from node.chain.deployment import Deployment
 from node.chain.rpc import make_web3
 
 N_ACCOUNTS = 10
 
 
-def _artifacts_missing() -> list[str]:
-    d = artifacts_dir()
-    return [n for n in CONTRACTS if not (d / f"{n}.json").is_file()]
+def _skip_without_artifacts() -> None:
+    missing = artifacts_missing()
+    if missing:
+        pytest.skip(f"contract artifacts missing ({', '.join(missing)}): run `make contracts`")
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +48,7 @@ def devnet_params() -> DevnetParams:
 
 @pytest.fixture(scope="session")
 def deployed(anvil: AnvilProcess, devnet_params: DevnetParams) -> Deployment:
-    missing = _artifacts_missing()
-    if missing:
-        pytest.skip(f"contract artifacts missing ({', '.join(missing)}): run `make contracts`")
+    _skip_without_artifacts()
     accts = dev_accounts(N_ACCOUNTS)
     return deploy_all(make_web3(anvil.url), accts[0], devnet_params, fund=accts,
                       rpc_url=anvil.url)
@@ -60,8 +61,21 @@ def _session_chain(anvil: AnvilProcess, deployed: Deployment) -> LocalChain:
 
 @pytest.fixture
 def chain(_session_chain: LocalChain) -> Iterator[LocalChain]:
-    snap = _session_chain.snapshot()
-    try:
-        yield _session_chain
-    finally:
-        _session_chain.revert(snap)
+    with _session_chain.reverting() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def module_deployment(anvil: AnvilProcess, request: pytest.FixtureRequest) -> Iterator[LocalChain]:
+    """Own contracts on the session anvil, deployed (by dev account 0) with the requesting
+    module's ``PARAMS``, reverted after the module."""
+    _skip_without_artifacts()
+    with own_deployment(anvil, request.module.PARAMS) as c:
+        yield c
+
+
+@pytest.fixture
+def module_chain(module_deployment: LocalChain) -> Iterator[LocalChain]:
+    """The module's own deployment, its state reverted after each test."""
+    with module_deployment.reverting() as c:
+        yield c

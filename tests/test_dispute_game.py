@@ -31,7 +31,7 @@ from web3.types import TxReceipt
 from devnet.anvil import AnvilProcess, dev_accounts
 from devnet.deploy import CONTRACTS, constructor_args, deploy_all
 from devnet.params import TOKEN, DevnetParams
-from devnet.testing import LocalChain, fake_trace, job_terms
+from devnet.testing import LocalChain, fake_trace, job_terms, py_sortition
 from node.chain.artifacts import artifacts_dir
 from node.chain.contracts import (
     SOLVER,
@@ -268,33 +268,6 @@ def finalize(c: LocalChain, job: Job) -> TxReceipt:
     if c.timestamp() < end:
         mine_at(c, end)
     return c[OUTSIDER].market.finalize(job.id)
-
-
-# --- sortition, re-done in Python from INodeRegistry.sortition's documented rule ---------
-
-
-def py_sortition(c: LocalChain, seed: bytes, want: int, pool_len: int, snapshot: int,
-                 exclude: Sequence[str]) -> list[str]:
-    reg = c.reader.registry
-    pool = reg.verifiers()
-    pool_len = min(pool_len, len(pool))
-    cap = int(reg.call("sortitionCap"))
-    nodes = {a: reg.node_of(a) for a in set(pool[:pool_len])}
-    picked: list[str] = []
-    for i in range(want * int(reg.call("DRAW_ATTEMPTS"))):
-        if len(picked) >= min(want, pool_len):
-            break
-        r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
-        a = pool[r % pool_len]
-        n = nodes[a]
-        if n.changed_at > snapshot or not reg.is_verifier(a):
-            continue
-        if (r >> 128) % cap >= min(n.free_stake, cap):
-            continue
-        if a in picked or a in exclude:
-            continue
-        picked.append(a)
-    return picked
 
 
 def requested(c: LocalChain, r: TxReceipt) -> tuple[int, int, int]:

@@ -22,7 +22,7 @@ import pytest
 import safetensors.torch
 
 from devnet.localnet import LocalNet
-from devnet.params import DevnetParams
+from devnet.params import short_network_params
 from node.demo import pack_inputs, spec_for
 
 pytestmark = pytest.mark.timeout(420)
@@ -31,17 +31,6 @@ SUBMITTER, HONEST, CHEATER, V1, V2, V3 = 1, 2, 3, 4, 5, 6
 
 
 INVALID, VALID, SOLVER_TIMED_OUT = 2, 1, 3  # IJobMarket.Verdict
-
-
-def params() -> DevnetParams:
-    # Three verifiers in all: one committee seat, so the other two can still judge
-    # (attestors never sit on a jury), and a one-juror quorum.
-    return DevnetParams.model_validate({
-        "market": {"verification_window": 35, "sample_count": 4, "attestors_per_job": 1,
-                   "dispute_grace": 20},
-        "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20, "fanout": 8,
-                    "quorum": 1},
-        "registry": {"unbond_delay": 3600}})
 
 
 def small_job(tmp: Path, total_steps: int = 40) -> tuple[Path, Path]:
@@ -79,7 +68,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
     and an honest solver, SIGKILLed mid-job and restarted, still commits; a verifier
     killed right after the commit and a frozen RPC are both survived."""
     spec, dataset = small_job(tmp_path)
-    with LocalNet(tmp_path / "net", params()) as net:
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
         start_verifiers(net)
         net.start_solver("cheat", CHEATER, "withhold")
         cheat_before = net.holdings(net.address(CHEATER))
@@ -133,7 +122,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
 
 def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> None:
     spec, dataset = small_job(tmp_path)
-    with LocalNet(tmp_path / "net", params()) as net:
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
         net.start_verifier("bad", V1, "--malicious")
         net.start_verifier("v2", V2)
         net.start_verifier("v3", V3)
@@ -215,7 +204,7 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
     agrees, the last part; the game ends on exactly the bad step, the jury votes
     invalid and the solver is slashed."""
     spec, dataset = small_job(tmp_path)
-    with LocalNet(tmp_path / "net", params()) as net:
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
         start_verifiers(net)
         net.start_solver("liar", CHEATER, "bad_step:5")
         liar_before = net.holdings(net.address(CHEATER))
@@ -239,7 +228,7 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
 
 def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
     spec, dataset = small_job(tmp_path)
-    with LocalNet(tmp_path / "net", params()) as net:
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
         start_verifiers(net)
         net.start_solver("cheat", CHEATER, "skip")
         job = net.submit("sub", SUBMITTER, spec, dataset)

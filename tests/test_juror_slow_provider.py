@@ -44,38 +44,35 @@ tests/test_p2p_hostile.py; here every fetch ends before that deadline.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Iterator
-from contextlib import AsyncExitStack, suppress
-from dataclasses import dataclass, field
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from libp2p.abc import INetStream
-from pydantic import SecretStr
 
-from devnet.anvil import AnvilProcess, dev_accounts
-from devnet.deploy import CONTRACTS, deploy_all
 from devnet.params import TOKEN, DevnetParams
-from devnet.testing import LocalChain
-from node.chain.artifacts import artifacts_dir
-from node.chain.contracts import SOLVER, VERIFIER, JobStatus, JobTerms, Phase
+from devnet.testing import (
+    LocalChain,
+    SlowLog,
+    node_settings,
+    real_job_terms,
+    sha,
+    tiny_mlp_spec,
+    train_and_commit,
+    trickle_handler,
+)
+from node.chain.contracts import VERIFIER, JobStatus, Phase
 from node.chain.events import ChainEvent
-from node.chain.rpc import make_web3
-from node.config import NodeSettings, load_config
-from node.datasets import pack_digits, parse_dataset
+from node.config import NodeSettings
+from node.datasets import pack_digits
 from node.p2p import NodeConfig, PolnetNode
 from node.p2p.identity import load_or_create_keypair, peer_id_of
-from node.p2p.wire import PROTOCOL_ID, encode_frame, read_frame, write_payload
-from node.proof import canonical_json
+from node.p2p.wire import PROTOCOL_ID
 from node.roles.runtime import Runtime
-from node.roles.solver import Solver
-from node.spec import parse_spec, parse_spec_json
-from node.train.step import TrainContext, initial_state_hash
 from node.train.trace import MANIFEST_NAME, merkle_proof, read_manifest
 from verifier.daemon import Verifier
 
@@ -97,84 +94,9 @@ PARAMS = DevnetParams.model_validate({
 })
 
 
-def sha(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
-# --- the slow provider ------------------------------------------------------------------
-
-
-@dataclass
-class SlowLog:
-    """What the slow provider was asked for, and what it finished sending."""
-
-    manifests: list[str] = field(default_factory=list)
-    reads: list[str] = field(default_factory=list)
-    completed: int = 0
-
-
-def trickle_handler(node: PolnetNode, seen: SlowLog) -> Any:
-    """Answers manifests at once, then sends every chunk at 1 byte/s."""
-
-    async def handle(stream: INetStream) -> None:
-        try:
-            while True:
-                req = await read_frame(stream)
-                if req.get("op") == "manifest":
-                    seen.manifests.append(str(req["id"]))
-                    await write_payload(stream, {"ok": True},
-                                        node.store.manifest(req["id"]).to_bytes())
-                    continue
-                seen.reads.append(str(req["id"]))
-                data = node.store.read_range(req["id"], req["offset"], req["length"])
-                await stream.write(encode_frame({"ok": True, "size": len(data)}))
-                for i in range(len(data)):
-                    await stream.write(data[i:i + 1])
-                    await trio.sleep(1)
-                seen.completed += 1
-        except Exception:
-            with suppress(Exception):
-                await stream.reset()
-
-    return handle
-
-
-# --- chain ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def net(anvil: AnvilProcess) -> Iterator[LocalChain]:
-    """Own contracts on the session anvil (a commit window of 600 s), reverted after."""
-    missing = [n for n in CONTRACTS if not (artifacts_dir() / f"{n}.json").is_file()]
-    if missing:
-        pytest.skip(f"contract artifacts missing ({', '.join(missing)}): run `make contracts`")
-    w3 = make_web3(anvil.url)
-    snap = str(w3.provider.make_request("evm_snapshot", [])["result"])  # type: ignore[arg-type]
-    accts = dev_accounts(N_ACCOUNTS)
-    dep = deploy_all(w3, accts[DEPLOYER], PARAMS, fund=accts, rpc_url=anvil.url)
-    c = LocalChain(anvil, dep)
-    try:
-        yield c
-    finally:
-        c.revert(snap)
-
-
 def settings(home: Path, c: LocalChain, name: str, account: int,
              bootstrap: list[str] | None = None) -> NodeSettings:
-    dep = home / "deployment.json"
-    if not dep.exists():
-        c.deployment.save(dep)
-    return load_config(None, home=home, name=name, deployment=dep,
-                       private_key=SecretStr(c.deployment.accounts[account].private_key),
-                       poll_interval=0.2, stake=STAKE, bootstrap=bootstrap or [])
-
-
-def mlp_spec(ds_hash: str) -> bytes:
-    d = {"name": "mlp", "seed": 3, "dataset_hash": ds_hash,
-         "model": {"family": "mlp", "input_dim": 64, "hidden": [32], "num_classes": 10},
-         "optimizer": {"name": "sgd", "lr": 0.05}, "batch_size": 32, "total_steps": STEPS,
-         "checkpoint_interval": 1, "resources": {"max_memory_mb": 256}}
-    return canonical_json(parse_spec(d).model_dump(mode="json"))
+    return node_settings(home, c, name, account, STAKE, bootstrap)
 
 
 # --- the test ---------------------------------------------------------------------------
@@ -199,16 +121,12 @@ async def judge(v: Verifier, did: int, jury: list[str]) -> Judged:
     return Judged(info.get("valid"), "salt" in info, took)
 
 
-def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(net: LocalChain,
+def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: LocalChain,
                                                                  tmp_path: Path) -> None:
-    c = net
+    c = module_chain  # the module's own deployment (PARAMS: a commit window of 600 s)
     digits = pack_digits()
-    spec_b = mlp_spec(sha(digits))
-    init = initial_state_hash(TrainContext.create(parse_spec_json(spec_b),
-                                                  parse_dataset(digits)))
-    terms = JobTerms(spec_hash=bytes.fromhex(sha(spec_b)), dataset_hash=bytes.fromhex(sha(digits)),
-                     reward=10 * TOKEN, verification_budget=3 * TOKEN, solve_duration=600,
-                     total_steps=STEPS, steps_per_segment=1, init_state_hash=init)
+    spec_b = tiny_mlp_spec(sha(digits), STEPS, 1)
+    terms = real_job_terms(spec_b, digits, STEPS, 1)
     # Every verifier registered with the peer id its node will have (no addresses yet:
     # peers meet through the chain's solver entry, bootstrap and the DHT).
     for i in (CHALLENGER, *VERIFIERS):
@@ -238,18 +156,8 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(net: LocalChain
             solver_rt: Runtime = await top.start(run_solver, stop_solver, solver_stopped)
 
             # The solver: registered, trains the job with the daemon's own code, commits.
-            await solver_rt.ensure_registered(SOLVER, STAKE)
-            solver_rt.p2p.store.put_bytes(spec_b)  # as if fetched from the submitter
-            solver_rt.p2p.store.put_bytes(digits)
-            jid = await solver_rt.chain(c[SUBMITTER].post_job, terms)
-            sc = solver_rt.chain_client
-            await solver_rt.chain(sc.market.claim_job, jid)
-            job = await solver_rt.chain(sc.market.get_job, jid)
-            solver = Solver(solver_rt)
-            with solver.state as st:
-                st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
-                                        "spec": sha(spec_b), "dataset": sha(digits)}
-            await solver._train_and_commit(jid)
+            solver, jid = await train_and_commit(solver_rt, c, SUBMITTER, terms, spec_b,
+                                                 digits, STAKE)
             assert solver.state.data["jobs"][str(jid)]["phase"] == "committed"
             trace = solver._trace_dir(jid)
             manifest = read_manifest(trace)

@@ -22,6 +22,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
+from devnet.testing import trickle_handler
 from node.errors import PeerUnavailable
 from node.p2p import NodeConfig, PolnetNode
 from node.p2p.host import make_host
@@ -40,28 +41,6 @@ async def started(tmp: Path, names: list[str], **kw: Any) -> AsyncIterator[list[
 
 
 Handler = Callable[[INetStream], Awaitable[None]]
-
-
-def trickle_handler(node: PolnetNode) -> Handler:
-    """Answers manifests at once, then sends every chunk at 1 byte/s."""
-
-    async def handle(stream: INetStream) -> None:
-        try:
-            while True:
-                req = await read_frame(stream)
-                if req.get("op") == "manifest":
-                    await write_payload(stream, {"ok": True},
-                                        node.store.manifest(req["id"]).to_bytes())
-                    continue
-                data = node.store.read_range(req["id"], req["offset"], req["length"])
-                await stream.write(encode_frame({"ok": True, "size": len(data)}))
-                for i in range(len(data)):
-                    await stream.write(data[i:i + 1])
-                    await trio.sleep(1)
-        except Exception:
-            await stream.reset()
-
-    return handle
 
 
 def lying_handler(fake: bytes, manifest: Manifest) -> Handler:

@@ -28,32 +28,28 @@ verifier, naming one of those two segments, with a dispute open on that segment.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from pydantic import SecretStr
 
-from devnet.anvil import AnvilProcess, dev_accounts
-from devnet.deploy import CONTRACTS, deploy_all
 from devnet.params import TOKEN, DevnetParams
-from devnet.testing import LocalChain
-from node.chain.artifacts import artifacts_dir
-from node.chain.contracts import SOLVER, JobStatus, JobTerms, Phase
+from devnet.testing import (
+    LocalChain,
+    node_settings,
+    real_job_terms,
+    sha,
+    tiny_mlp_spec,
+    train_and_commit,
+)
+from node.chain.contracts import JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
-from node.chain.rpc import make_web3
-from node.config import NodeSettings, load_config
-from node.datasets import pack_digits, parse_dataset
-from node.proof import canonical_json
+from node.config import NodeSettings
+from node.datasets import pack_digits
 from node.roles.runtime import Runtime
-from node.roles.solver import Solver
-from node.spec import parse_spec, parse_spec_json
-from node.train.step import TrainContext, initial_state_hash
 from node.train.trace import read_manifest
 from verifier.daemon import Verifier
 
@@ -76,66 +72,18 @@ PARAMS = DevnetParams.model_validate({
 })
 
 
-def sha(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def deployment_chain(anvil: AnvilProcess) -> Iterator[LocalChain]:
-    """Own contracts on the session anvil, reverted after the module."""
-    missing = [n for n in CONTRACTS if not (artifacts_dir() / f"{n}.json").is_file()]
-    if missing:
-        pytest.skip(f"contract artifacts missing ({', '.join(missing)}): run `make contracts`")
-    w3 = make_web3(anvil.url)
-    snap = str(w3.provider.make_request("evm_snapshot", [])["result"])  # type: ignore[arg-type]
-    accts = dev_accounts(N_ACCOUNTS)
-    dep = deploy_all(w3, accts[DEPLOYER], PARAMS, fund=accts, rpc_url=anvil.url)
-    c = LocalChain(anvil, dep)
-    try:
-        yield c
-    finally:
-        c.revert(snap)
-
-
-@pytest.fixture
-def net(deployment_chain: LocalChain) -> Iterator[LocalChain]:
-    """The module's deployment, its state reverted after each test."""
-    snap = deployment_chain.snapshot()
-    try:
-        yield deployment_chain
-    finally:
-        deployment_chain.revert(snap)
-
-
 def settings(home: Path, c: LocalChain, name: str, account: int,
              bootstrap: list[str] | None = None) -> NodeSettings:
-    dep = home / "deployment.json"
-    if not dep.exists():
-        c.deployment.save(dep)
-    return load_config(None, home=home, name=name, deployment=dep,
-                       private_key=SecretStr(c.deployment.accounts[account].private_key),
-                       poll_interval=0.2, stake=STAKE, bootstrap=bootstrap or [])
-
-
-def mlp_spec(ds_hash: str) -> bytes:
-    d = {"name": "mlp", "seed": 3, "dataset_hash": ds_hash,
-         "model": {"family": "mlp", "input_dim": 64, "hidden": [32], "num_classes": 10},
-         "optimizer": {"name": "sgd", "lr": 0.05}, "batch_size": 32, "total_steps": STEPS,
-         "checkpoint_interval": K, "resources": {"max_memory_mb": 256}}
-    return canonical_json(parse_spec(d).model_dump(mode="json"))
+    return node_settings(home, c, name, account, STAKE, bootstrap)
 
 
 @pytest.mark.parametrize("behavior", ["poison:1", "poison:1,mode=shape"])
-def test_poisoned_committed_state_is_challenged_on_chain(net: LocalChain, tmp_path: Path,
-                                                         behavior: str) -> None:
-    c = net
+def test_poisoned_committed_state_is_challenged_on_chain(module_chain: LocalChain,
+                                                         tmp_path: Path, behavior: str) -> None:
+    c = module_chain  # the module's own deployment (PARAMS), reverted after each test
     digits = pack_digits()
-    spec_b = mlp_spec(sha(digits))
-    init = initial_state_hash(TrainContext.create(parse_spec_json(spec_b),
-                                                  parse_dataset(digits)))
-    terms = JobTerms(spec_hash=bytes.fromhex(sha(spec_b)), dataset_hash=bytes.fromhex(sha(digits)),
-                     reward=10 * TOKEN, verification_budget=3 * TOKEN, solve_duration=600,
-                     total_steps=STEPS, steps_per_segment=K, init_state_hash=init)
+    spec_b = tiny_mlp_spec(sha(digits), STEPS, K)
+    terms = real_job_terms(spec_b, digits, STEPS, K)
     verifier_addr = c.addresses[VERIFIER_I]
     out: dict[str, Any] = {}
 
@@ -148,18 +96,9 @@ def test_poisoned_committed_state_is_challenged_on_chain(net: LocalChain, tmp_pa
     async def main() -> None:
         async with Runtime(settings(tmp_path, c, "solver", SOLVER_I), "solver") as srt:
             # The cheating solver: registered, trains with the daemon's own code, commits.
-            await srt.ensure_registered(SOLVER, STAKE)
-            srt.p2p.store.put_bytes(spec_b)  # as if fetched from the submitter
-            srt.p2p.store.put_bytes(digits)
-            jid = await srt.chain(c[SUBMITTER].post_job, terms)
+            solver, jid = await train_and_commit(srt, c, SUBMITTER, terms, spec_b, digits,
+                                                 STAKE, behavior)
             sc = srt.chain_client
-            await srt.chain(sc.market.claim_job, jid)
-            job = await srt.chain(sc.market.get_job, jid)
-            solver = Solver(srt, behavior=behavior)
-            with solver.state as st:
-                st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
-                                        "spec": sha(spec_b), "dataset": sha(digits)}
-            await solver._train_and_commit(jid)
             assert solver.state.data["jobs"][str(jid)]["phase"] == "committed"
             manifest = read_manifest(solver._trace_dir(jid))
             out["manifest_segments"] = manifest.segment_count

@@ -3,16 +3,12 @@ append-only sortition pool and the stake-weighted draw."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import pytest
-from eth_abi import encode as abi_encode
 from eth_utils import keccak
 
 from devnet.params import TOKEN
-from devnet.testing import LocalChain, job_terms
-from node.chain.contracts import SOLVER, VERIFIER, NodeInfo
+from devnet.testing import LocalChain, PoolView, job_terms
+from node.chain.contracts import SOLVER, VERIFIER
 from node.errors import ContractRevert
 
 
@@ -152,46 +148,6 @@ def test_only_free_stake_makes_a_verifier(chain: LocalChain) -> None:
     assert reg.is_verifier(node.address)
 
 
-@dataclass
-class PoolView:
-    """What a draw reads from the registry, read once."""
-
-    pool: list[str]
-    nodes: dict[str, NodeInfo]
-    cap: int
-    min_v: int
-    attempts: int
-
-    @classmethod
-    def read(cls, reg: Any) -> PoolView:
-        pool = reg.verifiers()
-        return cls(pool, {a: reg.node_of(a) for a in pool}, int(reg.sortitionCap()),
-                   int(reg.minVerifierStake()), int(reg.DRAW_ATTEMPTS()))
-
-
-def _draw(v: PoolView, seed: bytes, want: int, pool_len: int, snapshot: int,
-          exclude: list[str]) -> list[str]:
-    """INodeRegistry.sortition as its NatSpec states it."""
-    pool, nodes, cap, min_v = v.pool, v.nodes, v.cap, v.min_v
-    pool_len = min(pool_len, len(pool))
-    picked: list[str] = []
-    for i in range(want * v.attempts):
-        if len(picked) >= min(want, pool_len):
-            break
-        r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
-        a = pool[r % pool_len]
-        n = nodes[a]
-        eligible = n.registered and n.roles & VERIFIER and n.free_stake >= min_v
-        if n.changed_at > snapshot or not eligible:
-            continue
-        if (r >> 128) % cap >= min(n.free_stake, cap):
-            continue
-        if a in picked or a in exclude:
-            continue
-        picked.append(a)
-    return picked
-
-
 def test_sortition_follows_its_spec(chain: LocalChain) -> None:
     reg = chain.reader.registry
     cap = int(reg.sortitionCap())
@@ -218,7 +174,7 @@ def test_sortition_follows_its_spec(chain: LocalChain) -> None:
         seed = keccak(b"seed%d" % s)
         for want, pool_len, snapshot, exclude in cases:
             got = reg.sortition(seed, want, pool_len, snapshot, exclude)
-            assert got == _draw(view, seed, want, pool_len, snapshot, exclude), (s, want)
+            assert got == view.draw(seed, want, pool_len, snapshot, exclude), (s, want)
             assert len(set(got)) == len(got) <= want and not set(got) & set(exclude)
             if snapshot == snap:
                 assert not {a[6], a[7], a[8], a[9]} & set(got)
