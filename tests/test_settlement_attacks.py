@@ -226,6 +226,10 @@ def test_moot_race_cannot_steal_the_challenger_reward(net: Net,
     assert c.reader.dispute.get_dispute(puppet_id).verdict == Verdict.SOLVER_TIMED_OUT
     assert c.reader.market.get_job(job).status == JobStatus.COMMITTED  # not reopened
     assert revert(net.submitter.market.finalize, job).error in ("DisputesOpen", "WindowNotOver")
+    # Nor can anyone keep the settlement off by chaining free disputes (the solver need
+    # not answer them, so none would cost a bond): a condemned round takes no new ones.
+    assert revert(open_dispute, net.honest[1], job, 4, leaves, tree).error == \
+        "AlreadyCondemned"
     if solver_answers_honest:
         jury = draw(net, honest_id)
         vote(net, honest_id, {a: False for a in jury})

@@ -31,7 +31,8 @@ log = get_logger("polnet.verifier")
 
 # Reverts that mean "already done, or not ours to do": checked against the ABIs.
 BENIGN_ATTEST = errors("AlreadyAttested", "NotInCommittee", "WindowClosed", "InvalidStatus")
-BENIGN_CHALLENGE = errors("WindowClosed", "InvalidStatus", "ChallengerBarredFrom")
+BENIGN_CHALLENGE = errors("WindowClosed", "InvalidStatus", "ChallengerBarredFrom",
+                          "AlreadyCondemned")
 FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen")
 SEED_BENIGN = errors("SeedAlreadyFixed")
 DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")

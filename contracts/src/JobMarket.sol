@@ -582,6 +582,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (!_registry.isVerifier(msg.sender)) revert NotVerifier(msg.sender);
         if (segment >= j.segmentCount) revert SegmentOutOfRange(segment, j.segmentCount);
         if (_barred[_barKey(jobId, j.round, segment, msg.sender)]) revert ChallengerBarredFrom(segment, msg.sender);
+        // INVARIANT: a condemned round takes no new disputes: opened after the condemning
+        // one, none could be paid, and chaining them (free: the solver has no reason to
+        // answer) would hold the settlement off forever.
+        if (_rounds[jobId][j.round].condemned) revert AlreadyCondemned(jobId, j.round);
     }
 
     function _checkLeaf(

@@ -218,6 +218,7 @@ interface IJobMarket {
     error AlreadyAttested(address caller);
     error SolverCannotChallenge();
     error ChallengerBarredFrom(uint256 segment, address challenger);
+    error AlreadyCondemned(uint256 jobId, uint32 round);
     error InvalidProof(uint256 leafIndex);
     error UnknownDispute(uint256 disputeId);
     error DisputeNotLive(uint256 disputeId);
@@ -283,7 +284,9 @@ interface IJobMarket {
     function attest(uint256 jobId) external;
 
     /// @notice A staked verifier (not the solver, not barred from the segment) disputes
-    ///         `segment` while the window is open or a dispute of the round is live. Both
+    ///         `segment` while the window is open or a dispute of the round is live, and the
+    ///         round is not yet condemned (a later dispute could never be its first winner,
+    ///         only delay the settlement). Both
     ///         committed leaves (`segment`, `segment + 1`) are proven against the trace root;
     ///         challengeBond is locked from the caller's stake; the dispute game takes over.
     function challenge(
