@@ -199,3 +199,18 @@ def test_constructor_guards(chain: LocalChain) -> None:
     reg = owner.deploy("NodeRegistry", tok, ten_years, 0, 10, 10)  # the bounds themselves
     assert (int(reg.unbondDelay()), int(reg.minVerifierStake()), int(reg.sortitionCap())) == \
         (ten_years, 10, 10)
+
+
+def test_new_addresses_do_not_move_the_draw_snapshot(chain: LocalChain) -> None:
+    """A restarted verifier re-registers its new port (updateNode): that must not make it
+    ineligible for draws snapshotted before (seen in e2e: a restarted committee member
+    lost its seat); a change of roles does count."""
+    node = chain.join(1, VERIFIER, 200 * TOKEN)
+    reg = node.registry
+    before = reg.node_of(node.address).changed_at
+    chain.mine(2)
+    node.registry.update_node(VERIFIER, "12D3KooWdev1", ["/ip4/127.0.0.1/tcp/5999"])
+    assert reg.node_of(node.address).changed_at == before
+    r = node.registry.update_node(VERIFIER | SOLVER, "12D3KooWdev1",
+                                  ["/ip4/127.0.0.1/tcp/5999"])
+    assert reg.node_of(node.address).changed_at == r["blockNumber"] > before

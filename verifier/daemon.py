@@ -103,10 +103,10 @@ class Verifier:
                 continue
             # Challenges stay open while any dispute of the round is live.
             open_ = now <= job.window_end or job.open_disputes > 0
-            if info["phase"] == "checked" and open_ \
-                    and not info.get("challenged") and busy not in self._busy:
+            if info["phase"] == "checked" and open_ and busy not in self._busy \
+                    and not (info.get("challenged") and info.get("attested")):
                 self._busy.add(busy)
-                nursery.start_soon(guarded, "_maybe_challenge", self._challenge_later, jid)
+                nursery.start_soon(guarded, "_follow_up", self._follow_up, jid)
             if info["phase"] == "pending" and busy not in self._busy:
                 self._busy.add(busy)
                 nursery.start_soon(guarded, "_check_job", self._check_job, jid)
@@ -175,6 +175,11 @@ class Verifier:
         info = self.state.data["jobs"][str(jid)]
         if info.get("attested") or not info["verdicts"] or not all(info["verdicts"].values()):
             return
+        job = await rt.chain(c.market.get_job, jid)
+        if job.seed == bytes(32):
+            # Not drawn yet as of the latest block: our fixSeed was refused because another
+            # one is pending. Deciding "not in committee" now would be for good: next tick.
+            return
         committee = [a.lower() for a in await rt.chain(c.market.committee_of, jid)]
         if rt.address.lower() not in committee:
             self._set(jid, attested="not in committee")
@@ -205,8 +210,11 @@ class Verifier:
         await self._challenge(jid, seg, start, end)
         self._set(jid, challenged=True)
 
-    async def _challenge_later(self, jid: int) -> None:
+    async def _follow_up(self, jid: int) -> None:
+        """A checked job, each tick while it is open: attest (once the committee is
+        drawn) or challenge, whichever its verdicts call for."""
         try:
+            await self._maybe_attest(jid)
             await self._maybe_challenge(jid)
         finally:
             self._busy.discard(f"j{jid}")

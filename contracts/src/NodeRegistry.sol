@@ -96,8 +96,10 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Node storage n = _nodes[msg.sender];
         if (!n.registered) revert NotRegistered(msg.sender);
         _checkIdentity(roles, peerId);
+        bool rolesChanged = n.roles != roles;
         _setIdentity(n, roles, peerId, multiaddrs, profile);
-        _changed(msg.sender, n);
+        // New addresses (a restarted node's new port) change nothing a draw looks at.
+        if (rolesChanged) _changed(msg.sender, n);
         emit NodeUpdated(msg.sender, roles, peerId, multiaddrs, profile);
     }
 

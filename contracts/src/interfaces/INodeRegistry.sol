@@ -22,7 +22,7 @@ interface INodeRegistry {
         uint256 freeStake;
         uint256 lockedStake;
         uint256 unbondingStake;
-        uint64 changedAt; // block of the last change to roles, free, locked or unbonding stake
+        uint64 changedAt; // block of the last change to roles, free, locked or unbonding stake (not addresses)
         string peerId; // libp2p peer id (base58 text)
         string[] multiaddrs; // libp2p multiaddrs (text)
         string profile; // JSON text: device, memory, measured throughput
