@@ -31,7 +31,7 @@ from node.chain.contracts import VERIFIER, JobTerms, NodeInfo, Registry
 from node.chain.deployment import Deployment
 from node.chain.rpc import make_web3
 from node.config import NodeSettings, load_config
-from node.errors import ChainError
+from node.errors import ChainError, ContractRevert
 from node.proof import MerkleTree, TraceLeaf, build_trace_tree, canonical_json
 
 if TYPE_CHECKING:
@@ -43,6 +43,15 @@ if TYPE_CHECKING:
 
 TOKEN = 10**18
 FAKE_INIT = keccak(b"state0")  # S_0 of every fake trace below
+
+
+def expect_revert(fn: Any, *args: Any) -> ContractRevert:
+    """Call ``fn(*args)``, which must revert with a custom error; return that error."""
+    import pytest  # noqa: PLC0415 - only tests call this
+
+    with pytest.raises(ContractRevert) as e:
+        fn(*args)
+    return e.value
 
 
 def job_terms(reward: int = 100 * TOKEN, budget: int = 30 * TOKEN, duration: int = 3600,

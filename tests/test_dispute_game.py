@@ -31,7 +31,7 @@ from web3.types import TxReceipt
 from devnet.anvil import AnvilProcess, dev_accounts
 from devnet.deploy import CONTRACTS, constructor_args, deploy_all
 from devnet.params import TOKEN, DevnetParams
-from devnet.testing import LocalChain, fake_trace, job_terms, py_sortition
+from devnet.testing import LocalChain, expect_revert, fake_trace, job_terms, py_sortition
 from node.chain.artifacts import artifacts_dir
 from node.chain.contracts import (
     SOLVER,
@@ -43,7 +43,7 @@ from node.chain.contracts import (
     Verdict,
 )
 from node.chain.rpc import make_web3
-from node.errors import ChainError, ContractRevert
+from node.errors import ChainError
 from node.proof import MerkleTree, TraceLeaf
 
 BPS = 10_000
@@ -109,10 +109,7 @@ def c(dchain: LocalChain) -> Iterator[LocalChain]:
 # --- helpers ------------------------------------------------------------------------
 
 
-def revert(fn: Callable[..., Any], *args: Any) -> ContractRevert:
-    with pytest.raises(ContractRevert) as e:
-        fn(*args)
-    return e.value
+revert = expect_revert
 
 
 def next_ts(c: LocalChain, t: int) -> None:

@@ -10,7 +10,7 @@ import pytest
 from eth_utils import keccak
 
 from devnet.params import TOKEN
-from devnet.testing import FAKE_INIT, LocalChain, fake_trace, job_terms
+from devnet.testing import FAKE_INIT, LocalChain, expect_revert, fake_trace, job_terms
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, JobTerms, Phase, Verdict
 from node.errors import ContractRevert
@@ -23,10 +23,7 @@ BURN = "0x000000000000000000000000000000000000dEaD"
 VSTAKE = 200 * TOKEN  # = the devnet's sortition cap: every eligible draw is accepted
 
 
-def revert(fn, *args):  # type: ignore[no-untyped-def]
-    with pytest.raises(ContractRevert) as e:
-        fn(*args)
-    return e.value
+revert = expect_revert
 
 
 @dataclass

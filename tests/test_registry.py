@@ -3,19 +3,13 @@ append-only sortition pool and the stake-weighted draw."""
 
 from __future__ import annotations
 
-import pytest
 from eth_utils import keccak
 
 from devnet.params import TOKEN
-from devnet.testing import LocalChain, PoolView, job_terms
+from devnet.testing import LocalChain, PoolView, expect_revert, job_terms
 from node.chain.contracts import SOLVER, VERIFIER
-from node.errors import ContractRevert
 
-
-def revert(fn, *args):  # type: ignore[no-untyped-def]
-    with pytest.raises(ContractRevert) as e:
-        fn(*args)
-    return e.value
+revert = expect_revert
 
 
 def test_register_update_and_sortition_pool(chain: LocalChain) -> None:

@@ -16,20 +16,16 @@ from eth_typing import ChecksumAddress
 from eth_utils import keccak
 
 from devnet.params import TOKEN
-from devnet.testing import FAKE_INIT, LocalChain, fake_trace, job_terms
+from devnet.testing import FAKE_INIT, LocalChain, expect_revert, fake_trace, job_terms
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side, Verdict
-from node.errors import ContractRevert
 from node.proof import MerkleTree, TraceLeaf
 
 SEGMENTS, K = 8, 4
 REWARD, BUDGET = 100 * TOKEN, 30 * TOKEN
 
 
-def revert(fn, *args):  # type: ignore[no-untyped-def]
-    with pytest.raises(ContractRevert) as e:
-        fn(*args)
-    return e.value
+revert = expect_revert
 
 
 @dataclass
