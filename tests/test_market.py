@@ -166,12 +166,12 @@ def test_post_job_reverts(chain: LocalChain, roles: Roles) -> None:
     m.post_job(terms(duration=year))  # the bound itself is fine
     for zero in ({"spec": bytes(32)}, {"data": bytes(32)}, {"init": bytes(32)}):
         assert revert(m.post_job, terms(**zero)).error == "ZeroHash"
-    max_reward = (2**128 - 1) // 100
+    max_reward = (2**96 - 1) // 100
     e = revert(m.post_job, terms(reward=max_reward + 1))
     assert (e.error, e.error_args) == ("AmountTooLarge", {"amount": max_reward + 1,
                                                           "max": max_reward})
-    e = revert(m.post_job, terms(budget=2**128))
-    assert (e.error, e.error_args["max"]) == ("AmountTooLarge", 2**128 - 1)
+    e = revert(m.post_job, terms(budget=2**96))
+    assert (e.error, e.error_args["max"]) == ("AmountTooLarge", 2**96 - 1)
     base = terms()
     for total, k in ((0, 5), (60, 0), (61, 5), (5 * 2**32, 5), (2**32, 1)):
         bad = replace(base, total_steps=total, steps_per_segment=k)
@@ -200,6 +200,16 @@ def test_cancel(chain: LocalChain, roles: Roles) -> None:
     assert (e.error, e.error_args["status"]) == ("InvalidStatus", JobStatus.CANCELLED)
     assert revert(roles.solver.market.claim_job, job).error == "InvalidStatus"
     assert sub.market.withdraw() == REWARD + BUDGET
+    # A drained account keeps a dirty word (credit + 1 = 1), which is no token: it reads
+    # 0, cannot be withdrawn, and the next credit pays exactly what was credited.
+    assert sub.market.credits(sub.address) == 0
+    assert revert(sub.market.withdraw).error == "NothingToWithdraw"
+    before = sub.token.balance_of(sub.address)
+    sub.market.cancel(sub.post_job(terms()))
+    assert sub.market.credits(sub.address) == REWARD + BUDGET
+    check_conserved(chain)
+    assert sub.market.withdraw() == REWARD + BUDGET
+    assert sub.token.balance_of(sub.address) == before
     job2 = sub.post_job(terms())
     roles.solver.market.claim_job(job2)
     assert revert(sub.market.cancel, job2).error == "InvalidStatus"  # claimed: too late
@@ -655,7 +665,7 @@ def test_constructor_and_wiring_guards(chain: LocalChain) -> None:
                 {"dispute_grace": 0}, {"dispute_grace": 365 * 86400 + 1},
                 {"attestors_per_job": 0}, {"attestors_per_job": 17},
                 {"missed_deadline_slash_bps": 10_001}, {"attestor_slash_bps": 10_001},
-                {"bond_factor_bps": 1_000_001}, {"challenge_bond": 2**128},
+                {"bond_factor_bps": 1_000_001}, {"challenge_bond": 2**96},
                 {"submitter_share_bps": 2_001}, {"challenger_share_bps": 4_999}):
         p = good.model_copy(update=bad)  # model_copy skips validation
         e = revert(owner.deploy, "JobMarket", *constructor_args("JobMarket", addrs, p))

@@ -98,6 +98,24 @@ def test_stake_thresholds_unbond_and_withdraw(chain: LocalChain) -> None:
     assert held == owed
 
 
+def test_stake_is_bounded_so_packed_buckets_cannot_wrap(chain: LocalChain) -> None:
+    # Free and locked stake share one word (uint128 each): the registry's total is bounded
+    # so no bucket can be truncated, whoever holds how many tokens.
+    c = chain[1]
+    c.registry.register(VERIFIER, "p1", [], "{}")
+    chain[0].token.mint_to(c.address, 2**128)
+    c.token.approve(c.registry.address, 2**129)
+    staked = int(c.registry.call("totalOwed"))
+    room = 2**128 - 1 - staked
+    e = revert(c.registry.stake, room + 1)
+    assert (e.error, e.error_args) == ("StakeTooLarge", {"amount": room + 1, "room": room})
+    c.registry.stake(room)
+    assert c.registry.free_stake(c.address) == room
+    assert revert(c.registry.stake, 1).error == "StakeTooLarge"
+    held, owed = chain.conservation()
+    assert held == owed
+
+
 def test_only_market_and_dispute_move_stake(chain: LocalChain) -> None:
     victim = chain.join(1, SOLVER, 200 * TOKEN)
     for i in (0, 1, 2):  # the owner, the node itself, a stranger

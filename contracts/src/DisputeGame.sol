@@ -257,7 +257,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev disputeCount + 1 and totalCredits + 1: never zero, so no write starts a fresh word.
     uint256 internal _nextId = 1;
     uint256 internal _creditsPlusOne = 1;
-    mapping(address => uint256) public credits;
+    /// @dev Per account: credit + 1 once ever credited, so a drained account's next credit
+    ///      rewrites a dirty word; `credits` returns the real amount.
+    mapping(address => uint256) internal _accountCreditsPlusOne;
     uint256 public totalBurned;
 
     mapping(uint256 => Core) internal _core;
@@ -528,15 +530,21 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {
-        amount = credits[msg.sender];
-        if (amount == 0) revert NothingToWithdraw();
-        credits[msg.sender] = 0;
+        uint256 c = _accountCreditsPlusOne[msg.sender];
+        if (c <= 1) revert NothingToWithdraw();
+        amount = c - 1;
+        _accountCreditsPlusOne[msg.sender] = 1;
         _creditsPlusOne -= amount;
         token.safeTransfer(msg.sender, amount);
         emit Withdrawn(msg.sender, amount);
     }
 
     // --- views ---
+
+    function credits(address account) external view returns (uint256) {
+        uint256 c = _accountCreditsPlusOne[account];
+        return c == 0 ? 0 : c - 1;
+    }
 
     function params() external view returns (Params memory) {
         return Params({
@@ -890,7 +898,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev Caller adds the returned amount to the total.
     function _credit(address account, uint256 amount) internal returns (uint256) {
         if (amount == 0) return 0;
-        credits[account] += amount;
+        uint256 c = _accountCreditsPlusOne[account];
+        _accountCreditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
         emit Credited(account, amount);
         return amount;
     }

@@ -18,9 +18,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
     uint256 internal constant BPS = 10_000;
-    /// @dev Bounds on durations and amounts, so every uint64 timestamp and uint128 share fits.
+    /// @dev Bounds on durations and amounts, so every packed uint40 time and uint96 amount fits
+    ///      (2^96 wei is 79 billion POL; a bond is at most 100 x a reward <= MAX_AMOUNT / 100).
     uint256 internal constant MAX_DURATION = 365 days;
-    uint256 internal constant MAX_AMOUNT = type(uint128).max;
+    uint256 internal constant MAX_AMOUNT = type(uint96).max;
     uint256 internal constant MAX_COMMITTEE = 16;
 
     IERC20 internal immutable _token;
@@ -44,9 +45,46 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 public override jobCount;
     uint256 public override totalEscrow; // reward + budget of jobs not Finalized / Cancelled
     uint256 public override totalCredits; // credited, not yet withdrawn
-    mapping(address => uint256) public override credits;
+    /// @dev Credit + 1 once an account was ever credited: a drained account stays at 1, so
+    ///      its next credit rewrites a dirty word (2.9k gas) instead of a zero one (22.1k),
+    ///      the trick of OZ's ReentrancyGuard. The 1 is no token: `credits` and
+    ///      `totalCredits` count real amounts only.
+    mapping(address => uint256) internal _creditsPlusOne;
 
-    mapping(uint256 => Job) internal _jobs;
+    /// @dev Packed storage of a Job: 11 words instead of the view's 16, grouped by the call
+    ///      that writes them (each word a job writes for the first time costs 22.1k gas).
+    ///      `getJob` rebuilds the struct; totalSteps is segmentCount * stepsPerSegment.
+    struct JobRec {
+        // posted
+        JobStatus status;
+        address submitter;
+        uint40 postedAt;
+        uint128 reward;
+        uint128 verificationBudget;
+        bytes32 specHash;
+        bytes32 datasetHash;
+        bytes32 initStateHash;
+        uint64 solveDuration;
+        uint32 segmentCount;
+        uint32 stepsPerSegment;
+        uint32 round; // number of claims so far
+        uint32 openDisputes; // live disputes of the current round
+        uint32 poolLen; // sortition pool length at commit
+        // claimed
+        address solver;
+        uint40 deadline;
+        uint96 bond;
+        // committed
+        uint40 committedAt;
+        uint40 windowEnd;
+        uint40 sampleBlock;
+        uint40 snapshotBlock; // commit block: the committee is drawn from stake as of then
+        bytes32 traceRoot;
+        bytes32 finalStateHash;
+        bytes32 seed;
+    }
+
+    mapping(uint256 => JobRec) internal _jobs;
     /// @dev Packed storage of a DisputeRef (1 word); the challenger is the game's
     ///      (`IDisputeGame.challengerOf`), not stored twice. `disputeRef` rebuilds the struct.
     struct DisputeRec {
@@ -125,18 +163,17 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             revert InvalidTerms(t.totalSteps, t.stepsPerSegment);
         }
         jobId = ++jobCount;
-        Job storage j = _jobs[jobId];
+        JobRec storage j = _jobs[jobId];
         j.status = JobStatus.Open;
         j.submitter = msg.sender;
         j.specHash = t.specHash;
         j.datasetHash = t.datasetHash;
-        j.reward = t.reward;
-        j.verificationBudget = t.verificationBudget;
+        j.reward = uint128(t.reward);
+        j.verificationBudget = uint128(t.verificationBudget);
         j.solveDuration = t.solveDuration;
-        j.postedAt = uint64(block.timestamp);
+        j.postedAt = uint40(block.timestamp);
         j.segmentCount = uint32(t.totalSteps / k);
         j.stepsPerSegment = t.stepsPerSegment;
-        j.totalSteps = t.totalSteps;
         j.initStateHash = t.initStateHash;
         uint256 escrow = t.reward + t.verificationBudget;
         totalEscrow += escrow;
@@ -146,7 +183,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function cancel(uint256 jobId) external nonReentrant {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         if (msg.sender != j.submitter) revert NotSubmitter(msg.sender);
         // INVARIANT: only an unclaimed job's escrow can go back to the submitter.
         _requireStatus(jobId, j, JobStatus.Open);
@@ -160,14 +197,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- solver ---
 
     function claimJob(uint256 jobId) external nonReentrant {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
         if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
         uint256 bond = j.reward * _bondFactorBps / BPS;
         j.status = JobStatus.Claimed;
         j.solver = msg.sender;
-        j.bond = bond;
-        j.deadline = uint64(block.timestamp + j.solveDuration);
+        j.bond = uint96(bond);
+        j.deadline = uint40(block.timestamp + j.solveDuration);
         j.round += 1;
         // INVARIANT: a claimed job is always backed by the solver's locked bond.
         if (bond != 0) _registry.lock(msg.sender, bond);
@@ -182,7 +219,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         bytes32[] calldata initProof,
         bytes32[] calldata finalProof
     ) external {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         if (msg.sender != j.solver) revert NotSolver(msg.sender);
         if (block.timestamp > j.deadline) revert DeadlinePassed(j.deadline);
@@ -197,10 +234,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.status = JobStatus.Committed;
         j.traceRoot = traceRoot;
         j.finalStateHash = finalStateHash;
-        j.committedAt = uint64(block.timestamp);
-        j.windowEnd = uint64(block.timestamp + _verificationWindow);
-        j.sampleBlock = uint64(block.number + _sampleLookahead);
-        j.snapshotBlock = uint64(block.number);
+        j.committedAt = uint40(block.timestamp);
+        j.windowEnd = uint40(block.timestamp + _verificationWindow);
+        j.sampleBlock = uint40(block.number + _sampleLookahead);
+        j.snapshotBlock = uint40(block.number);
         j.poolLen = uint32(_registry.verifierCount());
         emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, j.sampleBlock);
     }
@@ -208,7 +245,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- anyone ---
 
     function fixSeed(uint256 jobId) external returns (bytes32 seed) {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (j.seed != bytes32(0)) revert SeedAlreadyFixed();
         // INVARIANT: the seed comes from a block mined after the commit.
@@ -217,13 +254,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (seed == bytes32(0)) {
             // Nobody fixed it while blockhash(sampleBlock) was readable: re-arm on a future block.
             uint64 old = j.sampleBlock;
-            j.sampleBlock = uint64(block.number + _sampleLookahead);
+            j.sampleBlock = uint40(block.number + _sampleLookahead);
             emit SeedRearmed(jobId, old, j.sampleBlock);
         }
     }
 
     function finalize(uint256 jobId) external nonReentrant {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp < j.windowEnd) revert WindowNotOver(j.windowEnd);
         // INVARIANT: the bond is settled once, after every dispute of the round has ended.
@@ -249,7 +286,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function reclaim(uint256 jobId) external nonReentrant {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         if (block.timestamp <= j.deadline) revert DeadlineNotPassed(j.deadline);
         address solver = j.solver;
@@ -264,9 +301,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {
-        amount = credits[msg.sender];
-        if (amount == 0) revert NothingToWithdraw();
-        credits[msg.sender] = 0;
+        uint256 c = _creditsPlusOne[msg.sender];
+        if (c <= 1) revert NothingToWithdraw();
+        amount = c - 1;
+        _creditsPlusOne[msg.sender] = 1;
         totalCredits -= amount;
         _token.safeTransfer(msg.sender, amount);
         emit Withdrawn(msg.sender, amount);
@@ -275,7 +313,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- verifier ---
 
     function attest(uint256 jobId) external {
-        Job storage j = _job(jobId);
+        JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
         if (j.seed == bytes32(0)) {
@@ -294,7 +332,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (e & ATTESTED != 0) revert AlreadyAttested(msg.sender);
         uint256 bit = i * SEAT_BITS + 160;
         words[bit >> 8] |= uint256(1) << (bit & 255);
-        j.attestations += 1;
         emit Attested(jobId, msg.sender, round);
     }
 
@@ -308,7 +345,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 endLossE9,
         bytes32[] calldata endProof
     ) external nonReentrant returns (uint256 disputeId) {
-        Job storage j = _checkChallenge(jobId, segment);
+        JobRec storage j = _checkChallenge(jobId, segment);
         // INVARIANT: a dispute is only about states the solver committed to.
         _checkLeaf(j, jobId, segment, startStateHash, startLossE9, startProof);
         _checkLeaf(j, jobId, segment + 1, endStateHash, endLossE9, endProof);
@@ -323,7 +360,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         DisputeRec storage d = _disputes[disputeId];
         if (d.jobId != jobId || jobId == 0) revert UnknownDispute(disputeId);
         if (!_isLive(d)) revert DisputeNotLive(disputeId);
-        Job storage j = _jobs[jobId];
+        JobRec storage j = _jobs[jobId];
         uint32 round = d.round;
         d.settled = true;
         d.verdict = verdict;
@@ -353,7 +390,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // Whatever the verdict, others keep time to challenge: no dispute closes the window.
         uint256 minEnd = block.timestamp + _disputeGrace;
         if (j.windowEnd < minEnd) {
-            j.windowEnd = uint64(minEnd);
+            j.windowEnd = uint40(minEnd);
             emit WindowExtended(jobId, uint64(minEnd));
         }
     }
@@ -377,8 +414,39 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         });
     }
 
-    function getJob(uint256 jobId) external view returns (Job memory) {
-        return _jobs[jobId];
+    function getJob(uint256 jobId) external view returns (Job memory v) {
+        JobRec storage j = _jobs[jobId];
+        v.status = j.status;
+        v.submitter = j.submitter;
+        v.solver = j.solver;
+        v.specHash = j.specHash;
+        v.datasetHash = j.datasetHash;
+        v.reward = j.reward;
+        v.verificationBudget = j.verificationBudget;
+        v.bond = j.bond;
+        v.solveDuration = j.solveDuration;
+        v.postedAt = j.postedAt;
+        v.deadline = j.deadline;
+        v.committedAt = j.committedAt;
+        v.windowEnd = j.windowEnd;
+        v.traceRoot = j.traceRoot;
+        v.finalStateHash = j.finalStateHash;
+        v.segmentCount = j.segmentCount;
+        v.stepsPerSegment = j.stepsPerSegment;
+        v.sampleBlock = j.sampleBlock;
+        v.seed = j.seed;
+        v.openDisputes = j.openDisputes;
+        v.round = j.round;
+        v.attestations = uint32(_committeeOf(jobId, true).length); // counted, never stored
+        v.totalSteps = uint64(j.segmentCount) * j.stepsPerSegment;
+        v.initStateHash = j.initStateHash;
+        v.snapshotBlock = j.snapshotBlock;
+        v.poolLen = j.poolLen;
+    }
+
+    function credits(address account) external view returns (uint256) {
+        uint256 c = _creditsPlusOne[account];
+        return c == 0 ? 0 : c - 1;
     }
 
     function seedOf(uint256 jobId) external view returns (bytes32) {
@@ -386,7 +454,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function sampledSegments(uint256 jobId) external view returns (uint256[] memory) {
-        Job storage j = _jobs[jobId];
+        JobRec storage j = _jobs[jobId];
         bytes32 seed = j.seed;
         if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > j.sampleBlock) {
             seed = blockhash(j.sampleBlock);
@@ -428,7 +496,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond) {
-        Job storage j = _jobs[jobId];
+        JobRec storage j = _jobs[jobId];
         return (j.submitter, j.bond);
     }
 
@@ -450,29 +518,30 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- internals ---
 
-    function _job(uint256 jobId) internal view returns (Job storage j) {
+    function _job(uint256 jobId) internal view returns (JobRec storage j) {
         j = _jobs[jobId];
         if (j.submitter == address(0)) revert UnknownJob(jobId);
     }
 
-    function _requireStatus(uint256 jobId, Job storage j, JobStatus s) internal view {
+    function _requireStatus(uint256 jobId, JobRec storage j, JobStatus s) internal view {
         if (j.status != s) revert InvalidStatus(jobId, j.status);
     }
 
     function _isLive(DisputeRec storage d) internal view returns (bool) {
         if (d.jobId == 0 || d.settled) return false;
-        Job storage j = _jobs[d.jobId];
+        JobRec storage j = _jobs[d.jobId];
         return j.status == JobStatus.Committed && j.round == d.round;
     }
 
     function _credit(address account, uint256 amount) internal {
         if (amount == 0) return;
-        credits[account] += amount;
+        uint256 c = _creditsPlusOne[account];
+        _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
         totalCredits += amount;
         emit Credited(account, amount);
     }
 
-    function _tryFixSeed(uint256 jobId, Job storage j) internal returns (bytes32 seed) {
+    function _tryFixSeed(uint256 jobId, JobRec storage j) internal returns (bytes32 seed) {
         seed = blockhash(j.sampleBlock);
         if (seed == bytes32(0)) return seed;
         j.seed = seed;
@@ -500,7 +569,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     /// @dev A condemned round, all disputes over: split the bond once, reopen the job.
-    function _settleCondemned(uint256 jobId, Job storage j, uint32 round, RoundInfo storage r) internal {
+    function _settleCondemned(uint256 jobId, JobRec storage j, uint32 round, RoundInfo storage r) internal {
         uint256 slashed = j.bond == 0 ? 0 : _registry.slash(j.solver, j.bond, address(this));
         uint256 toSubmitter = slashed * _submitterShareBps / BPS;
         uint256 juryPot = slashed * _jurorShareBps / BPS;
@@ -573,7 +642,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return keccak256(abi.encode(jobId, round, segment, challenger));
     }
 
-    function _checkChallenge(uint256 jobId, uint256 segment) internal view returns (Job storage j) {
+    function _checkChallenge(uint256 jobId, uint256 segment) internal view returns (JobRec storage j) {
         j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         // INVARIANT: a live dispute keeps the round open to others; it never closes it.
@@ -589,7 +658,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function _checkLeaf(
-        Job storage j,
+        JobRec storage j,
         uint256 jobId,
         uint256 index,
         bytes32 stateHash,
@@ -601,7 +670,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
     }
 
-    function _openDispute(uint256 jobId, Job storage j, uint256 segment, bytes32 startHash, bytes32 endHash)
+    function _openDispute(uint256 jobId, JobRec storage j, uint256 segment, bytes32 startHash, bytes32 endHash)
         internal
         returns (uint256 disputeId)
     {
@@ -620,7 +689,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 
-    function _reopen(uint256 jobId, Job storage j) internal {
+    function _reopen(uint256 jobId, JobRec storage j) internal {
         address former = j.solver;
         uint32 round = j.round;
         j.status = JobStatus.Open;
@@ -636,7 +705,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.snapshotBlock = 0;
         j.poolLen = 0;
         // INVARIANT: a job reopens only with no live dispute (finalize / reclaim check it).
-        j.attestations = 0;
         emit JobReopened(jobId, former, round);
     }
 }

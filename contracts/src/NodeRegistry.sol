@@ -107,7 +107,9 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Node storage n = _nodes[msg.sender];
         if (!n.registered) revert NotRegistered(msg.sender);
         if (amount == 0) revert ZeroAmount();
-        n.freeStake += amount;
+        uint256 room = type(uint128).max - _totalStaked;
+        if (amount > room) revert StakeTooLarge(amount, room);
+        n.freeStake += uint128(amount);
         _totalStaked += amount;
         _changed(msg.sender, n);
         token.safeTransferFrom(msg.sender, address(this), amount);
@@ -119,7 +121,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (amount == 0) revert ZeroAmount();
         // INVARIANT: locked stake (bonds) can never be unbonded.
         if (n.freeStake < amount) revert InsufficientFreeStake(msg.sender, n.freeStake, amount);
-        n.freeStake -= amount;
+        n.freeStake -= uint128(amount);
         n.unbondingStake += amount;
         n.unbondAvailableAt = uint64(block.timestamp + unbondDelay);
         _changed(msg.sender, n);
@@ -144,8 +146,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function lock(address node, uint256 amount) external onlyAuthorized {
         Node storage n = _nodes[node];
         if (n.freeStake < amount) revert InsufficientFreeStake(node, n.freeStake, amount);
-        n.freeStake -= amount;
-        n.lockedStake += amount;
+        n.freeStake -= uint128(amount);
+        n.lockedStake += uint128(amount);
         _changed(node, n);
         emit StakeLocked(node, amount, msg.sender);
     }
@@ -153,8 +155,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function unlock(address node, uint256 amount) external onlyAuthorized {
         Node storage n = _nodes[node];
         if (n.lockedStake < amount) revert InsufficientLockedStake(node, n.lockedStake, amount);
-        n.lockedStake -= amount;
-        n.freeStake += amount;
+        n.lockedStake -= uint128(amount);
+        n.freeStake += uint128(amount);
         _changed(node, n);
         emit StakeUnlocked(node, amount, msg.sender);
     }
@@ -168,7 +170,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         _checkRecipient(to);
         Node storage n = _nodes[node];
         slashed = amount < n.lockedStake ? amount : n.lockedStake;
-        n.lockedStake -= slashed;
+        n.lockedStake -= uint128(slashed);
         _changed(node, n);
         emit Slashed(node, slashed, to, true);
         _payOut(slashed, to);
@@ -278,7 +280,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
         Node storage n = _nodes[node];
         if (!n.registered || (n.roles & role) == 0) return false;
-        return n.freeStake + n.lockedStake >= minStake;
+        return uint256(n.freeStake) + n.lockedStake >= minStake;
     }
 
     function _isVerifier(Node storage n) internal view returns (bool) {
@@ -341,7 +343,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint256 free = n.freeStake;
         uint256 fromFree = amount < free ? amount : free;
         n.changedAt = uint64(block.number);
-        n.freeStake = free - fromFree;
+        n.freeStake = uint128(free - fromFree);
         uint256 rest = amount - fromFree;
         if (rest != 0) {
             uint256 unbonding = n.unbondingStake;

@@ -19,10 +19,12 @@ interface INodeRegistry {
         uint8 roles; // bitmask: SOLVER = 1, VERIFIER = 2
         uint64 registeredAt; // block timestamp of `register`
         uint64 unbondAvailableAt; // timestamp from which `withdrawUnbonded` pays `unbondingStake`
-        uint256 freeStake;
-        uint256 lockedStake;
-        uint256 unbondingStake;
         uint64 changedAt; // block of the last change to roles, free, locked or unbonding stake (not addresses)
+        // Packed: one word for what a claim, a finalize and a draw touch (all stake fits
+        // uint128: `stake` bounds the registry's total).
+        uint128 freeStake;
+        uint128 lockedStake;
+        uint256 unbondingStake;
         string peerId; // libp2p peer id (base58 text)
         string[] multiaddrs; // libp2p multiaddrs (text)
         string profile; // JSON text: device, memory, measured throughput
@@ -52,6 +54,7 @@ interface INodeRegistry {
     error InsufficientFreeStake(address node, uint256 free, uint256 needed);
     error InsufficientLockedStake(address node, uint256 locked, uint256 needed);
     error NothingToWithdraw();
+    error StakeTooLarge(uint256 amount, uint256 room);
     error UnbondNotReady(uint64 availableAt);
     error InvalidSlashRecipient(address to);
     error InvalidParams();
