@@ -181,7 +181,8 @@ def fetch(
     dev_account: DevAccountOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Download the trained model of a finalized job (checked against the chain)."""
+    """Download the trained model of a finalized job (checked against the chain): its
+    weights with the job's spec inside, so `node.train.models.load_model(OUT)` rebuilds it."""
     import trio
 
     from node.roles.runtime import Runtime
@@ -193,7 +194,8 @@ def fetch(
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
             path = await fetch_model(rt, job_id, out)
-            typer.echo(f"model of job {job_id} written to {path}")
+            typer.echo(f"model of job {job_id} written to {path}; load it with "
+                       f"node.train.models.load_model({str(path)!r})")
 
     trio.run(main)
 
