@@ -10,7 +10,6 @@ Everything runs on the caller's trio loop; blocking work goes to threads.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
@@ -49,8 +48,6 @@ from node.p2p.wire import PROTOCOL_ID as ARTIFACT_PROTOCOL
 from node.store import ArtifactStore
 
 log = get_logger(__name__)
-# The DHT warns on every stream a peer closes after its answer (normal); keep it quiet.
-logging.getLogger("libp2p.kad_dht.kad_dht").setLevel(logging.ERROR)
 PeerSpec = tuple[str, Sequence[str]]  # (peer id base58, multiaddrs) as the registry holds them
 
 
