@@ -109,3 +109,18 @@ def test_one_listen_default_and_one_home(tmp_path: Path,
     s = load_config(None, name="solver")
     assert s.p2p.listen == P2PSettings().listen == DEFAULT_LISTEN
     assert s.p2p_dir == tmp_path / "nodes" / "solver" / "p2p"
+
+
+def test_p2p_settings_reach_the_node_the_daemons_build(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runtime builds PolnetNode(settings.p2p_dir, settings.p2p): what the environment
+    sets is what the node serves and fetches with."""
+    from node.p2p.host import PolnetNode
+
+    monkeypatch.setenv("POLNET_P2P__SERVE__MAX_STREAMS_TOTAL", "8")
+    monkeypatch.setenv("POLNET_P2P__BAN_S", "5")
+    s = load_config(None, home=tmp_path, name="v1", listen="/ip4/127.0.0.1/tcp/0")
+    node = PolnetNode(s.p2p_dir, s.p2p)  # not started: no sockets
+    assert node.server.limits.max_streams_total == 8 and node.banned.ban_s == 5.0
+    assert node.store.root == tmp_path / "nodes" / "v1" / "p2p" / "store"
+    assert (tmp_path / "nodes" / "v1" / "p2p" / "p2p.key").exists()
