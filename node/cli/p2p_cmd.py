@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         """Serve node NAME's store until Ctrl-C; prints the multiaddrs to fetch from.
 
         Serving limits come from the settings: e.g. POLNET_P2P__SERVE__BYTES_PER_SECOND_PER_PEER
-        or [p2p.serve] in --config."""
+        or the p2p.serve table of a --config TOML."""
         import trio  # noqa: PLC0415
 
         s = settings_from(config, name=name, listen=listen, bootstrap=bootstrap)
