@@ -143,8 +143,7 @@ class Chaos:
             net.polnet(n.name, "verifier", "run", *net.node_args(n.name, n.account))
         elif n.posted:  # the job is on chain: serve its inputs again, do not post twice
             boot = ["--bootstrap", net._boot] if net._boot else []
-            net.polnet(n.name, "p2p", "serve", "--home",
-                       str(net.home / "nodes" / n.name / "p2p"), *boot)
+            net.polnet(n.name, "p2p", "serve", "--name", n.name, *boot)
         else:
             spec, _ = self.specs[n.job_index]
             net.polnet(n.name, "job", "submit", str(spec), "--dataset", str(self.dataset),

@@ -41,14 +41,14 @@ def peak_rss_mb() -> float:
 def receive_p2p(addrs: str, aid: str, home: str) -> dict[str, float]:
     import trio  # noqa: PLC0415
 
-    from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
+    from node.p2p import P2PSettings, PolnetNode  # noqa: PLC0415
 
     out: dict[str, float] = {}
     peers = addrs.split(",")
 
     async def main() -> None:
-        cfg = NodeConfig.in_dir(home, streams_per_peer=int(os.environ.get("BENCH_STREAMS", "1")))
-        async with PolnetNode(cfg) as node:
+        cfg = P2PSettings(streams_per_peer=int(os.environ.get("BENCH_STREAMS", "1")))
+        async with PolnetNode(home, cfg) as node:
             for addr in peers:
                 await node.connect(addr)
             out["rss_before_mb"] = rss_mb()
@@ -88,11 +88,11 @@ def serve_slow(home: str) -> None:
     import trio  # noqa: PLC0415
 
     from devnet.testing import trickle_handler  # noqa: PLC0415
-    from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
+    from node.p2p import PolnetNode  # noqa: PLC0415
     from node.p2p.wire import PROTOCOL_ID  # noqa: PLC0415
 
     async def main() -> None:
-        async with PolnetNode(NodeConfig.in_dir(home)) as node:
+        async with PolnetNode(home) as node:
             node.host.set_stream_handler(PROTOCOL_ID, trickle_handler(node))
             print(json.dumps({"addrs": node.addrs}), flush=True)
             await trio.sleep_forever()
@@ -137,16 +137,18 @@ def main() -> None:
             for _ in range(size // BLOCK):
                 fh.write(os.urandom(BLOCK))
             fh.write(os.urandom(size % BLOCK))
-        store = ArtifactStore(Path(tmp) / "prov" / "store")
-        aid = store.put_file(src)
-
-        for extra in ("prov2", "slow"):  # a second honest copy, and the slow provider's
-            assert ArtifactStore(Path(tmp) / extra / "store").put_file(src) == aid
+        # `polnet p2p serve --name N` serves POLNET_HOME/nodes/N/p2p/store.
+        node_store = Path(tmp) / "nodes" / "{}" / "p2p" / "store"
+        aid = ArtifactStore(str(node_store).format("prov")).put_file(src)
+        # a second honest copy, and the slow provider's
+        assert ArtifactStore(str(node_store).format("prov2")).put_file(src) == aid
+        assert ArtifactStore(Path(tmp) / "slow" / "store").put_file(src) == aid
         procs: list[subprocess.Popen[str]] = []
+        env = {**os.environ, "POLNET_HOME": tmp}
 
         def start(args: list[str]) -> str:
             procs.append(subprocess.Popen(args, cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                          stderr=subprocess.DEVNULL))
+                                          stderr=subprocess.DEVNULL, env=env))
             assert procs[-1].stdout is not None
             return str(json.loads(procs[-1].stdout.readline())["addrs"][0])
 
@@ -160,9 +162,10 @@ def main() -> None:
             return out
 
         try:
-            serve = [sys.executable, "-m", "node.p2p.serve", "--home"]
-            addr = start([*serve, str(Path(tmp) / "prov")])
-            addr2 = start([*serve, str(Path(tmp) / "prov2")])
+            serve = [sys.executable, "-m", "node.cli.main", "--log-level", "WARNING", "p2p",
+                     "serve", "--json", "--name"]
+            addr = start([*serve, "prov"])
+            addr2 = start([*serve, "prov2"])
             slow_addr = start([sys.executable, __file__, "--role", "serve-slow",
                                str(Path(tmp) / "slow")])
             # Interleaved and best of --reps: on a shared machine one run is noise.

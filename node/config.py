@@ -1,6 +1,12 @@
 """Node configuration: a TOML file (``--config``), then ``POLNET_*`` environment
 variables, then command-line flags, each overriding the one before.
 
+One model for every command: ``home`` (``POLNET_HOME``) is the root, ``name``
+picks the node directory ``HOME/nodes/NAME`` under it (its p2p key and artifact
+store in ``p2p/``), and the libp2p settings are the nested section ``p2p``:
+``[p2p]`` / ``[p2p.serve]`` in TOML, ``POLNET_P2P__LISTEN`` or
+``POLNET_P2P__SERVE__MAX_STREAMS_TOTAL`` in the environment (``__`` nests).
+
 Config crosses a trust boundary (files and environments written by people), so
 it is a strict pydantic model: unknown keys are errors that name the key.
 Private keys are ``SecretStr`` and never printed.
@@ -22,6 +28,7 @@ from pydantic_settings import (
 )
 
 from node.errors import ConfigError
+from node.p2p.config import P2PSettings
 
 
 def default_home() -> Path:
@@ -31,8 +38,8 @@ def default_home() -> Path:
 class NodeSettings(BaseSettings):
     """Everything a solver, verifier or submitter process needs to start."""
 
-    model_config = SettingsConfigDict(env_prefix="POLNET_", extra="forbid",
-                                      validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="POLNET_", env_nested_delimiter="__",
+                                      extra="forbid", validate_default=True)
     _toml_path: ClassVar[Path | None] = None
 
     home: Path = Field(default_factory=default_home,
@@ -46,13 +53,12 @@ class NodeSettings(BaseSettings):
     keystore: Path | None = Field(None, description="Encrypted eth-account keystore JSON.")
     keystore_password: SecretStr | None = Field(None, description="Password of the keystore.")
     private_key: SecretStr | None = Field(None, description="Raw key (prefer a keystore).")
-    listen: str = Field("/ip4/127.0.0.1/tcp/0", description="libp2p listen multiaddr.")
-    bootstrap: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     metrics_port: int | None = Field(None, ge=0, le=65535,
                                      description="Serve Prometheus /metrics here (0: any).")
     threads: int = Field(1, ge=1, le=256, description="Torch threads for training/replay.")
     stake: int = Field(1000 * 10**18, ge=0, description="Stake to keep bonded (token wei).")
     poll_interval: float = Field(0.5, gt=0, le=60, description="Chain polling period (s).")
+    p2p: P2PSettings = Field(default_factory=P2PSettings, description="libp2p: [p2p] section.")
 
     @field_validator("home", "deployment", "keystore", mode="after")
     @classmethod
@@ -78,6 +84,11 @@ class NodeSettings(BaseSettings):
         return self.home / "nodes" / self.name
 
     @property
+    def p2p_dir(self) -> Path:
+        """The node's libp2p key and artifact store: what every command of NAME uses."""
+        return self.node_dir / "p2p"
+
+    @property
     def deployment_path(self) -> Path:
         return self.deployment or self.home / "devnet" / "deployment.json"
 
@@ -93,21 +104,31 @@ class NodeSettings(BaseSettings):
                           "--keystore FILE, or set POLNET_PRIVATE_KEY")
 
 
+P2P_FLAGS = ("listen", "bootstrap")
+
+
 def load_config(path: Path | None = None, **flags: Any) -> NodeSettings:
     """Build a config from ``path`` (TOML), the environment and ``flags``.
 
-    Flags whose value is ``None`` are treated as not given.
+    Flags whose value is ``None`` are treated as not given; ``listen`` and
+    ``bootstrap`` (the CLI's ``--listen``/``--bootstrap``) go to the p2p section.
     """
     if path is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     given = {k: v for k, v in flags.items() if v is not None}
+    p2p = {k: given.pop(k) for k in P2P_FLAGS if k in given}
+    if p2p:  # merged with the environment's and the file's p2p values, key by key
+        given["p2p"] = p2p
     NodeSettings._toml_path = path
     try:
         return NodeSettings(**given)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(f"{where}: {first['msg']} (from {path or 'environment/flags'})") from None
+        hint = (f"; it is p2p.{where} now ([p2p] in TOML, POLNET_P2P__{where.upper()})"
+                if where in P2P_FLAGS else "")
+        raise ConfigError(f"{where}: {first['msg']}{hint} "
+                          f"(from {path or 'environment/flags'})") from None
     finally:
         NodeSettings._toml_path = None
 

@@ -10,6 +10,9 @@ Public API::
 
     pack_digits() -> bytes            # scikit-learn's bundled digits, no download
     pack_text(path=None) -> bytes     # char-level corpus; default CPython's pydoc_data/topics.py
+    pack_vision(x, y, name, classes=None) -> bytes   # any [N, C, H, W] float32 + int64 labels
+    pack_chars(text, name) -> bytes   # any text, char-level
+    (node.dataset_formats packs folders of images, CSV, .npy/.npz and text files)
     write_dataset(data, out) -> str   # atomic write, returns the sha256 hex
     load_dataset(path, expected_hash=None) -> Dataset   # IntegrityError on mismatch
     parse_dataset(raw, expected_hash=None) -> Dataset
@@ -42,7 +45,8 @@ Kind = Literal["vision", "text"]
 # Two or three tensors and a vocab: a 1,000,000-symbol vocab, escaped twice
 # (canonical JSON inside the header's JSON), stays below this.
 MAX_HEADER_BYTES = 32 * 2**20
-_META_OPTIONAL = {"name": "str", "num_classes": "int", "shape": "[int]", "vocab": "[str]"}
+_META_OPTIONAL = {"name": "str", "num_classes": "int", "shape": "[int]", "vocab": "[str]",
+                  "classes": "[str]"}
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,18 @@ def pack_digits() -> bytes:
     d = load_digits()
     x = torch.from_numpy(d.images).to(torch.float32).div_(16.0).unsqueeze(1)
     y = torch.from_numpy(d.target).to(torch.int64)
-    return _pack({"x": x, "y": y}, {"kind": "vision", "name": "sklearn-digits",
-                                    "num_classes": 10, "shape": [1, 8, 8]})
+    return pack_vision(x, y, "sklearn-digits", num_classes=10)
+
+
+def pack_vision(x: torch.Tensor, y: torch.Tensor, name: str, num_classes: int | None = None,
+                classes: list[str] | None = None) -> bytes:
+    """``x`` float32 ``[N, C, H, W]``, ``y`` int64 ``[N]``; ``classes`` names label i."""
+    meta: dict[str, Any] = {"kind": "vision", "name": name,
+                            "num_classes": num_classes or len(classes or []) or int(y.max()) + 1,
+                            "shape": list(x.shape[1:])}
+    if classes is not None:
+        meta["classes"] = classes
+    return _pack({"x": x.to(torch.float32), "y": y.to(torch.int64)}, meta)
 
 
 def default_text_source() -> Path:
@@ -87,12 +101,14 @@ def default_text_source() -> Path:
 def pack_text(path: str | Path | None = None) -> bytes:
     """A char-level corpus: vocab = sorted distinct characters, tokens int32."""
     src = Path(path) if path is not None else default_text_source()
-    text = src.read_text(encoding="utf-8")
+    return pack_chars(src.read_text(encoding="utf-8"), f"chars:{src.name}")
+
+
+def pack_chars(text: str, name: str) -> bytes:
     vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
     tokens = torch.tensor([index[c] for c in text], dtype=torch.int32)
-    return _pack({"tokens": tokens}, {"kind": "text", "name": f"chars:{src.name}",
-                                      "vocab": vocab})
+    return _pack({"tokens": tokens}, {"kind": "text", "name": name, "vocab": vocab})
 
 
 def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:

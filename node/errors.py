@@ -30,6 +30,11 @@ class SpecError(PolnetError, ValueError):
         self.field = field
 
 
+class DatasetError(PolnetError, ValueError):
+    """A dataset source (a folder of images, a CSV, arrays, a text file) that cannot be
+    packed as it is; the message names the file and what to change."""
+
+
 # --- integrity ---------------------------------------------------------------
 
 

@@ -33,8 +33,27 @@ class DepartedPeerFilter(logging.Filter):
         return not any(s in msg for s in _DEPARTED_PEER_NOISE)
 
 
-def configure(json: bool = False, level: str = "INFO") -> None:
-    lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def parse_level(level: str) -> int:
+    """A level name (any case) as logging's number; ConfigError naming the choices."""
+    from node.errors import ConfigError  # noqa: PLC0415
+
+    if level.upper() not in LEVELS:
+        raise ConfigError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+    return logging.getLevelNamesMapping()[level.upper()]
+
+
+def configure(json: bool = False, level: str = "INFO", p2p_level: str | None = None) -> None:
+    """Our logs at ``level``; libp2p's own loggers, through the same renderer, at
+    ``p2p_level`` (default: WARNING, or DEBUG when ``level`` is DEBUG), since at INFO
+    libp2p reports every dial and stream."""
+    lvl = parse_level(level)
+    if p2p_level is not None:
+        p2p_lvl = parse_level(p2p_level)
+    else:
+        p2p_lvl = lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING)
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -55,11 +74,16 @@ def configure(json: bool = False, level: str = "INFO") -> None:
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared]))
-    handler.addFilter(DepartedPeerFilter(keep=lvl <= logging.DEBUG))
+    handler.addFilter(DepartedPeerFilter(keep=p2p_lvl <= logging.DEBUG))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    # Libraries are chatty (libp2p logs every failed dial): warnings and up unless debugging.
-    root.setLevel(max(lvl, logging.WARNING))
+    # Other libraries (web3, urllib3) are chatty too: warnings and up unless debugging.
+    root.setLevel(max(lvl, logging.WARNING) if lvl > logging.DEBUG else lvl)
+    logging.getLogger("libp2p").setLevel(p2p_lvl)
+    # The DHT warns on every stream a peer closes after its answer (normal): errors
+    # only, unless libp2p itself is being debugged.
+    logging.getLogger("libp2p.kad_dht.kad_dht").setLevel(
+        logging.NOTSET if p2p_lvl <= logging.DEBUG else max(p2p_lvl, logging.ERROR))
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

@@ -72,3 +72,48 @@ def test_amounts_are_exact_decimals() -> None:
     for bad in ("1e-19", "-1", "abc", "nan"):
         with pytest.raises(ConfigError, match="--reward"):
             pol_to_wei(bad, "--reward")
+
+
+def test_artifact_commands_use_the_store_of_the_daemon_named(tmp_path: Path) -> None:
+    """POLNET_HOME is the root for every command; --name picks the node, so `artifact ls
+    --name X` lists what the daemon X (Runtime: PolnetNode(settings.p2p_dir)) holds."""
+    from node.config import load_config
+    from node.store import ArtifactStore
+
+    daemon = load_config(None, home=tmp_path, name="solver1")
+    aid = ArtifactStore(daemon.p2p_dir / "store").put_bytes(b"checkpoint bytes")
+    out = polnet("artifact", "ls", "--name", "solver1", home=tmp_path)
+    assert out.returncode == 0 and aid in out.stdout, out.stderr
+    assert aid not in polnet("artifact", "ls", "--name", "other", home=tmp_path).stdout
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(b"put by hand")
+    put = polnet("artifact", "put", str(blob), "--name", "solver1", home=tmp_path)
+    assert put.returncode == 0
+    assert ArtifactStore(daemon.p2p_dir / "store").has(put.stdout.strip())
+
+
+def test_p2p_serve_is_a_polnet_command_with_the_nodes_identity(tmp_path: Path) -> None:
+    import json
+
+    assert not (REPO / "node" / "p2p" / "serve.py").exists()  # the old entry point is gone
+    peer_id = polnet("p2p", "id", "--name", "prov", home=tmp_path).stdout.strip()
+    env = {**os.environ, "POLNET_HOME": str(tmp_path), "POLNET_P2P__SERVE__MAX_STREAMS_TOTAL": "8"}
+    proc = subprocess.Popen([sys.executable, "-m", "node.cli.main", "--log-level", "WARNING",
+                             "p2p", "serve", "--json", "--name", "prov"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["peer_id"] == peer_id and ready["addrs"][0].endswith(f"/p2p/{peer_id}")
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_bad_p2p_setting_in_the_environment_is_named(tmp_path: Path) -> None:
+    env_out = subprocess.run(
+        [sys.executable, "-m", "node.cli.main", "artifact", "ls"], cwd=REPO,
+        env={**os.environ, "POLNET_HOME": str(tmp_path), "POLNET_P2P__BAN_S": "soon"},
+        capture_output=True, text=True, timeout=120)
+    assert env_out.returncode == 1 and "p2p.ban_s" in env_out.stderr
+    assert "Traceback" not in env_out.stderr

@@ -19,7 +19,7 @@ def test_precedence_file_then_env_then_flags(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "node.toml"
     cfg.write_text('name = "from-file"\nthreads = 2\npoll_interval = 3.0\n'
-                   'bootstrap = ["/ip4/127.0.0.1/tcp/1/p2p/x"]\n')
+                   '[p2p]\nbootstrap = ["/ip4/127.0.0.1/tcp/1/p2p/x"]\n')
     s = load_config(cfg)
     assert (s.name, s.threads, s.poll_interval) == ("from-file", 2, 3.0)
     monkeypatch.setenv("POLNET_THREADS", "4")
@@ -67,3 +67,60 @@ def test_no_account_names_the_fix(tmp_path: Path) -> None:
     s = load_config(None, home=tmp_path, dev_account=0)
     with pytest.raises(PolnetError, match="polnet devnet up"):
         s.load_private_key()  # no devnet deployment under this home
+
+
+def test_p2p_section_from_file_env_and_flags(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('[p2p]\nlisten = "/ip4/0.0.0.0/tcp/4001"\nban_s = 60.0\n'
+                   '[p2p.serve]\nmax_streams_total = 32\n')
+    s = load_config(cfg)
+    assert (s.p2p.listen, s.p2p.ban_s, s.p2p.serve.max_streams_total) == \
+        ("/ip4/0.0.0.0/tcp/4001", 60.0, 32)
+    assert s.p2p.serve.reserved_for_registered == 16  # a nested default survives the file
+    monkeypatch.setenv("POLNET_P2P__LISTEN", "/ip4/0.0.0.0/tcp/4002")
+    monkeypatch.setenv("POLNET_P2P__SERVE__MAX_STREAMS_TOTAL", "48")
+    monkeypatch.setenv("POLNET_P2P__FETCH__MIN_RATE_BPS", "1024")
+    s = load_config(cfg)
+    assert (s.p2p.listen, s.p2p.serve.max_streams_total, s.p2p.fetch.min_rate_bps) == \
+        ("/ip4/0.0.0.0/tcp/4002", 48, 1024)
+    assert s.p2p.ban_s == 60.0  # the file's value where the environment says nothing
+    s = load_config(cfg, listen="/ip4/127.0.0.1/tcp/4003", bootstrap=["/ip4/1.2.3.4/tcp/1/p2p/x"])
+    assert (s.p2p.listen, s.p2p.bootstrap) == ("/ip4/127.0.0.1/tcp/4003",
+                                               ["/ip4/1.2.3.4/tcp/1/p2p/x"])
+    assert s.p2p.serve.max_streams_total == 48  # a flag replaces only what it names
+
+
+def test_p2p_section_is_strict_and_old_keys_say_where_they_went(tmp_path: Path) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[p2p.serve]\nmax_stream_total = 3\n")
+    with pytest.raises(ConfigError, match="max_stream_total"):
+        load_config(cfg)
+    cfg.write_text('listen = "/ip4/0.0.0.0/tcp/1"\n')
+    with pytest.raises(ConfigError, match=r"p2p\.listen"):
+        load_config(cfg)
+
+
+def test_one_listen_default_and_one_home(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from node.p2p.config import DEFAULT_LISTEN, P2PSettings
+
+    monkeypatch.setenv("POLNET_HOME", str(tmp_path))
+    s = load_config(None, name="solver")
+    assert s.p2p.listen == P2PSettings().listen == DEFAULT_LISTEN
+    assert s.p2p_dir == tmp_path / "nodes" / "solver" / "p2p"
+
+
+def test_p2p_settings_reach_the_node_the_daemons_build(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runtime builds PolnetNode(settings.p2p_dir, settings.p2p): what the environment
+    sets is what the node serves and fetches with."""
+    from node.p2p.host import PolnetNode
+
+    monkeypatch.setenv("POLNET_P2P__SERVE__MAX_STREAMS_TOTAL", "8")
+    monkeypatch.setenv("POLNET_P2P__BAN_S", "5")
+    s = load_config(None, home=tmp_path, name="v1", listen="/ip4/127.0.0.1/tcp/0")
+    node = PolnetNode(s.p2p_dir, s.p2p)  # not started: no sockets
+    assert node.server.limits.max_streams_total == 8 and node.banned.ban_s == 5.0
+    assert node.store.root == tmp_path / "nodes" / "v1" / "p2p" / "store"
+    assert (tmp_path / "nodes" / "v1" / "p2p" / "p2p.key").exists()

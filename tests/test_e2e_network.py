@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import safetensors.torch
+import torch
 
 from devnet.localnet import LocalNet
 from devnet.params import short_network_params
@@ -195,6 +196,11 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         assert fetch.wait(120) == 0, (net.home / "logs" / "fetch.log").read_text()[-2000:]
         weights = safetensors.torch.load_file(str(model))
         assert weights and all(not k.startswith(("optim.", "meta.")) for k in weights)
+        from node.spec import load_spec
+        from node.train.models import load_model, model_spec
+
+        assert model_spec(model) == load_spec(spec)  # the job's spec rides in the file
+        assert load_model(model)(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
 
 
 def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None:

@@ -69,7 +69,7 @@ from node.chain.contracts import VERIFIER, JobStatus, Phase
 from node.chain.events import ChainEvent
 from node.config import NodeSettings
 from node.datasets import pack_digits
-from node.p2p import NodeConfig, PolnetNode
+from node.p2p import PolnetNode
 from node.p2p.identity import load_or_create_keypair, peer_id_of
 from node.p2p.wire import PROTOCOL_ID
 from node.roles.runtime import Runtime
@@ -145,9 +145,9 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
-            slow = await stack.enter_async_context(PolnetNode(NodeConfig.in_dir(tmp_path / "slow")))
+            slow = await stack.enter_async_context(PolnetNode(tmp_path / "slow"))
             honest = await stack.enter_async_context(
-                PolnetNode(NodeConfig.in_dir(tmp_path / "honest")))
+                PolnetNode(tmp_path / "honest"))
             seen = SlowLog()
             slow.host.set_stream_handler(PROTOCOL_ID, trickle_handler(slow, seen))
             await honest.connect(slow.addrs[0])

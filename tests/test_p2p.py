@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from node.errors import PeerUnavailable
-from node.p2p import NodeConfig, PolnetNode
+from node.p2p import P2PSettings, PolnetNode
 from node.p2p.announce import MAX_ANNOUNCE_BYTES, make_announcement
 from node.p2p.limits import TokenBucket
 from node.store.manifest import MiB
@@ -24,11 +24,12 @@ from node.store.manifest import MiB
 async def nodes(tmp: Path, n: int, bootstrap_first: bool = True,
                 **kw: object) -> AsyncIterator[list[PolnetNode]]:
     async with AsyncExitStack() as stack:
-        out = [await stack.enter_async_context(PolnetNode(NodeConfig.in_dir(tmp / "n0", **kw)))]
+        first = PolnetNode(tmp / "n0", P2PSettings.model_validate(kw))
+        out = [await stack.enter_async_context(first)]
         boot = [out[0].addrs[0]] if bootstrap_first else []
         for i in range(1, n):
-            cfg = NodeConfig.in_dir(tmp / f"n{i}", bootstrap=boot, **kw)
-            out.append(await stack.enter_async_context(PolnetNode(cfg)))
+            cfg = P2PSettings.model_validate({**kw, "bootstrap": boot})
+            out.append(await stack.enter_async_context(PolnetNode(tmp / f"n{i}", cfg)))
         yield out
 
 

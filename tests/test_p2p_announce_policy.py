@@ -12,7 +12,7 @@ import trio
 from libp2p.crypto.keys import PrivateKey
 from libp2p.peer.id import ID
 
-from node.p2p import NodeConfig, PolnetNode
+from node.p2p import PolnetNode
 from node.p2p.announce import Announcement, _signing_bytes, topic_of
 from node.p2p.announce_policy import EntitledSenders, ReplayGuard
 from node.roles import announce_kinds  # noqa: F401 - registers state_served
@@ -38,10 +38,10 @@ def test_foreign_and_replayed_state_served_are_dropped(tmp_path: Path) -> None:
 
     async def main() -> None:
         with trio.fail_after(60):
-            async with PolnetNode(NodeConfig.in_dir(tmp_path / "hub")) as hub, \
-                    PolnetNode(NodeConfig.in_dir(tmp_path / "solver")) as solver, \
-                    PolnetNode(NodeConfig.in_dir(tmp_path / "member")) as member, \
-                    PolnetNode(NodeConfig.in_dir(tmp_path / "stranger")) as stranger:
+            async with PolnetNode(tmp_path / "hub") as hub, \
+                    PolnetNode(tmp_path / "solver") as solver, \
+                    PolnetNode(tmp_path / "member") as member, \
+                    PolnetNode(tmp_path / "stranger") as stranger:
                 sid = solver.peer_id.to_base58()
 
                 async def resolve(job_id: int) -> str | None:

@@ -24,7 +24,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 
 from devnet.testing import trickle_handler
 from node.errors import PeerUnavailable
-from node.p2p import NodeConfig, PolnetNode
+from node.p2p import P2PSettings, PolnetNode
 from node.p2p.host import make_host
 from node.p2p.limits import FetchPolicy, ServeLimits
 from node.p2p.wire import PROTOCOL_ID, encode_frame, read_frame, write_payload
@@ -37,7 +37,7 @@ DEADLINE_S = 30  # every fetch here must finish well inside this
 async def started(tmp: Path, names: list[str], **kw: Any) -> AsyncIterator[list[PolnetNode]]:
     async with AsyncExitStack() as stack:
         yield [await stack.enter_async_context(
-            PolnetNode(NodeConfig.in_dir(tmp / n, **kw.get(n, {})))) for n in names]
+            PolnetNode(tmp / n, P2PSettings(**kw.get(n, {})))) for n in names]
 
 
 Handler = Callable[[INetStream], Awaitable[None]]

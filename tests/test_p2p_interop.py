@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from node.p2p import NodeConfig, PolnetNode
+from node.p2p import PolnetNode
 from node.store.manifest import MiB
 
 INTEROP = Path(__file__).resolve().parent / "interop"
@@ -38,7 +38,7 @@ def test_js_peer_pings_and_fetches(tmp_path: Path) -> None:
 
     async def main() -> dict[str, object]:
         with trio.fail_after(90):
-            async with PolnetNode(NodeConfig.in_dir(tmp_path / "py")) as node:
+            async with PolnetNode(tmp_path / "py") as node:
                 aid = node.store.put_bytes(data)
                 r = await trio.run_process(
                     ["node", "peer.mjs", node.addrs[0], aid], cwd=INTEROP,

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from node.errors import PeerUnavailable
-from node.p2p import NodeConfig, PolnetNode
+from node.p2p import PolnetNode
 from node.store import ArtifactStore
 from node.store.manifest import MiB
 
@@ -20,19 +20,27 @@ ROOT = Path(__file__).resolve().parents[1]
 RATE = 3 * MiB  # per-peer serving rate: slow enough to kill a provider mid-way
 
 
-class Provider:
-    """`python -m node.p2p.serve` in its own process (same home = same identity)."""
+def node_store(root: Path, name: str) -> ArtifactStore:
+    """The store `polnet ... --name NAME` uses under POLNET_HOME=root."""
+    return ArtifactStore(root / "nodes" / name / "p2p" / "store")
 
-    def __init__(self, home: Path) -> None:
-        self.home = home
+
+class Provider:
+    """`polnet p2p serve --name NAME` in its own process (same name = same identity); its
+    serving rate comes from the environment, through the settings' p2p section."""
+
+    def __init__(self, root: Path, name: str) -> None:
+        self.root, self.name = root, name
         self.proc: subprocess.Popen[str] | None = None
         self.addr = ""
 
     async def start(self) -> str:
+        env = {**os.environ, "POLNET_HOME": str(self.root),
+               "POLNET_P2P__SERVE__BYTES_PER_SECOND_PER_PEER": str(RATE)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "node.p2p.serve", "--home", str(self.home),
-             "--rate", str(RATE)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True)
+            [sys.executable, "-m", "node.cli.main", "--log-level", "WARNING", "p2p", "serve",
+             "--json", "--name", self.name], cwd=ROOT, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, env=env)
         assert self.proc.stdout is not None
         line = await trio.to_thread.run_sync(self.proc.stdout.readline)
         self.addr = json.loads(line)["addrs"][0]
@@ -49,8 +57,8 @@ def providers(tmp_path: Path):  # type: ignore[no-untyped-def]
     made: list[Provider] = []
 
     def make(name: str, data: bytes) -> Provider:
-        ArtifactStore(tmp_path / name / "store").put_bytes(data)
-        made.append(Provider(tmp_path / name))
+        node_store(tmp_path, name).put_bytes(data)
+        made.append(Provider(tmp_path, name))
         return made[-1]
 
     yield make
@@ -72,8 +80,8 @@ def test_failover_to_second_provider(tmp_path: Path, providers) -> None:  # type
     async def main() -> None:
         with trio.fail_after(90):
             a1, a2 = await p1.start(), await p2.start()
-            async with PolnetNode(NodeConfig.in_dir(tmp_path / "f")) as node:
-                aid = ArtifactStore(tmp_path / "p1" / "store").ids()[0]
+            async with PolnetNode(tmp_path / "f") as node:
+                aid = node_store(tmp_path, "p1").ids()[0]
                 stats = await node.fetch(aid, peers=[a1, a2], progress=_kill_after(p1, 3 * MiB))
                 assert node.store.path(aid).read_bytes() == data
                 assert p1.proc is not None and p1.proc.poll() is not None  # it did die
@@ -90,8 +98,8 @@ def test_resume_when_provider_returns(tmp_path: Path, providers) -> None:  # typ
     async def main() -> None:
         with trio.fail_after(90):
             a1 = await p1.start()
-            aid = ArtifactStore(tmp_path / "p1" / "store").ids()[0]
-            async with PolnetNode(NodeConfig.in_dir(tmp_path / "f")) as node:
+            aid = node_store(tmp_path, "p1").ids()[0]
+            async with PolnetNode(tmp_path / "f") as node:
                 with pytest.raises(PeerUnavailable):
                     await node.fetch(aid, peers=[a1], progress=_kill_after(p1, 3 * MiB))
                 assert not node.store.has(aid)

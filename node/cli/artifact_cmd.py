@@ -1,14 +1,29 @@
-"""`polnet artifact put | get | ls | gc`: the content-addressed store and p2p fetching."""
+"""`polnet artifact put | get | ls | gc`: the content-addressed store and p2p fetching.
+
+Every command acts on node NAME's store (``HOME/nodes/NAME/p2p/store``), the one its
+daemon serves from: `polnet artifact ls --name solver` lists what `polnet solver run`
+holds.
+"""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from node.cli.p2p_cmd import DEFAULT_HOME, HOME_OPT
+from node.cli.common import BootstrapOpt, ConfigOpt, NameOpt, settings_from
+
+if TYPE_CHECKING:
+    from node.store import ArtifactStore
+
+
+def _store(config: Path | None, name: str | None) -> ArtifactStore:
+    from node.store import ArtifactStore  # noqa: PLC0415
+
+    s = settings_from(config, name=name)
+    return ArtifactStore(s.p2p_dir / "store", s.p2p.max_artifact_size)
 
 
 def register(app: typer.Typer) -> None:
@@ -18,13 +33,12 @@ def register(app: typer.Typer) -> None:
     @art_app.command("put")
     def put(
         file: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
-        home: Annotated[Path, HOME_OPT] = DEFAULT_HOME,
+        config: ConfigOpt = None,
+        name: NameOpt = None,
         pin: Annotated[str | None, typer.Option(help="Pin reason, e.g. job:42.")] = None,
     ) -> None:
         """Store FILE and print its artifact id."""
-        from node.store import ArtifactStore  # noqa: PLC0415
-
-        store = ArtifactStore(home / "store")
+        store = _store(config, name)
         aid = store.put_file(file)
         if pin:
             store.pin(aid, pin)
@@ -36,9 +50,10 @@ def register(app: typer.Typer) -> None:
         peer: Annotated[list[str] | None, typer.Option(
             "--peer", help="Provider multiaddr (/ip4/../tcp/../p2p/ID); repeatable. "
                            "Without it, providers come from the DHT via --bootstrap.")] = None,
-        bootstrap: Annotated[list[str] | None, typer.Option(help="Bootstrap multiaddr.")] = None,
+        bootstrap: BootstrapOpt = None,
         out: Annotated[Path | None, typer.Option("--out", help="Copy the artifact here.")] = None,
-        home: Annotated[Path, HOME_OPT] = DEFAULT_HOME,
+        config: ConfigOpt = None,
+        name: NameOpt = None,
     ) -> None:
         """Fetch an artifact from peers (verified chunk by chunk, resumable)."""
         import trio  # noqa: PLC0415
@@ -49,12 +64,12 @@ def register(app: typer.Typer) -> None:
             TransferSpeedColumn,
         )
 
-        from node.p2p import NodeConfig, PolnetNode  # noqa: PLC0415
+        from node.p2p.host import PolnetNode  # noqa: PLC0415
 
-        cfg = NodeConfig.in_dir(home, bootstrap=list(bootstrap or []))
+        s = settings_from(config, name=name, bootstrap=bootstrap)
 
         async def main() -> None:
-            async with PolnetNode(cfg) as node:
+            async with PolnetNode(s.p2p_dir, s.p2p) as node:
                 with Progress("[progress.description]{task.description}", BarColumn(),
                               DownloadColumn(), TransferSpeedColumn()) as bar:
                     task = bar.add_task(artifact_id[:12], total=None)
@@ -72,21 +87,17 @@ def register(app: typer.Typer) -> None:
         trio.run(main)
 
     @art_app.command("ls")
-    def ls(home: Annotated[Path, HOME_OPT] = DEFAULT_HOME) -> None:
+    def ls(config: ConfigOpt = None, name: NameOpt = None) -> None:
         """List stored artifacts with their size and pins."""
-        from node.store import ArtifactStore  # noqa: PLC0415
-
-        store = ArtifactStore(home / "store")
+        store = _store(config, name)
         pins = store.pins()
         for aid in store.ids():
             typer.echo(f"{aid}  {store.size(aid):>14,}  {','.join(pins.get(aid, []))}")
 
     @art_app.command("gc")
-    def gc(home: Annotated[Path, HOME_OPT] = DEFAULT_HOME) -> None:
+    def gc(config: ConfigOpt = None, name: NameOpt = None) -> None:
         """Delete artifacts no pin keeps."""
-        from node.store import ArtifactStore  # noqa: PLC0415
-
-        removed = ArtifactStore(home / "store").gc()
+        removed = _store(config, name).gc()
         typer.echo(f"removed {len(removed)} artifact(s)")
 
     app.add_typer(art_app, name="artifact")

@@ -1,4 +1,5 @@
-"""`polnet dataset pack {digits,text} OUT`: build a content-addressed dataset file."""
+"""`polnet dataset pack KIND OUT`: build a content-addressed dataset file from the
+built-in data or your own (docs/datasets.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ from typing import Annotated
 import typer
 
 
-class Builtin(StrEnum):
+class Kind(StrEnum):
     digits = "digits"
     text = "text"
+    images = "images"
+    csv = "csv"
+    arrays = "arrays"
+
+
+KIND_HELP = ("digits: scikit-learn's 8x8 digits (built in); text: a UTF-8 text file for the "
+             "char-level LM (default: CPython's pydoc topics); images: a folder with one "
+             "sub-folder of .npy images per class; csv: numeric features + a label column; "
+             "arrays: a .npz with x and y, or a .npy with --labels. See docs/datasets.md.")
 
 
 def register(app: typer.Typer) -> None:
@@ -20,19 +30,39 @@ def register(app: typer.Typer) -> None:
 
     @ds_app.command("pack")
     def pack(
-        kind: Annotated[Builtin, typer.Argument(
-            help="digits: scikit-learn's 8x8 digits; text: a char-level corpus.")],
+        kind: Annotated[Kind, typer.Argument(help=KIND_HELP)],
         out: Annotated[Path, typer.Argument(help="Output file (.safetensors).")],
         source: Annotated[Path | None, typer.Option(
-            "--source", help="text only: a UTF-8 file "
-                             "(default: CPython's pydoc_data/topics.py).")] = None,
+            "--source", help="The data: a text file, an images folder, a .csv, a .npz/.npy "
+                             "(every kind but digits).")] = None,
+        label: Annotated[str, typer.Option(
+            "--label", help="csv: the label column's name.")] = "label",
+        labels: Annotated[Path | None, typer.Option(
+            "--labels", help="arrays with a .npy source: the labels .npy.")] = None,
     ) -> None:
-        """Pack a built-in dataset and print its hash (put it in a spec's dataset_hash)."""
-        from node import datasets  # noqa: PLC0415 - torch is heavy
+        """Pack a dataset, print its hash (a spec's dataset_hash) and the model fields a
+        spec needs for it."""
+        from node import dataset_formats as fmt  # noqa: PLC0415 - torch is heavy
+        from node import datasets  # noqa: PLC0415
+        from node.errors import DatasetError  # noqa: PLC0415
 
-        data = datasets.pack_digits() if kind is Builtin.digits else datasets.pack_text(source)
+        if kind is Kind.digits:
+            data = datasets.pack_digits()
+        elif kind is Kind.text:
+            data = datasets.pack_text() if source is None else fmt.pack_text_file(source)
+        elif source is None:
+            raise DatasetError(f"`polnet dataset pack {kind.value}` needs --source PATH "
+                               "(docs/datasets.md shows each layout)")
+        elif kind is Kind.images:
+            data = fmt.pack_image_folder(source)
+        elif kind is Kind.csv:
+            data = fmt.pack_csv(source, label)
+        else:
+            data = fmt.pack_arrays(source, labels)
         digest = datasets.write_dataset(data, out)
         typer.echo(f"{digest}  {out} ({len(data):,} bytes)")
+        hints = ", ".join(f"{k} = {v}" for k, v in fmt.spec_hints(data).items())
+        typer.echo(f"spec: dataset_hash = \"{digest}\"; model: {hints}")
 
     @ds_app.command("hash")
     def hash_(path: Annotated[Path, typer.Argument(exists=True, dir_okay=False)]) -> None:

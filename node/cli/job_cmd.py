@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -38,6 +39,13 @@ def pol_to_wei(text: str, flag: str) -> int:
     return int(wei)
 
 
+def wei_to_pol(wei: int) -> str:
+    """Token wei as an exact decimal of POL: 1100000000000000001 -> "1.100000000000000001"."""
+    whole, frac = divmod(abs(wei), TOKEN)
+    text = f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
+    return f"-{text}" if wei < 0 else text
+
+
 def _client(config: Path | None, dev_account: int | None = None):  # type: ignore[no-untyped-def]
     from node.chain.client import ChainClient
     from node.chain.deployment import Deployment
@@ -63,6 +71,9 @@ def submit(
     dev_account: DevAccountOpt = None,
     keystore: KeystoreOpt = None,
     bootstrap: BootstrapOpt = None,
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Show what the job costs and the bond a solver locks; "
+                                      "post nothing."),
 ) -> None:
     """Store SPEC and DATASET in this node's store, escrow the reward, post the job
     and print its id. Solvers fetch the inputs from us over p2p, so keep it serving."""
@@ -73,7 +84,10 @@ def submit(
 
     req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
                      solve_duration)
-    check_request(req)  # fail before starting anything
+    job_spec = check_request(req)  # fail before starting anything
+    if dry_run:
+        _dry_run(req, job_spec, config, dev_account)
+        return
     settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
                              keystore=keystore, bootstrap=bootstrap)
 
@@ -88,15 +102,47 @@ def submit(
     trio.run(main)
 
 
+def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None) -> None:
+    """What `submit` would escrow and what a solver would lock, read from the chain's
+    parameters (the bond is the contract's own integer arithmetic); nothing is sent."""
+    from node.errors import ChainError
+
+    segments = spec.total_steps // spec.checkpoint_interval
+    typer.echo("dry run: nothing stored, escrowed or posted")
+    typer.echo(f"job          {spec.name or '(unnamed)'}  spec 0x{spec.spec_hash_hex()}")
+    typer.echo(f"training     {spec.total_steps} steps = {segments} segments of "
+               f"{spec.checkpoint_interval}; solver has {req.solve_duration} s after claiming")
+    total = req.reward + req.budget
+    typer.echo(f"you escrow   {wei_to_pol(total)} POL = reward {wei_to_pol(req.reward)} POL + "
+               f"verification budget {wei_to_pol(req.budget)} POL")
+    try:
+        c = _client(config, dev_account)
+        bps = c.market.market_params().bond_factor_bps
+        balance = c.token.balance_of(c.address) if c.sender is not None else None
+    except (ChainError, OSError) as exc:  # offline is fine for a dry run: say what is missing
+        typer.echo(f"solver bond  unknown: the chain's bond factor could not be read ({exc})")
+        return
+    bond = req.reward * bps // 10_000
+    typer.echo(f"solver bond  {wei_to_pol(bond)} POL ({bps / 100:g}% of the reward), locked "
+               "from the solver's stake until the job is final; slashed if it cheats")
+    if balance is not None:
+        verdict = "enough" if balance >= total else \
+            f"short by {wei_to_pol(total - balance)} POL: fund it or lower --reward/--budget"
+        typer.echo(f"your balance {wei_to_pol(balance)} POL ({c.address}): {verdict}")
+
+
 @app.command("status")
 def status(
     job_id: int = typer.Argument(..., help="Job id."),
     config: ConfigOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    watch: bool = typer.Option(False, "--watch",
+                               help="Print again whenever it changes, until the job is "
+                                    "finalized or cancelled (Ctrl-C to stop watching)."),
+    interval: float = typer.Option(2.0, "--interval", min=0.1, help="--watch: poll period (s)."),
 ) -> None:
     """State, solver, sampled segments, verdicts (attestations, challenges) and payouts."""
-    from rich.console import Console
-    from rich.table import Table
+    import time
 
     from node.errors import ConfigError
     from node.roles.submitter import job_report
@@ -106,9 +152,26 @@ def status(
     if not 1 <= job_id <= count:
         raise ConfigError(f"no job {job_id}: the market has {count} job(s) "
                           "(`polnet job list` shows them)")
-    rep = job_report(c, job_id)
-    if as_json:
-        typer.echo(json.dumps(rep, indent=2, default=str))
+    last = None
+    try:
+        while True:
+            rep = job_report(c, job_id)
+            if rep != last:
+                _print_report(job_id, rep, as_json, watch)
+                last = rep
+            if not watch or rep["status"] in ("finalized", "cancelled"):
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:  # stopping a watch is not an error
+        return
+
+
+def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:  # a watch prints one document per change: JSON lines
+        typer.echo(json.dumps(rep, indent=None if lines else 2, default=str))
         return
     t = Table(title=f"job {job_id}")
     t.add_column("field")
@@ -121,7 +184,7 @@ def status(
     for col in ("to", "POL", "why"):
         pay.add_column(col, overflow="fold")
     for p in rep["payouts"]:
-        pay.add_row(p["to"], f"{p['amount'] / TOKEN:g}", p["why"])
+        pay.add_row(p["to"], wei_to_pol(p["amount"]), p["why"])
     Console().print(pay if rep["payouts"] else "payouts: none yet")
     ev = Table(title="events")
     for col in ("block", "event", "details"):
@@ -137,7 +200,7 @@ def _human(key: str, value: object) -> str:
     import datetime as dt
 
     if key in ("reward", "verification_budget", "bond") and isinstance(value, int):
-        return f"{value / TOKEN:g} POL"
+        return f"{wei_to_pol(value)} POL"
     if key in ("deadline", "window_end") and isinstance(value, int):
         if not value:
             return "-"
@@ -157,7 +220,7 @@ def list_jobs(config: ConfigOpt = None) -> None:
         t.add_column(col)
     for jid in range(1, c.market.job_count() + 1):
         j = c.market.get_job(jid)
-        t.add_row(str(jid), j.status.name.lower(), f"{j.reward / TOKEN:g}", j.solver,
+        t.add_row(str(jid), j.status.name.lower(), wei_to_pol(j.reward), j.solver,
                   str(j.segment_count), str(j.open_disputes))
     Console().print(t)
 
@@ -169,7 +232,7 @@ def cancel(job_id: int = typer.Argument(...), config: ConfigOpt = None,
     c = _client(config, dev_account)
     c.market.cancel(job_id)
     paid = c.market.withdraw()
-    typer.echo(f"job {job_id} cancelled; {paid / TOKEN:g} POL withdrawn")
+    typer.echo(f"job {job_id} cancelled; {wei_to_pol(paid)} POL withdrawn")
 
 
 @app.command("fetch")
@@ -181,7 +244,8 @@ def fetch(
     dev_account: DevAccountOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
-    """Download the trained model of a finalized job (checked against the chain)."""
+    """Download the trained model of a finalized job (checked against the chain): its
+    weights with the job's spec inside, so `node.train.models.load_model(OUT)` rebuilds it."""
     import trio
 
     from node.roles.runtime import Runtime
@@ -193,7 +257,8 @@ def fetch(
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
             path = await fetch_model(rt, job_id, out)
-            typer.echo(f"model of job {job_id} written to {path}")
+            typer.echo(f"model of job {job_id} written to {path}; load it with "
+                       f"node.train.models.load_model({str(path)!r})")
 
     trio.run(main)
 

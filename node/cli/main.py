@@ -42,8 +42,16 @@ _AREAS = ["devnet", "train", "dataset", "verifier", "verifier_daemon", "p2p", "a
 def _root(
     log_json: bool = typer.Option(False, "--log-json", help="Log JSON lines instead of text."),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR."),
+    p2p_log_level: str | None = typer.Option(
+        None, "--p2p-log-level",
+        help="libp2p's own logs (default: WARNING; DEBUG with --log-level DEBUG)."),
 ) -> None:
-    logs.configure(json=log_json, level=log_level)
+    from node.errors import ConfigError  # noqa: PLC0415
+
+    try:
+        logs.configure(json=log_json, level=log_level, p2p_level=p2p_log_level)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 for _area in _AREAS:

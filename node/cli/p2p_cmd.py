@@ -1,14 +1,42 @@
-"""`polnet p2p id | serve`: the node's libp2p identity, and a node serving the store."""
+"""`polnet p2p id | serve`: a node's libp2p identity, and a node serving its store.
+
+Both act on the node NAME under ``POLNET_HOME`` (``HOME/nodes/NAME/p2p``): the same
+key and store its daemon (`polnet solver run --name NAME`, ...) uses.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-HOME_OPT = typer.Option("--home", envvar="POLNET_HOME", help="Node directory (key + store).")
-DEFAULT_HOME = Path.home() / ".polnet"
+from node.cli.common import BootstrapOpt, ConfigOpt, ListenOpt, NameOpt, settings_from
+
+if TYPE_CHECKING:
+    from node.config import NodeSettings
+    from node.p2p.host import PolnetNode
+
+
+async def serve(settings: NodeSettings, provide: Sequence[str] = (),
+                on_ready: Callable[[PolnetNode], None] | None = None) -> None:
+    """Serve the node's store until cancelled, announcing ``provide`` (default: all)."""
+    import trio  # noqa: PLC0415
+
+    from node.p2p.host import PolnetNode  # noqa: PLC0415 - libp2p is heavy
+
+    async with PolnetNode(settings.p2p_dir, settings.p2p) as node:
+        for aid in provide or node.store.ids():
+            try:
+                await node.provide(aid)
+            except Exception as exc:  # no DHT peers yet: still serve direct requests
+                print(f"provide {aid[:12]} failed: {exc!r}", file=sys.stderr)
+        if on_ready is not None:
+            on_ready(node)
+        await trio.sleep_forever()
 
 
 def register(app: typer.Typer) -> None:
@@ -16,41 +44,46 @@ def register(app: typer.Typer) -> None:
                           no_args_is_help=True)
 
     @p2p_app.command("id")
-    def id_(home: Annotated[Path, HOME_OPT] = DEFAULT_HOME) -> None:
-        """Print this node's peer id (creating its key on first run, mode 0600)."""
-        from node.p2p.config import NodeConfig  # noqa: PLC0415 - libp2p is heavy
+    def id_(config: ConfigOpt = None, name: NameOpt = None) -> None:
+        """Print node NAME's peer id (creating its key on first run, mode 0600)."""
         from node.p2p.identity import load_or_create_keypair, peer_id_of  # noqa: PLC0415
 
-        cfg = NodeConfig.in_dir(home)
-        typer.echo(peer_id_of(load_or_create_keypair(cfg.key_path)).to_base58())
+        s = settings_from(config, name=name)
+        typer.echo(peer_id_of(load_or_create_keypair(s.p2p_dir / "p2p.key")).to_base58())
 
     @p2p_app.command("serve")
-    def serve(
-        home: Annotated[Path, HOME_OPT] = DEFAULT_HOME,
-        listen: Annotated[str, typer.Option(help="Multiaddr to listen on.")] =
-            "/ip4/127.0.0.1/tcp/0",
-        bootstrap: Annotated[list[str] | None, typer.Option(
-            help="Bootstrap peer multiaddr (/ip4/../tcp/../p2p/ID); repeatable.")] = None,
+    def serve_cmd(
+        config: ConfigOpt = None,
+        name: NameOpt = None,
+        listen: ListenOpt = None,
+        bootstrap: BootstrapOpt = None,
+        provide: Annotated[list[str] | None, typer.Option(
+            "--provide", help="Announce only this artifact id on the DHT (repeatable; "
+                              "default: every stored one).")] = None,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help='Print one line {"peer_id", "addrs"} once listening.')] = False,
     ) -> None:
-        """Serve the local store until Ctrl-C; prints the multiaddr to fetch from."""
+        """Serve node NAME's store until Ctrl-C; prints the multiaddrs to fetch from.
+
+        Serving limits come from the settings: e.g. POLNET_P2P__SERVE__BYTES_PER_SECOND_PER_PEER
+        or the p2p.serve table of a --config TOML."""
         import trio  # noqa: PLC0415
 
-        from node.p2p.config import NodeConfig  # noqa: PLC0415
-        from node.p2p.host import PolnetNode  # noqa: PLC0415
-        from node.p2p.serve import serve as run_serve  # noqa: PLC0415
-
-        cfg = NodeConfig.in_dir(home, listen=listen, bootstrap=list(bootstrap or []))
+        s = settings_from(config, name=name, listen=listen, bootstrap=bootstrap)
 
         def ready(node: PolnetNode) -> None:
+            if as_json:
+                typer.echo(json.dumps({"peer_id": node.peer_id.to_base58(),
+                                       "addrs": node.addrs}))
+                sys.stdout.flush()
+                return
             typer.echo(f"peer id: {node.peer_id.to_base58()}")
             for a in node.addrs:
                 typer.echo(f"listening: {a}")
             n = len(node.store.ids())
-            typer.echo(f"serving {n} artifact(s) from {cfg.store_root}; Ctrl-C to stop")
+            typer.echo(f"serving {n} artifact(s) from {node.store.root}; Ctrl-C to stop")
 
-        try:
-            trio.run(run_serve, cfg, (), ready)
-        except KeyboardInterrupt:
-            typer.echo("stopped")
+        with contextlib.suppress(KeyboardInterrupt):
+            trio.run(serve, s, tuple(provide or ()), ready)
 
     app.add_typer(p2p_app, name="p2p")

@@ -73,7 +73,8 @@ def _run(spec_path: Path, out: Path | None, job_id: int, dataset_path: Path | No
         if found is None:
             raise IntegrityError(
                 f"no built-in dataset has hash {spec.dataset_hash}: pass --dataset FILE "
-                "(`polnet dataset pack digits|text FILE` builds the built-in ones)")
+                "(`polnet dataset pack digits|text FILE` builds the built-in ones; "
+                "docs/datasets.md shows how to pack your own)")
         ds = found
     out_dir = out or Path("traces") / f"{spec.spec_hash_hex()[:12]}-job{job_id}"
     ctx = TrainContext.create(spec, ds, device=device, threads=threads)

@@ -1,36 +1,41 @@
-"""Configuration of a p2p node."""
+"""The ``p2p`` section of the node's settings (node.config.NodeSettings.p2p).
+
+A plain pydantic model, not a settings class of its own: it is reached from
+TOML (``[p2p]``, ``[p2p.serve]``), the environment (``POLNET_P2P__LISTEN``,
+``POLNET_P2P__SERVE__MAX_STREAMS_TOTAL``) and flags through NodeSettings, so
+there is one place a value can come from. The directory a node keeps its key
+and store in is not a setting: it is ``NodeSettings.p2p_dir``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from pydantic import BaseModel, ConfigDict, Field
 
 from node.p2p.limits import FetchPolicy, ServeLimits
 from node.store.store import DEFAULT_MAX_SIZE
 
-DEFAULT_HOME = Path.home() / ".polnet"
+#: The one listen default: loopback, any free port (a devnet; set a public address to join).
+DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 
 
-@dataclass
-class NodeConfig:
-    key_path: Path = DEFAULT_HOME / "p2p.key"
-    store_root: Path = DEFAULT_HOME / "store"
-    listen: str = "/ip4/127.0.0.1/tcp/0"
-    bootstrap: list[str] = field(default_factory=list)  # full multiaddrs with /p2p/<id>
-    max_artifact_size: int = DEFAULT_MAX_SIZE
-    serve: ServeLimits = field(default_factory=ServeLimits)
-    fetch: FetchPolicy = field(default_factory=FetchPolicy)
-    ban_s: float = 600.0             # how long a misbehaving or too slow peer stays banned
+class P2PSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    listen: str = Field(default=DEFAULT_LISTEN, description="libp2p listen multiaddr.")
+    bootstrap: list[str] = Field(default_factory=list,
+                                 description="Bootstrap multiaddrs, each ending in /p2p/<id>.")
+    max_artifact_size: int = Field(default=DEFAULT_MAX_SIZE, ge=1,
+                                   description="Largest artifact accepted (bytes).")
+    serve: ServeLimits = Field(default_factory=ServeLimits)
+    fetch: FetchPolicy = Field(default_factory=FetchPolicy)
+    ban_s: float = Field(default=600.0, ge=0,
+                         description="Seconds a misbehaving or too slow peer stays banned.")
     # py-libp2p's yamux is fastest with one busy stream per peer (measured: 1 stream
     # 47 MB/s, 4: 36, 8: 21), so parallelism comes from pipelined requests.
-    streams_per_peer: int = 1
-    announce_rate: float = 5.0       # per topic, msgs/s; gossipsub drops bursts > ~10/s
-    announce_burst: int = 5
-    gossip_heartbeat_s: int = 1
+    streams_per_peer: int = Field(default=1, ge=1, le=64)
+    # Per topic, msgs/s; gossipsub drops bursts > ~10/s.
+    announce_rate: float = Field(default=5.0, gt=0)
+    announce_burst: int = Field(default=5, ge=1)
+    gossip_heartbeat_s: int = Field(default=1, ge=1)
     # Loopback/devnet: every peer shares one IP, which gossipsub's eclipse guard rejects.
     gossip_single_ip_ok: bool = True
-
-    @classmethod
-    def in_dir(cls, home: str | Path, **kw: object) -> NodeConfig:
-        h = Path(home)
-        return cls(key_path=h / "p2p.key", store_root=h / "store", **kw)  # type: ignore[arg-type]

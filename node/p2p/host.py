@@ -1,6 +1,6 @@
 """`PolnetNode`: one libp2p host (TCP + Noise + Yamux) with pubsub, DHT and our protocol.
 
-    async with PolnetNode(NodeConfig.in_dir(home)) as node:   # inside trio.run
+    async with PolnetNode(home, P2PSettings()) as node:      # inside trio.run
         aid = await node.publish_file("ckpt.safetensors")     # store + DHT provide
         await node.fetch(aid)                                 # DHT lookup + parallel fetch
         await node.announce("artifact_available", {"artifact_ids": [aid]})
@@ -10,11 +10,11 @@ Everything runs on the caller's trio loop; blocking work goes to threads.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any, cast
 
 import multiaddr
@@ -40,7 +40,7 @@ from node.errors import P2PError, PeerUnavailable
 from node.logs import get_logger
 from node.p2p.announce import Announcement, AnnouncementVerifier, make_announcement, topic_of
 from node.p2p.announce_policy import ReplayGuard
-from node.p2p.config import NodeConfig
+from node.p2p.config import DEFAULT_LISTEN, P2PSettings
 from node.p2p.identity import load_or_create_keypair
 from node.p2p.limits import TokenBucket
 from node.p2p.transfer import ArtifactServer, Downloader, FetchStats, Progress
@@ -48,12 +48,10 @@ from node.p2p.wire import PROTOCOL_ID as ARTIFACT_PROTOCOL
 from node.store import ArtifactStore
 
 log = get_logger(__name__)
-# The DHT warns on every stream a peer closes after its answer (normal); keep it quiet.
-logging.getLogger("libp2p.kad_dht.kad_dht").setLevel(logging.ERROR)
 PeerSpec = tuple[str, Sequence[str]]  # (peer id base58, multiaddrs) as the registry holds them
 
 
-def make_host(key_pair: KeyPair, listen: str = "/ip4/127.0.0.1/tcp/0") -> IHost:
+def make_host(key_pair: KeyPair, listen: str = DEFAULT_LISTEN) -> IHost:
     """A bare libp2p host speaking what our nodes speak (TCP + Noise + Yamux)."""
     return new_host(
         key_pair=key_pair,
@@ -104,10 +102,15 @@ class BanList:
 
 
 class PolnetNode:
-    def __init__(self, config: NodeConfig, store: ArtifactStore | None = None) -> None:
-        self.config = config
-        self.store = store or ArtifactStore(config.store_root, config.max_artifact_size)
-        self.key_pair = load_or_create_keypair(config.key_path)
+    """A node keeping its key (``p2p.key``) and store (``store/``) in ``home``:
+    the same directory is the same identity."""
+
+    def __init__(self, home: str | os.PathLike[str], config: P2PSettings | None = None,
+                 store: ArtifactStore | None = None) -> None:
+        self.home = Path(home)
+        self.config = config = config or P2PSettings()
+        self.store = store or ArtifactStore(self.home / "store", config.max_artifact_size)
+        self.key_pair = load_or_create_keypair(self.home / "p2p.key")
         self.host: IHost = make_host(self.key_pair, config.listen)
         self.peer_id: ID = self.host.get_id()
         self.gossipsub = GossipSub(

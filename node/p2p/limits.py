@@ -6,6 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import trio
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class TokenBucket:
@@ -53,8 +54,7 @@ def _in_trio() -> bool:
     return True
 
 
-@dataclass
-class ServeLimits:
+class ServeLimits(BaseModel):
     """What remote peers may take from us when fetching artifacts.
 
     Identities are free, so per-peer caps alone cannot protect the serving slots:
@@ -65,17 +65,21 @@ class ServeLimits:
     `max_streams_per_ip` caps strangers per remote IP; it is off by default
     because a devnet (and every test) runs all peers on 127.0.0.1. Set it on a
     public node: a sybil then needs one IP per few streams.
+
+    A section of the node's settings (``[p2p.serve]``, ``POLNET_P2P__SERVE__*``).
     """
 
-    max_streams_per_peer: int = 8            # registered peers
-    max_streams_per_stranger: int = 4
-    max_streams_total: int = 64
-    reserved_for_registered: int = 16
-    max_streams_per_ip: int | None = None    # strangers; None = no per-IP rule
-    bytes_per_second_per_peer: float = 512 * 1024 * 1024
-    idle_timeout_s: float = 30.0             # a stream without a request is closed
-    evict_idle_s: float = 1.0                # idle this long: may give its slot away
-    answer_timeout_s: float = 20.0           # one answer must be taken within this
+    model_config = ConfigDict(extra="forbid")
+
+    max_streams_per_peer: int = Field(default=8, ge=1)            # registered peers
+    max_streams_per_stranger: int = Field(default=4, ge=1)
+    max_streams_total: int = Field(default=64, ge=1)
+    reserved_for_registered: int = Field(default=16, ge=0)
+    max_streams_per_ip: int | None = Field(default=None, ge=1)  # strangers; None: no rule
+    bytes_per_second_per_peer: float = Field(default=512 * 1024 * 1024, gt=0)
+    idle_timeout_s: float = Field(default=30.0, gt=0)  # a stream with no request: closed
+    evict_idle_s: float = Field(default=1.0, ge=0)  # idle this long: may lose its slot
+    answer_timeout_s: float = Field(default=20.0, gt=0)  # one answer taken within this
 
 
 @dataclass(eq=False)
@@ -175,20 +179,24 @@ class PeerAllowance:
         return self.buckets[peer]
 
 
-@dataclass(frozen=True)
-class FetchPolicy:
+class FetchPolicy(BaseModel):
     """How long a provider may take before we give its work to someone else.
 
     Every request has a deadline: its answer header within `header_timeout_s`,
     then the body at `min_rate_bps` or better (plus `rate_grace_s`). A provider
     that misses one is banned as too slow and its chunks go to other providers.
+
+    A section of the node's settings (``[p2p.fetch]``, ``POLNET_P2P__FETCH__*``).
     """
 
-    header_timeout_s: float = 10.0
-    min_rate_bps: float = 256 * 1024
-    rate_grace_s: float = 2.0
-    open_timeout_s: float = 10.0
-    manifest_grace_s: float = 0.3   # after the first good manifest, wait this for others
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    min_rate_bps: float = Field(default=256 * 1024, gt=0)
+    rate_grace_s: float = Field(default=2.0, ge=0)
+    open_timeout_s: float = Field(default=10.0, gt=0)
+    # after the first good manifest, wait this long for others
+    manifest_grace_s: float = Field(default=0.3, ge=0)
 
     def body_deadline(self, size: int) -> float:
         return self.rate_grace_s + size / self.min_rate_bps

@@ -26,7 +26,6 @@ from node.chain.revert_names import errors
 from node.config import NodeSettings
 from node.errors import ContractRevert, PeerUnavailable, RpcUnavailable
 from node.logs import get_logger
-from node.p2p import NodeConfig as P2PConfig
 from node.p2p import PolnetNode
 from node.p2p.announce import Announcement
 from node.p2p.announce_policy import EntitledSenders
@@ -151,9 +150,7 @@ class Runtime:
         dep = Deployment.load(self.settings.deployment_path)
         self._chain = await self.chain(ChainClient, self.settings.rpc_url or dep.rpc_url, key,
                                        dep)
-        cfg = P2PConfig.in_dir(self.dir / "p2p", listen=self.settings.listen,
-                               bootstrap=list(self.settings.bootstrap))
-        self._p2p = PolnetNode(cfg)
+        self._p2p = PolnetNode(self.settings.p2p_dir, self.settings.p2p)
         await self._p2p.__aenter__()
         assert self._p2p.nursery is not None
         self.intake = AnnouncementIntake(
@@ -385,8 +382,8 @@ class Runtime:
                 except Exception as exc:  # a stale registry entry is not fatal
                     log.info("hint_unresolved", account=acct, error=repr(exc))
             out.append(("dht", None))
-            if self.settings.bootstrap:
-                out.append(("bootstrap", list(self.settings.bootstrap)))
+            if self.settings.p2p.bootstrap:
+                out.append(("bootstrap", list(self.settings.p2p.bootstrap)))
             return out
 
         await fetch_in_turn(self.p2p, artifact_id, sources, timeout, expected_size)

@@ -158,9 +158,9 @@ def _plain(v: Any) -> Any:
 
 
 async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0) -> Path:
-    """Download the final checkpoint of a finalized job and write its model weights."""
-    from safetensors.torch import save_file  # noqa: PLC0415
-
+    """Download the final checkpoint of a finalized job and write its model weights
+    with the job's spec inside (node.train.models.load_model rebuilds the model)."""
+    from node.train.models import save_model  # noqa: PLC0415
     from verifier.evidence import Evidence  # noqa: PLC0415
 
     job = await rt.chain(rt.chain_client.market.get_job, job_id)
@@ -179,9 +179,5 @@ async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0) -
     final = await ev.committed(job.segment_count)
     if final.leaf.state_hash != job.final_state_hash:
         raise IntegrityError("the final checkpoint is not the state committed on chain")
-    weights = {k.removeprefix("model."): v.contiguous() for k, v in final.tensors.items()
-               if k.startswith("model.")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out), metadata={"job_id": str(job_id),
-                                          "state_hash": job.final_state_hash.hex()})
-    return out
+    return save_model(out, final.tensors, ev.ctx.spec, job_id=job_id,
+                      state_hash=job.final_state_hash.hex())

@@ -11,19 +11,42 @@ Public API::
     build_model(config, seed) -> PolnetModel     # forward(x, rng=None) -> logits
     StepRandomness(gen, batch_size)              # rng for (micro-batched) steps
     register_family(family, builder)             # add a family (spec.py must know it too)
+    save_model(path, tensors, spec, **meta)      # weights + the job's spec, one file
+    load_model(path, device="cpu") -> PolnetModel  # the exact architecture, weights, eval()
+    model_spec(path) -> JobSpec                  # the spec a model file was trained from
+
+A model file is safetensors: the weights under their module names, and under the
+one metadata key ``"polnet"`` canonical JSON ``{"format": "polnet-model/1", "spec":
+<the spec's canonical JSON>, ...}``. The spec is what rebuilds the architecture
+(family, sizes, activation), so a model file needs nothing beside it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 from torch import nn
 
-from node.errors import SpecError
-from node.spec import CNNConfig, MLPConfig, ModelConfig, TransformerLMConfig
+from node.boundary import check_fields, decode_json_object
+from node.datasets import atomic_write
+from node.errors import MalformedInput, SpecError
+from node.proof import canonical_json
+from node.spec import (
+    CNNConfig,
+    JobSpec,
+    MLPConfig,
+    ModelConfig,
+    TransformerLMConfig,
+    parse_spec_json,
+)
+from node.tensorfile import Header, parse_header
 
 
 class StepRandomness:
@@ -235,3 +258,82 @@ def build_model(config: ModelConfig, init_seed: int) -> PolnetModel:
     gen.manual_seed(init_seed)
     _init_params(model, gen, std)
     return model
+
+
+# --- model files -------------------------------------------------------------------
+
+MODEL_FORMAT = "polnet-model/1"
+_META_KEY = "polnet"
+_MAX_MODEL_HEADER = 16 * 2**20  # tensor entries + a spec of at most 64 KiB
+_MODEL_PREFIX = "model."
+
+
+def save_model(path: str | Path, tensors: Mapping[str, torch.Tensor], spec: JobSpec,
+               **meta: Any) -> Path:
+    """Write the weights of ``tensors`` (a checkpoint's ``model.*`` entries, or a
+    module's state_dict) with ``spec`` inside; ``meta`` (job id, state hash) is kept
+    beside it in the metadata. Atomic: a reader sees the old file or the new one."""
+    prefixed = any(k.startswith(_MODEL_PREFIX) for k in tensors)
+    weights = {k.removeprefix(_MODEL_PREFIX): v.detach().to("cpu").contiguous()
+               for k, v in tensors.items() if not prefixed or k.startswith(_MODEL_PREFIX)}
+    header = {"format": MODEL_FORMAT, "spec": spec.canonical_json().decode("utf-8"),
+              "spec_hash": spec.spec_hash_hex(), **meta}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, st_save(weights, metadata={_META_KEY: canonical_json(header).decode()}))
+    return out
+
+
+def _bad_model(path: Path) -> Callable[[str], MalformedInput]:
+    def make(message: str) -> MalformedInput:
+        return MalformedInput(f"{path}: {message}; fetch it again with `polnet job fetch JOB "
+                              "--out FILE` (it writes the weights with the job's spec)")
+    return make
+
+
+def _read_model_file(path: str | Path) -> tuple[bytes, JobSpec, Header]:
+    p = Path(path)
+    bad = _bad_model(p)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise bad(f"cannot be read ({exc.strerror})") from None
+    header = parse_header(raw, max_header=_MAX_MODEL_HEADER, what=str(p), error=bad)
+    if _META_KEY not in header.metadata:
+        raise bad("holds no polnet metadata (written by an older `polnet job fetch`?)")
+    meta = decode_json_object(header.metadata[_META_KEY], max_bytes=_MAX_MODEL_HEADER,
+                              what="model metadata", error=bad)
+    check_fields(meta, {"format": "str", "spec": "str"}, extra_ok=True,
+                 what="model metadata", error=bad)
+    if meta["format"] != MODEL_FORMAT:
+        raise bad(f"format {meta['format'][:40]!r} is not {MODEL_FORMAT}")
+    try:
+        spec = parse_spec_json(meta["spec"])
+    except SpecError as exc:
+        raise bad(f"its spec does not validate ({exc})") from None
+    return raw, spec, header
+
+
+def model_spec(path: str | Path) -> JobSpec:
+    """The job spec a model file was trained from (its architecture and data)."""
+    return _read_model_file(path)[1]
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> PolnetModel:
+    """Rebuild the exact architecture of the spec inside ``path``, load its weights
+    and return it in eval mode: ``load_model(p)(x)`` gives the logits of the trained
+    model, bit for bit those of the solver's final state on the same device."""
+    raw, spec, header = _read_model_file(path)
+    bad = _bad_model(Path(path))
+    want = {n: tuple(t.shape) for n, t in build_skeleton(spec.model).state_dict().items()}
+    got = {n: t.shape for n, t in header.tensors.items()}
+    if got != want:
+        missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+        wrong = sorted(n for n in want.keys() & got.keys() if want[n] != got[n])
+        raise bad(f"its tensors do not fit its spec's {spec.model.family} (missing "
+                  f"{missing[:3]}, unexpected {extra[:3]}, other shape {wrong[:3]})")
+    if any(t.dtype != "F32" for t in header.tensors.values()):
+        raise bad("weights must be F32")
+    model = build_model(spec.model, 0)  # initialised, then every tensor replaced
+    model.load_state_dict(st_load(raw), strict=True)
+    return model.to(device).eval()

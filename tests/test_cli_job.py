@@ -1,0 +1,88 @@
+"""`polnet job` output against a real chain: what a submission would cost (--dry-run),
+watching a job to its end, and unknown ids refused with exit code 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from devnet.testing import LocalChain, job_terms
+from node.datasets import pack_digits, write_dataset
+
+REPO = Path(__file__).resolve().parent.parent
+SUBMITTER = 1
+
+
+def polnet_env(home: Path, chain: LocalChain) -> dict[str, str]:
+    chain.deployment.save(home / "devnet" / "deployment.json")  # the default deployment path
+    return {**os.environ, "POLNET_HOME": str(home)}
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "node.cli.main", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_dry_run_shows_cost_and_bond_and_posts_nothing(chain: LocalChain,
+                                                        tmp_path: Path) -> None:
+    env = polnet_env(tmp_path, chain)
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), data)
+    before = chain.reader.market.job_count()
+    out = run(env, "job", "submit", str(REPO / "examples" / "mlp_digits.toml"), "--dataset",
+              str(data), "--reward", "1.1", "--budget", "0.000000000000000001", "--dry-run",
+              "--dev-account", str(SUBMITTER))
+    assert out.returncode == 0, out.stderr
+    assert "you escrow   1.100000000000000001 POL = reward 1.1 POL + verification budget " \
+           "0.000000000000000001 POL" in out.stdout
+    bps = chain.reader.market.market_params().bond_factor_bps
+    bond = 1_100_000_000_000_000_000 * bps // 10_000  # the contract's own arithmetic
+    whole, frac = divmod(bond, 10**18)
+    shown = f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
+    assert f"solver bond  {shown} POL" in out.stdout
+    assert "enough" in out.stdout and chain.addresses[SUBMITTER] in out.stdout
+    assert chain.reader.market.job_count() == before  # nothing posted
+    assert not (tmp_path / "nodes").exists()  # no node started, nothing stored
+
+
+def test_dry_run_offline_still_shows_the_cost(tmp_path: Path) -> None:
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), data)
+    out = run({**os.environ, "POLNET_HOME": str(tmp_path)}, "job", "submit",
+              str(REPO / "examples" / "mlp_digits.toml"), "--dataset", str(data),
+              "--reward", "100", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "you escrow   110 POL = reward 100 POL + verification budget 10 POL" in out.stdout
+    assert "solver bond  unknown" in out.stdout and "polnet devnet up" in out.stdout
+
+
+def test_watch_follows_a_job_to_its_end(chain: LocalChain, tmp_path: Path) -> None:
+    env = polnet_env(tmp_path, chain)
+    jid = chain[SUBMITTER].post_job(job_terms())
+    watch = subprocess.Popen([sys.executable, "-m", "node.cli.main", "job", "status", str(jid),
+                              "--watch", "--json", "--interval", "0.2"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert watch.stdout is not None
+        first = json.loads(watch.stdout.readline())
+        assert first["status"] == "open"
+        time.sleep(0.5)
+        chain[SUBMITTER].market.cancel(jid)
+        rest, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    lines = [json.loads(ln) for ln in rest.splitlines()]
+    assert lines and lines[-1]["status"] == "cancelled"  # it printed the change, then ended
+
+
+def test_unknown_job_and_dispute_ids_exit_1(chain: LocalChain, tmp_path: Path) -> None:
+    env = polnet_env(tmp_path, chain)
+    for area in ("job", "dispute"):
+        out = run(env, area, "status", "999")
+        assert out.returncode == 1 and f"no {area} 999" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
