@@ -6,7 +6,7 @@ VENV     := .venv
 BIN      := $(VENV)/bin
 PYTEST_ARGS ?= --durations=12
 
-.PHONY: demo test setup lint typecheck contracts bench clean devnet-up devnet-down
+.PHONY: demo test setup browser lint typecheck contracts bench clean devnet-up devnet-down
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -26,8 +26,17 @@ node_modules/.installed: package.json package-lock.json
 demo: setup
 	$(BIN)/polnet demo
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# tests/test_explorer.py renders pages in headless Chromium (Debian's package); the
+# tests skip it where Chromium is missing, so `make test` installs it or fails.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null || \
+	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)) || \
+	  (echo "make test needs Chromium for tests/test_explorer.py: install Debian's" \
+	        "package chromium (as root: apt-get install chromium)" >&2; exit 1)
 
 lint: setup
 	$(BIN)/ruff check .

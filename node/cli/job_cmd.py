@@ -16,10 +16,10 @@ from node.cli.common import (
     NameOpt,
     settings_from,
 )
+from node.units import TOKEN, wei_to_pol
 
 app = typer.Typer(help="Submit training jobs and follow them to settlement.",
                   no_args_is_help=True)
-TOKEN = 10**18
 
 
 def pol_to_wei(text: str, flag: str) -> int:
@@ -37,13 +37,6 @@ def pol_to_wei(text: str, flag: str) -> int:
         raise ConfigError(f"{flag} {text!r}: POL has 18 decimals; give a non-negative "
                           "amount with at most 18 digits after the point")
     return int(wei)
-
-
-def wei_to_pol(wei: int) -> str:
-    """Token wei as an exact decimal of POL: 1100000000000000001 -> "1.100000000000000001"."""
-    whole, frac = divmod(abs(wei), TOKEN)
-    text = f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
-    return f"-{text}" if wei < 0 else text
 
 
 def _client(config: Path | None, dev_account: int | None = None):  # type: ignore[no-untyped-def]

@@ -27,6 +27,7 @@ Or step by step:
   polnet job submit SPEC --dataset FILE --reward 100
   polnet solver run              # earn by training jobs
   polnet verifier run            # earn by checking them
+  polnet explorer                # browse jobs, disputes and nodes (read-only)
 
 Every command has --help.
 """
@@ -35,7 +36,7 @@ app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich",
                   pretty_exceptions_show_locals=False)
 
 _AREAS = ["devnet", "train", "dataset", "verifier", "verifier_daemon", "p2p", "artifact", "job",
-          "solver", "dispute", "demo"]
+          "solver", "dispute", "demo", "explorer"]
 
 
 @app.callback()

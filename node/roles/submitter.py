@@ -13,6 +13,7 @@ import trio
 from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus, JobTerms
 from node.chain.events import EventWatcher
+from node.chain.payouts import job_payouts
 from node.datasets import dataset_hash
 from node.errors import ConfigError, IntegrityError, SpecError
 from node.logs import get_logger
@@ -117,36 +118,10 @@ def job_report(c: ChainClient, job_id: int) -> dict[str, Any]:
         "init_state_hash": "0x" + job.init_state_hash.hex(),
         "committee": c.market.committee_of(job_id) if job.round else [],
         "attestations": job.attestations,
-        "payouts": _payouts(events),
+        "payouts": job_payouts(events),
         "events": [{"event": e.event, "block": e.block_number,
                     **{k: _plain(v) for k, v in e.args.items()}} for e in events],
     }
-
-
-def _payouts(events: list[Any]) -> list[dict[str, Any]]:
-    """Who was credited what for this job, from its settlement events."""
-    out: list[dict[str, Any]] = []
-    attested: dict[int, list[str]] = {}
-    for e in events:
-        a = e.args
-        if e.event == "Attested":
-            attested.setdefault(int(a["round"]), []).append(str(a["verifier"]))
-        elif e.event == "JobFinalized":
-            out.append({"to": str(a["solver"]), "amount": int(a["reward"]), "why": "reward"})
-            for v in attested.get(max(attested, default=0), []):
-                out.append({"to": v, "amount": int(a["perAttestation"]), "why": "attestation"})
-        elif e.event == "RoundSettled":
-            out.append({"to": "submitter", "amount": int(a["toSubmitter"]),
-                        "why": f"share of the slashed bond (round {a['round']})"})
-        elif e.event == "RewardPaid":
-            out.append({"to": str(a["challenger"]), "amount": int(a["amount"]),
-                        "why": f"proved the solver wrong (dispute {a['disputeId']})"})
-            if int(a["juryAmount"]):
-                out.append({"to": f"jury of dispute {a['disputeId']}",
-                            "amount": int(a["juryAmount"]), "why": "majority jurors"})
-        elif e.event == "JobCancelled":
-            out.append({"to": "submitter", "amount": int(a["refund"]), "why": "cancelled"})
-    return out
 
 
 def _plain(v: Any) -> Any:

@@ -1,0 +1,158 @@
+"""`polnet explorer`'s HTTP server: read-only pages over a :class:`ChainIndex`.
+
+The standard library's threaded HTTP server, bound to loopback by default: the
+explorer is a separate process from the node daemons (their one trio loop is not
+shared), GET/HEAD only, and every page is built from one snapshot per chain head.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from node.errors import PolnetError
+from node.explorer import pages
+from node.explorer.index import ChainIndex, Snapshot
+from node.logs import get_logger
+
+log = get_logger("polnet.explorer")
+
+# No scripts, no remote anything: the pages are static HTML with inline CSS and SVG.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
+MAX_PATH = 200
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: ExplorerServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._serve(head=False)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._serve(head=True)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._send(HTTPStatus.METHOD_NOT_ALLOWED, "text/plain", b"read-only\n", False)
+
+    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        log.debug("explorer_request", line=format % args)
+
+    def _serve(self, head: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        if len(path) > MAX_PATH:
+            self._send(HTTPStatus.REQUEST_URI_TOO_LONG, "text/plain", b"path too long\n", head)
+            return
+        try:
+            snap = self.server.index.snapshot()
+            status, ctype, body = self.server.route(snap, path)
+        except PolnetError as exc:  # the chain went away: say so, keep serving
+            log.warning("explorer_chain_error", error=str(exc))
+            self._send(HTTPStatus.SERVICE_UNAVAILABLE, "text/plain",
+                       f"chain unavailable: {exc}\n".encode(), head)
+            return
+        self._send(status, ctype, body.encode(), head)
+
+    def _send(self, status: HTTPStatus, ctype: str, body: bytes, head: bool) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", f"{ctype}; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+_ROUTES = [
+    (re.compile(r"^/$"), "jobs"),
+    (re.compile(r"^/job/(\d{1,12})$"), "job"),
+    (re.compile(r"^/disputes$"), "disputes"),
+    (re.compile(r"^/dispute/(\d{1,12})$"), "dispute"),
+    (re.compile(r"^/nodes$"), "nodes"),
+    (re.compile(r"^/node/(0x[0-9a-fA-F]{40})$"), "node"),
+    (re.compile(r"^/api/summary\.json$"), "summary"),
+]
+
+
+class ExplorerServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, index: ChainIndex, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__((host, port), _Handler)
+        self.index = index
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> ExplorerServer:
+        """Serve in a background thread (tests, the demo); `serve_forever` otherwise."""
+        self._thread = threading.Thread(target=self.serve_forever, name="explorer", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+    def route(self, snap: Snapshot, path: str) -> tuple[HTTPStatus, str, str]:
+        html = "text/html"
+        for rx, name in _ROUTES:
+            m = rx.match(path)
+            if m is None:
+                continue
+            if name == "jobs":
+                return HTTPStatus.OK, html, pages.jobs_page(snap)
+            if name == "disputes":
+                return HTTPStatus.OK, html, pages.disputes_page(snap)
+            if name == "nodes":
+                return HTTPStatus.OK, html, pages.nodes_page(snap)
+            if name == "summary":
+                return HTTPStatus.OK, "application/json", json.dumps(_summary(snap))
+            if name == "job":
+                return self._job(snap, int(m.group(1)))
+            if name == "dispute":
+                did = int(m.group(1))
+                if did not in snap.disputes:
+                    return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, f"no dispute {did}")
+                return HTTPStatus.OK, html, pages.dispute_page(snap, did)
+            addr = next((a for a in snap.nodes if a.lower() == m.group(1).lower()), None)
+            if addr is None:
+                return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, "no such node")
+            return HTTPStatus.OK, html, pages.node_page(snap, snap.nodes[addr])
+        return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, "no such page")
+
+    def _job(self, snap: Snapshot, jid: int) -> tuple[HTTPStatus, str, str]:
+        if jid not in snap.jobs:
+            return HTTPStatus.NOT_FOUND, "text/html", pages.not_found(
+                snap, f"no job {jid}: the market has {snap.job_count}")
+        j = snap.jobs[jid]
+        m = self.index.c.market
+        sampled = m.sampled_segments(jid) if j.seed != bytes(32) else []  # kept once final
+        committee = [str(a) for a in m.committee_of(jid)] if j.round else []
+        attestors = [str(a) for a in m.attestors_of(jid)] if j.round else []
+        curve = self.index.loss_curve(jid, j)
+        return HTTPStatus.OK, "text/html", pages.job_page(snap, jid, curve, sampled, committee,
+                                                          attestors)
+
+
+def _summary(snap: Snapshot) -> dict[str, Any]:
+    return {"chain_id": snap.chain_id, "head": snap.head, "jobs": {
+        str(i): {"status": j.status.name.lower(), "reward": str(j.reward), "solver": j.solver,
+                 "round": j.round, "disputes": [d.id for d in snap.disputes_of(i)],
+                 "paid": str(sum(p["amount"] for p in snap.payouts(i)))}
+        for i, j in snap.jobs.items()}, "disputes": {
+        str(d.id): {"job": d.job_id, "verdict": d.verdict.name.lower(), "range": [d.lo, d.hi]}
+        for d in snap.disputes.values()}, "nodes": {
+        a: {"slashed": str(n.slashed), "jobs_solved": n.jobs_solved}
+        for a, n in snap.nodes.items()}}

@@ -1,0 +1,293 @@
+"""`polnet explorer` against a real anvil: an honest job committed from a real trace (the
+page draws its loss curve from the solver's manifest) and a cheating job whose solver lost
+a jury dispute, served over HTTP and rendered in headless Chromium (screenshots checked)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from eth_utils import keccak
+
+from devnet.params import TOKEN
+from devnet.testing import LocalChain, fake_trace, job_terms
+from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
+from node.datasets import load_dataset, pack_digits, write_dataset
+from node.explorer.index import ChainIndex
+from node.explorer.server import ExplorerServer
+from node.spec import load_spec, parse_spec
+from node.train.step import TrainContext
+from node.train.trace import run_training
+
+ROOT = Path(__file__).resolve().parents[1]
+XSS = '<script>alert("x")</script>'
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@dataclass
+class Scene:
+    chain: LocalChain
+    server: ExplorerServer
+    honest: int
+    cheat: int
+    dispute: int
+    solver: str
+    cheater: str
+    challenger: str
+    losses: list[float]
+
+
+def _get(url: str, method: str = "GET") -> tuple[int, str, dict[str, str]]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 (loopback only)
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(), dict(e.headers)
+
+
+def _committee_attests(chain: LocalChain, job: int) -> None:
+    m = chain.reader.market
+    sb = m.get_job(job).sample_block
+    chain.mine(max(1, sb - chain.w3.eth.block_number + 1))
+    chain[0].market.fix_seed(job)
+    for a in m.committee_of(job):
+        chain[chain.addresses.index(a)].market.attest(job)
+
+
+@pytest.fixture
+def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
+    home = tmp_path / "home"
+    solver = chain.join(1, SOLVER, 500 * TOKEN, peer_id="12D3KooWsolver")
+    cheater = chain.join(8, SOLVER, 500 * TOKEN, peer_id=XSS)  # what a registrant types
+    vs = [chain.join(i, VERIFIER, 200 * TOKEN) for i in (2, 3, 4, 6, 9)]
+    sub = chain[5]
+    m = chain.reader.market
+
+    # The honest job: really trained; its manifest lies where a solver node keeps it.
+    d = load_spec(ROOT / "examples" / "mlp_digits.toml").model_dump(mode="json")
+    spec = parse_spec({**d, "total_steps": 40})
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), data)
+    ctx = TrainContext.create(spec, load_dataset(data, spec.dataset_hash))
+    honest = m.job_count() + 1
+    trace_dir = home / "nodes" / "solver" / "jobs" / f"{honest}-r1" / "trace"
+    man = run_training(ctx, trace_dir, job_id=honest)
+    leaves, tree = man.leaves_and_tree()
+    assert sub.post_job(job_terms(segments=spec.segment_count, k=spec.checkpoint_interval,
+                                  init=bytes.fromhex(man.state_hashes[0]))) == honest
+    solver.market.claim_job(honest)
+    solver.market.commit_trace(honest, leaves, tree)
+    _committee_attests(chain, honest)
+    chain.advance(m.market_params().verification_window)
+    chain[0].market.finalize(honest)
+
+    # The cheating job: a made-up trace, proven invalid by a jury.
+    cheat = sub.post_job(job_terms())
+    cheater.market.claim_job(cheat)
+    fl, ft = fake_trace(cheat, 12, 5, tag="fake")
+    cheater.market.commit_trace(cheat, fl, ft)
+    seg = 3
+    chal = vs[0]
+    did = chal.market.challenge(cheat, seg, fl[seg], ft.proof(seg), fl[seg + 1],
+                                ft.proof(seg + 1))
+    g = chain.reader.dispute
+    dg = g.get_dispute(did)
+    while dg.phase == Phase.BISECTION:
+        hs = [keccak(b"mid%d" % t) for t in dg.mid_steps]
+        cheater.dispute.post_mids(did, hs)
+        chal.dispute.choose(did, 0, hs)
+        dg = g.get_dispute(did)
+    chain.mine(max(1, dg.draw_block - chain.w3.eth.block_number + 1))
+    chain[0].dispute.draw_jury(did)
+    dg = g.get_dispute(did)
+    by = {c.address: c for c in vs}
+    salt = keccak(b"salt")
+    for a in dg.jury:
+        by[a].dispute.commit_vote(did, False, salt)
+    params = g.call("params")
+    chain.advance(int(params.commitWindow))
+    for a in dg.jury:
+        by[a].dispute.reveal_vote(did, False, salt)
+    chain.advance(int(params.revealWindow))
+    chain[0].dispute.resolve(did)
+    chain.advance(m.market_params().dispute_grace)
+    chain[0].market.finalize(cheat)
+    assert m.get_job(cheat).status == JobStatus.OPEN  # slashed and reopened
+
+    srv = ExplorerServer(ChainIndex(chain.reader, home, min_age_s=0.0)).start()
+    try:
+        yield Scene(chain, srv, honest, cheat, did, solver.address, cheater.address,
+                    chal.address, list(man.losses))
+    finally:
+        srv.stop()
+
+
+def test_pages_show_jobs_disputes_nodes_and_payouts(scene: Scene) -> None:
+    u = scene.server.url
+    status, body, headers = _get(u + "/")
+    assert status == 200 and "script-src" not in headers["Content-Security-Policy"]
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+    assert f'href="/job/{scene.honest}"' in body and f'href="/job/{scene.cheat}"' in body
+    assert "finalized" in body and "(lost)" in body
+
+    status, body, _ = _get(u + f"/job/{scene.honest}")
+    assert status == 200
+    assert '<svg class="loss"' in body and "its root is the one committed on chain" in body
+    n = len(scene.losses)
+    pts = body.split('points="', 1)[1].split('"', 1)[0].split()
+    assert len(pts) == n  # one point per segment of the committed trace
+    # the reward and the attestors' pay, in exact POL
+    assert "100 POL" in body and "reward" in body and body.count(">attestation<") == 3
+    sampled = scene.chain.reader.market.sampled_segments(scene.honest)
+    assert f"<p>{', '.join(map(str, sampled))}</p>" in body  # the seed's sample, kept once final
+
+    status, body, _ = _get(u + f"/job/{scene.cheat}")
+    assert status == 200 and "no trace of this round on this node" in body
+    assert f'href="/dispute/{scene.dispute}"' in body
+    assert "proved the solver wrong" in body and "share of the slashed bond" in body
+
+    status, body, _ = _get(u + f"/dispute/{scene.dispute}")
+    assert status == 200 and ">invalid<" in body
+    assert body.count(">invalid</td>") >= 2  # the jurors' revealed votes
+    assert "15..20" in body  # the range per round starts with the whole segment (3 of k=5)
+    rows = body.split("Bisection: range per round", 1)[1].split("</table>", 1)[0]
+    assert rows.count("<tr>") >= 3  # header, the segment, at least one narrowing
+
+    status, body, _ = _get(u + f"/node/{scene.cheater}")
+    assert status == 200 and "slashed in all" in body and "150 POL" in body
+    assert XSS not in body and html_escaped(XSS) in body  # a registrant's text is inert
+    status, body, _ = _get(u + f"/node/{scene.solver}")
+    assert ">1</td>" in body and "40" in body  # one job solved, its 40 steps delivered
+
+    summary = _get(u + "/api/summary.json")[1]
+    assert f'"{scene.cheat}": {{"status": "open"' in summary
+
+
+def test_bad_requests_get_clear_answers_and_change_nothing(scene: Scene) -> None:
+    u = scene.server.url
+    head = scene.chain.w3.eth.block_number
+    assert _get(u + "/job/999")[0] == 404 and "no job 999" in _get(u + "/job/999")[1]
+    assert _get(u + "/dispute/999")[0] == 404
+    assert _get(u + "/node/0x" + "ab" * 20)[0] == 404
+    assert _get(u + "/job/abc")[0] == 404 and _get(u + "/../etc/passwd")[0] == 404
+    assert _get(u + "/" + "x" * 300)[0] == 414
+    assert _get(u + "/", "POST")[0] == 405 and _get(u + "/job/1", "DELETE")[0] == 405
+    assert scene.chain.w3.eth.block_number == head  # read-only: no transaction was sent
+
+
+def html_escaped(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)
+
+
+def _shot(url: str, out: Path) -> tuple[int, int, list[tuple[int, int, int]]]:
+    """Chromium's headless screenshot of ``url``: (width, height, RGB pixels)."""
+    assert CHROMIUM is not None
+    profile = out.with_suffix(".profile")
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                    "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--hide-scrollbars",
+                    f"--user-data-dir={profile}", "--window-size=1100,1400",
+                    f"--screenshot={out}", url], check=True, capture_output=True, timeout=120)
+    return _png_pixels(out.read_bytes())
+
+
+def _png_pixels(data: bytes) -> tuple[int, int, list[tuple[int, int, int]]]:
+    """Decode an 8-bit RGB/RGBA, non-interlaced PNG (what Chromium writes) with zlib."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, chunks, ihdr = 8, [], b""
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            ihdr = body
+        elif kind == b"IDAT":
+            chunks.append(body)
+        pos += 12 + length
+    w, h, depth, ctype = struct.unpack(">IIBB", ihdr[:10])
+    assert depth == 8 and ctype in (2, 6), (depth, ctype)
+    bpp = 3 if ctype == 2 else 4
+    raw = zlib.decompress(b"".join(chunks))
+    stride = w * bpp
+    prev = bytearray(stride)
+    pixels: list[tuple[int, int, int]] = []
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        pixels.extend((line[i], line[i + 1], line[i + 2]) for i in range(0, stride, bpp))
+        prev = line
+    return w, h, pixels
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed: `make setup` installs "
+                    "it (Debian package chromium)")
+def test_pages_render_in_headless_chromium(scene: Scene, tmp_path: Path) -> None:
+    u = scene.server.url
+    w, h, px = _shot(f"{u}/job/{scene.honest}", tmp_path / "job.png")
+    assert (w, h) == (1100, 1400)
+    # the loss curve: the page's stroke colour (#1a55b0) drawn in a few hundred pixels
+    curve = sum(1 for p in px if abs(p[0] - 0x1A) < 24 and abs(p[1] - 0x55) < 24
+                and abs(p[2] - 0xB0) < 24)
+    assert curve > 300, f"only {curve} pixels of the loss curve's colour"
+    # the header bar (#1d2330) spans the top of the page
+    top = px[5 * w:6 * w]
+    assert sum(1 for p in top if p == (0x1D, 0x23, 0x30)) > 0.9 * w
+    _, _, px2 = _shot(f"{u}/dispute/{scene.dispute}", tmp_path / "dispute.png")
+    # the verdict is shown in the 'bad' colour (#b3261e): a lost dispute is visible at a glance
+    red = sum(1 for p in px2 if abs(p[0] - 0xB3) < 30 and p[1] < 0x50 and p[2] < 0x50)
+    assert red > 20, f"only {red} red pixels on the dispute page"
+    assert CHROMIUM is not None
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                          "--no-first-run", "--disable-background-networking",
+                          "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'dom.profile'}", "--dump-dom",
+                          f"{u}/node/{scene.cheater}"],
+                         check=True, capture_output=True, timeout=120, text=True).stdout
+    assert "slashed in all" in dom and "<script>alert" not in dom
+
+
+def test_polnet_explorer_command_serves_the_devnet(chain: LocalChain, tmp_path: Path) -> None:
+    import os
+    import sys
+
+    chain.deployment.save(tmp_path / "devnet" / "deployment.json")  # the default path
+    chain[5].post_job(job_terms())
+    p = subprocess.Popen([sys.executable, "-m", "node.cli.main", "explorer", "--port", "0"],
+                         cwd=ROOT, env={**os.environ, "POLNET_HOME": str(tmp_path)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("polnet explorer on http://127.0.0.1:"), (line, p.poll())
+        url = line.split()[3]
+        status, body, _ = _get(url + "/")
+        n = chain.reader.market.job_count()
+        assert status == 200 and f"Jobs ({n})" in body and f'href="/job/{n}"' in body
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
