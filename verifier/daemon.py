@@ -121,12 +121,12 @@ class Verifier:
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
-    async def _tick(self, nursery: trio.Nursery) -> list[tuple[int, object]]:
+    async def _tick(self, nursery: trio.Nursery) -> list[tuple[str, int, object]]:
         """One pass: derive each job's phase and act; start a move for each live
-        dispute. Returns the (job id, action) pairs decided."""
+        dispute. Returns what was decided: ("job", id, action)."""
         rt, c = self.rt, self.rt.chain_client
         now = await rt.chain(c.timestamp)
-        taken: list[tuple[int, object]] = []
+        taken: list[tuple[str, int, object]] = []
         await self._fill_dispute_rounds()
         withdraw = False
         for jid in list(self.state.data.jobs):
@@ -146,7 +146,7 @@ class Verifier:
                     c.market.has_attested, jid, rt.address),
                 credits=await self._credits() if done else 0)
             dec = decide_job(view, disk)
-            taken.append((jid, dec.action))
+            taken.append(("job", jid, dec.action))
             self._record_phase(jid, dec.phase)
             act = dec.action
             if isinstance(act, Check | Attest | Challenge):

@@ -94,6 +94,7 @@ class Solver:
         self.state = RoleState(rt.dir / "solver.json", SolverDisk, migrate)
         self._busy: set[str] = set()  # task keys running now (not persisted)
         self._settled: set[int] = set()  # jobs derived Done in this process: not re-read
+        self._looked_over = False  # every candidate checked once since the start
         self._contexts: dict[int, Any] = {}
         self._gflops: float | None = None
 
@@ -136,30 +137,34 @@ class Solver:
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
-    async def _tick(self, nursery: trio.Nursery) -> list[tuple[int, object]]:
+    async def _tick(self, nursery: trio.Nursery) -> list[tuple[str, int, object]]:
         """One pass: derive every job's and dispute's phase, do what each calls for.
-        Returns the (id, action) pairs taken (for tests and logs)."""
-        taken: list[tuple[int, object]] = []
+        Returns what was decided: ("job" | "candidate" | "dispute", id, action)."""
+        taken: list[tuple[str, int, object]] = []
         withdraw = False
         for jid in list(self.state.data.jobs):
             if jid in self._settled:
                 continue
             dec = await self._derive(jid)
-            taken.append((jid, dec.action))
+            taken.append(("job", jid, dec.action))
             withdraw |= await self._act(nursery, jid, dec)
         # A committed job still needs us (disputes), so it counts until it is paid.
         active = sum(1 for r in self.state.data.jobs.values() if r.phase in ACTIVE)
         for jid in list(self.state.data.candidates):
-            if active >= self.max_jobs:
+            full = active >= self.max_jobs
+            if full and self._looked_over:
                 break
-            act = await self._candidate(jid)
-            taken.append((jid, act))
+            # The first pass looks at every candidate even when full: one the chain gives
+            # us already (claimed before a kill recorded it) is adopted, never left behind.
+            act = await self._candidate(jid, may_claim=not full)
+            taken.append(("candidate", jid, act))
             if isinstance(act, Adopt):
                 active += 1
         for did in list(self.state.data.disputes):
             act2 = await self._dispute_move(nursery, did)
-            taken.append((did, act2))
+            taken.append(("dispute", did, act2))
             withdraw |= isinstance(act2, Withdraw)
+        self._looked_over = True
         if withdraw:
             await self._withdraw()
         return taken
@@ -223,9 +228,9 @@ class Solver:
             self.rt.metrics.jobs.labels(p.value).set(
                 sum(1 for r in self.state.data.jobs.values() if r.phase == p))
 
-    async def _candidate(self, jid: int) -> object:
+    async def _candidate(self, jid: int, may_claim: bool = True) -> object:
         """A posted or reopened job: adopt it if the chain says it is ours already,
-        else consider it. Returns Adopt when it is now on our books."""
+        else consider it (if ``may_claim``). Returns Adopt when it is on our books."""
         c = self.rt.chain_client
         job = await self.rt.chain(c.market.get_job, jid)
         rec = self.state.data.jobs.get(jid)
@@ -235,7 +240,7 @@ class Solver:
             self._adopt(jid, job, "job_adopted")
         elif isinstance(act, Drop):
             self._drop(jid)
-        elif await self._consider(jid, job):
+        elif may_claim and await self._consider(jid, job):
             return Adopt()
         return act
 
