@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -375,7 +376,7 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
     settings = node_settings(tmp_path, chain, "solver", 2, STAKE)
     sub = chain[1]
     window = chain.reader.market.market_params().verification_window
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     async def main() -> None:
         async with Runtime(settings, "solver") as rt:
@@ -418,9 +419,8 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
                 if (rt.dir / "jobs").is_dir() else []
 
     trio.run(main)
-    a, b = out["jobs"]  # type: ignore[misc]
+    a, b = out["jobs"]
     passes = out["passes"]
-    assert isinstance(passes, list)
     acts = [{(kind, i): type(act) for kind, i, act in p} for p in passes]
     # First pass: A is committed (not retrained), B is adopted from the chain.
     assert acts[0][("job", a)] is sm.Wait, acts
