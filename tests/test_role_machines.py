@@ -19,7 +19,7 @@ import trio
 
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
-from node.chain.contracts import SOLVER, JobStatus, Phase, Side
+from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side
 from node.roles import solver_machine as sm
 from node.roles import submitter_machine as subm
 from node.roles.state import RoleState
@@ -436,3 +436,111 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
     assert out["phases"] == {a: sm.SolverPhase.PAID, b: sm.SolverPhase.PAID}
     # Settled jobs are not read again in this process.
     assert ("job", a) not in acts[-1] and ("job", b) not in acts[-1], acts
+
+
+
+def committed_job(chain: LocalChain) -> tuple[int, list[Any], Any, int]:
+    """A committed fake-trace job, its seed fixed, and a dev account in its committee."""
+    verifiers = (4, 5, 6, 7, 8)
+    for i in verifiers:
+        chain.join(i, VERIFIER, 200 * TOKEN)
+    solver = chain.join(2, SOLVER, STAKE)
+    sub = chain[1]
+    sub.token.ensure_allowance(sub.market.address, 110 * TOKEN)
+    jid = sub.market.post_job(job_terms(REWARD, 10 * TOKEN))
+    solver.market.claim_job(jid)
+    leaves, tree = fake_trace(jid)
+    solver.market.commit_trace(jid, leaves, tree)
+    chain.mine(5)  # past the sample block
+    chain[4].market.fix_seed(jid)
+    committee = chain.reader.market.committee_of(jid)
+    assert committee, "the seed drew nobody"
+    return jid, leaves, tree, next(i for i in verifiers if chain.addresses[i] in committee)
+
+
+def old_verifier_file(path: Path, jid: int, verdicts: dict[str, bool]) -> None:
+    """verifier.json as the old code wrote it after checking ``jid`` (round 1)."""
+    path.write_text(json.dumps({"jobs": {str(jid): {"round": 1, "phase": "checked",
+                                                    "verdicts": verdicts}},
+                                "disputes": {}}))
+
+
+def test_verifier_recovers_an_attestation_it_did_not_record(chain: LocalChain,
+                                                            tmp_path: Path) -> None:
+    """A committee member's attestation mined, then SIGKILL before the write: its state
+    file (the old layout) says "checked", not attested. The next pass must not attest
+    again; once the window is over it finalizes and withdraws its attestation pay."""
+    from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
+    from verifier.daemon import Verifier  # noqa: PLC0415
+
+    jid, _, _, me = committed_job(chain)
+    chain[me].market.attest(jid)  # mined; the daemon was killed before writing it down
+    params = chain.reader.market.market_params()
+    settings = node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Runtime(settings, "verifier") as rt:
+            c = rt.chain_client
+            old_verifier_file(rt.dir / "verifier.json", jid, {"0": True, "5": True})
+            v = Verifier(rt)
+            balance0 = await rt.chain(c.token.balance_of, rt.address)
+            passes = []
+            async with trio.open_nursery() as nursery:
+                passes.append(await v._tick(nursery))
+                await rt.chain(chain.advance, params.verification_window + 5)
+                for _ in range(3):
+                    passes.append(await v._tick(nursery))
+            out["passes"] = passes
+            out["status"] = (await rt.chain(c.market.get_job, jid)).status
+            out["gained"] = await rt.chain(c.token.balance_of, rt.address) - balance0
+            out["credits"] = await rt.chain(c.market.credits, rt.address)
+            out["phase"] = v.state.data.jobs[jid].phase
+
+    trio.run(main)
+    acts = [{(kind, i): type(act) for kind, i, act in p} for p in out["passes"]]
+    assert acts[0] == {("job", jid): vm.Wait}, acts  # hasAttested says done
+    assert acts[1:] == [{("job", jid): vm.Finalize}, {("job", jid): vm.Withdraw},
+                        {("job", jid): vm.Done}], acts
+    assert out["status"] == JobStatus.FINALIZED
+    assert out["gained"] == 10 * TOKEN // params.attestors_per_job and out["credits"] == 0
+    assert out["phase"] == vm.VerifierPhase.DONE
+
+
+def test_verifier_recovers_a_challenge_it_did_not_record(chain: LocalChain,
+                                                         tmp_path: Path) -> None:
+    """Its challenge mined, then SIGKILL before the write: the state file knows only the
+    failing verdict. Replaying the chain's events (the daemon's own watcher and
+    handler), the next pass must know the dispute as its own and not challenge again."""
+    from node.chain.events import EventWatcher  # noqa: PLC0415
+    from node.roles.runtime import Runtime  # noqa: PLC0415
+    from verifier.daemon import Verifier  # noqa: PLC0415
+
+    jid, leaves, tree, me = committed_job(chain)
+    did = chain[me].market.challenge(jid, 3, leaves[3], tree.proof(3), leaves[4],
+                                     tree.proof(4))
+    settings = node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Runtime(settings, "verifier") as rt:
+            c = rt.chain_client
+            assert c.deployment is not None
+            old_verifier_file(rt.dir / "verifier.json", jid, {"3": False})
+            v = Verifier(rt)
+            watcher = EventWatcher(c.w3, [c.market, c.dispute],
+                                   start_block=c.deployment.deploy_block)
+            async with trio.open_nursery() as nursery:
+                await rt.chain(watcher.poll, v._on_event)
+                out["pass"] = await v._tick(nursery)
+                out["move"] = await v._dispute_move(did)
+                nursery.cancel_scope.cancel()
+            out["dispute"] = v.state.data.disputes[did]
+            out["open"] = (await rt.chain(c.market.get_job, jid)).open_disputes
+
+    trio.run(main)
+    assert [(k, i, type(a)) for k, i, a in out["pass"]] == [("job", jid, vm.Wait)]
+    d = out["dispute"]
+    assert (d.role, d.job, d.round) == (vm.Role.CHALLENGER, jid, 1)
+    assert type(out["move"]) is vm.Wait  # the solver's turn
+    assert out["open"] == 1  # one dispute: ours, not a second

@@ -91,8 +91,9 @@ class Verifier:
             if ev.contract == "JobMarket" and ev.event == "ResultCommitted":
                 jid = int(ev.args["jobId"])
                 # The event does not carry the round: the trio thread reads it (no RPC
-                # here, under the state lock the event loop also takes).
-                st.jobs[jid] = VerifierJob()
+                # here, under the state lock the event loop also takes) and starts
+                # afresh only if it is a new round (a replayed event keeps the verdicts).
+                st.jobs.setdefault(jid, VerifierJob()).seen_commit = True
                 self._settled.discard(jid)
             elif ev.event == "DisputeOpened" and str(ev.args["challenger"]).lower() == me:
                 st.disputes.setdefault(int(ev.args["id"]), VerifierDispute(
@@ -134,6 +135,12 @@ class Verifier:
                 continue
             job = await rt.chain(c.market.get_job, jid)
             rec = self.state.data.jobs[jid]
+            if rec.seen_commit:
+                with self.state as st:
+                    if job.status == JobStatus.COMMITTED and rec.round not in (None, job.round):
+                        st.jobs[jid] = VerifierJob()  # a new round committed: judge it anew
+                    st.jobs[jid].seen_commit = False
+                rec = self.state.data.jobs[jid]
             if rec.round is None and job.status == JobStatus.COMMITTED:
                 with self.state as st:  # the commit's round: the job's current one
                     st.jobs[jid].round = job.round

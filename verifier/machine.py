@@ -47,6 +47,7 @@ class VerifierJob(BaseModel):
     not_in_committee: bool = False
     challenged: bool = False
     phase: VerifierPhase = VerifierPhase.PENDING  # the last derivation; never an input
+    seen_commit: bool = False  # a ResultCommitted noted since: maybe a new round's
 
 
 class VerifierDispute(BaseModel):
