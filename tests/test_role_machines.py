@@ -544,3 +544,39 @@ def test_verifier_recovers_a_challenge_it_did_not_record(chain: LocalChain,
     assert (d.role, d.job, d.round) == (vm.Role.CHALLENGER, jid, 1)
     assert type(out["move"]) is vm.Wait  # the solver's turn
     assert out["open"] == 1  # one dispute: ours, not a second
+
+
+def test_submitter_serving_ends_with_what_another_party_settled(chain: LocalChain,
+                                                                tmp_path: Path) -> None:
+    """A job the submitter serves is finalized by another party while the submitter is
+    down; serving again from the chain's status, it stops serving and withdraws the
+    verification budget nobody earned."""
+    from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
+    from node.roles.submitter import serve_until_final, submitter_state  # noqa: PLC0415
+
+    solver = chain.join(2, SOLVER, STAKE)
+    budget = 10 * TOKEN
+    settings = node_settings(tmp_path, chain, "submitter", 1, 0)
+    window = chain.reader.market.market_params().verification_window
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Runtime(settings, "submitter") as rt:
+            c = rt.chain_client
+            await rt.chain(c.token.ensure_allowance, c.market.address, REWARD + budget)
+            jid = await rt.chain(c.market.post_job, job_terms(REWARD, budget))
+            with submitter_state(rt) as st:
+                st.jobs[jid] = subm.SubmittedJob(spec="aa" * 32, dataset="bb" * 32)
+            await rt.chain(solver.market.claim_job, jid)
+            leaves, tree = fake_trace(jid)
+            await rt.chain(solver.market.commit_trace, jid, leaves, tree)
+            await rt.chain(chain.advance, window + 5)
+            await rt.chain(solver.market.finalize, jid)  # another party, first
+            balance0 = await rt.chain(c.token.balance_of, rt.address)
+            with trio.fail_after(30):
+                await serve_until_final(rt, [jid], timeout=None)
+            out["gained"] = await rt.chain(c.token.balance_of, rt.address) - balance0
+            out["credits"] = await rt.chain(c.market.credits, rt.address)
+
+    trio.run(main)
+    assert out == {"gained": budget, "credits": 0}, out

@@ -15,6 +15,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -47,7 +48,8 @@ class RoleState(Generic[M]):
                 self.fresh = False
             except (ValueError, ValidationError, OSError) as exc:
                 bad = path.with_name(path.name + ".bad")
-                os.replace(path, bad)  # kept for a post-mortem, never read again
+                with suppress(OSError):  # kept for a post-mortem, never read again
+                    os.replace(path, bad)
                 log.warning("state_unreadable", path=str(path), moved_to=str(bad),
                             error=str(exc)[:300])
 
