@@ -210,8 +210,11 @@ class Solver:
             self._busy.add(str(jid))
             nursery.start_soon(guarded, "_train_and_commit", self._train_and_commit, jid)
         elif isinstance(act, Publish):
-            manifest_id = await self._publish_trace(jid, self._trace_dir(jid))
-            log.info("trace_republished", job=jid, manifest=manifest_id)
+            try:
+                manifest_id = await self._publish_trace(jid, self._trace_dir(jid))
+                log.info("trace_republished", job=jid, manifest=manifest_id)
+            except (PolnetError, OSError) as exc:  # one job's files must not stall the pass
+                log.warning("trace_republish_failed", job=jid, error=str(exc))
         elif isinstance(act, Finalize):
             await self.rt.transact_ok(c.market.finalize, jid, benign=FINALIZE_BENIGN)
         elif isinstance(act, Done):
