@@ -231,6 +231,7 @@ async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: Jo
     commits. Returns the solver and the job id."""
     from node.chain.contracts import SOLVER  # noqa: PLC0415
     from node.roles.solver import Solver  # noqa: PLC0415
+    from node.roles.solver_machine import SolverJob  # noqa: PLC0415
 
     await rt.ensure_registered(SOLVER, stake)
     rt.p2p.store.put_bytes(spec_b)
@@ -241,8 +242,7 @@ async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: Jo
     job = await rt.chain(sc.market.get_job, jid)
     solver = Solver(rt, behavior=behavior)
     with solver.state as st:
-        st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
-                                "spec": sha(spec_b), "dataset": sha(data)}
+        st.jobs[jid] = SolverJob(round=job.round, spec=sha(spec_b), dataset=sha(data))
     await solver._train_and_commit(jid)
     return solver, jid
 

@@ -27,6 +27,7 @@ from node.spec import JobSpec, load_spec, parse_spec, parse_spec_json
 from node.train.layout import expected_layout, max_file_bytes
 from node.train.step import TrainContext, init_state, state_tensors, train_step
 from node.train.trace import load_checkpoint, write_state_file
+from verifier.machine import Role, VerifierDisk, VerifierDispute
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -275,12 +276,13 @@ def test_cli_train_on_bad_labels_prints_one_clean_line(digits: bytes, tmp_path: 
 
 
 def test_role_state_is_owner_only(tmp_path: Path) -> None:
-    state = RoleState(tmp_path / "verifier.json", {"salts": {}})
+    state = RoleState(tmp_path / "verifier.json", VerifierDisk)
     with state as data:
-        data["salts"]["1"] = "0x" + "ab" * 32
+        data.disputes[1] = VerifierDispute(role=Role.JUROR, valid=True, salt="ab" * 32)
     mode = stat.S_IMODE(os.stat(tmp_path / "verifier.json").st_mode)
     assert mode == 0o600
-    assert RoleState(tmp_path / "verifier.json", {}).data["salts"] == {"1": "0x" + "ab" * 32}
+    again = RoleState(tmp_path / "verifier.json", VerifierDisk)
+    assert again.data.disputes[1].salt == "ab" * 32 and not again.fresh
 
 
 def test_anvil_log_is_owner_only(tmp_path: Path) -> None:

@@ -117,8 +117,8 @@ async def judge(v: Verifier, did: int, jury: list[str]) -> Judged:
     t0 = time.monotonic()
     await v._dispute_move(did)  # phase Commit, role juror: Verifier._vote
     took = time.monotonic() - t0
-    info = v.state.data["disputes"][str(did)]
-    return Judged(info.get("valid"), "salt" in info, took)
+    info = v.state.data.disputes[did]
+    return Judged(info.valid, info.salt is not None, took)
 
 
 def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: LocalChain,
@@ -158,7 +158,7 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
             # The solver: registered, trains the job with the daemon's own code, commits.
             solver, jid = await train_and_commit(solver_rt, c, SUBMITTER, terms, spec_b,
                                                  digits, STAKE)
-            assert solver.state.data["jobs"][str(jid)]["phase"] == "committed"
+            assert solver.state.data.jobs[jid].phase == "committed"
             trace = solver._trace_dir(jid)
             manifest = read_manifest(trace)
 

@@ -99,7 +99,7 @@ def test_poisoned_committed_state_is_challenged_on_chain(module_chain: LocalChai
             solver, jid = await train_and_commit(srt, c, SUBMITTER, terms, spec_b, digits,
                                                  STAKE, behavior)
             sc = srt.chain_client
-            assert solver.state.data["jobs"][str(jid)]["phase"] == "committed"
+            assert solver.state.data.jobs[jid].phase == "committed"
             manifest = read_manifest(solver._trace_dir(jid))
             out["manifest_segments"] = manifest.segment_count
             out["state_hashes"] = list(manifest.state_hashes)
@@ -121,13 +121,14 @@ def test_poisoned_committed_state_is_challenged_on_chain(module_chain: LocalChai
                 out["events"] = evs
                 # The daemon records the dispute it opened once the tx has returned.
                 with trio.fail_after(10):
-                    while not verifier.state.data["disputes"]:
+                    while not verifier.state.data.disputes:
                         await trio.sleep(0.1)
                 nursery.cancel_scope.cancel()
             out["jid"] = jid
-            out["verdicts"] = dict(verifier.state.data["jobs"][str(jid)]["verdicts"])
-            out["vjob"] = dict(verifier.state.data["jobs"][str(jid)])
-            out["disputes"] = dict(verifier.state.data["disputes"])
+            on_disk = verifier.state.data.model_dump(mode="json")  # as verifier.json has it
+            out["verdicts"] = dict(on_disk["jobs"][str(jid)]["verdicts"])
+            out["vjob"] = dict(on_disk["jobs"][str(jid)])
+            out["disputes"] = dict(on_disk["disputes"])
             did = int(out["events"][0].args["disputeId"])
             out["dispute"] = await srt.chain(c.reader.dispute.get_dispute, did)
             out["job"] = await srt.chain(c.reader.market.get_job, jid)
@@ -145,13 +146,15 @@ def test_poisoned_committed_state_is_challenged_on_chain(module_chain: LocalChai
     # Each segment judged on its own: the two touching the poisoned state failed, the
     # others passed (the bad state stopped neither the loop nor the other verdicts).
     assert out["verdicts"] == {str(s): s not in TOUCHING for s in range(SEGMENTS)}, out["vjob"]
-    assert out["vjob"]["phase"] == "checked" and out["vjob"].get("challenged") is True
+    assert out["vjob"]["checked"] is True and out["vjob"]["challenged"] is True
     # Exactly one challenge, from this verifier, naming a segment touching the state.
     (ev,) = out["events"]
     assert ev.args["challenger"].lower() == verifier_addr.lower(), ev.args
     assert int(ev.args["segment"]) in TOUCHING, ev.args
     did = int(ev.args["disputeId"])
-    assert out["disputes"] == {str(did): {"role": "challenger"}}, out["disputes"]
+    assert list(out["disputes"]) == [str(did)], out["disputes"]
+    assert out["disputes"][str(did)]["role"] == "challenger", out["disputes"]
+    assert out["disputes"][str(did)]["job"] == out["jid"], out["disputes"]
     # The dispute is open on chain, on that segment's steps, against this job's solver.
     d = out["dispute"]
     seg = int(ev.args["segment"])

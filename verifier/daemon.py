@@ -4,9 +4,11 @@ this verifier) or challenge (whatever other disputes are doing: a lost dispute
 binds only its own challenger), play bisection as challenger, draw and serve on
 juries, finalize, claim rewards and withdraw.
 
-Crash safety mirrors the solver's: ``verifier.json`` records jobs and disputes
-before the event cursor moves, and a vote's salt is on disk before its
-commitment is sent, so a restarted verifier can still reveal.
+Crash safety: each pass derives every job's and dispute's phase from the chain
+and the disk (:mod:`verifier.machine`) and does the one action it calls for;
+event handlers only note ids. ``verifier.json`` keeps what the chain cannot
+say: verdicts, and each vote's salt, on disk before its commitment is sent, so
+a restarted verifier can still reveal.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import trio
 
-from node.chain.contracts import JobStatus, Phase, Side, Verdict
+from node.chain.contracts import DisputeState, JobStatus, Phase, Verdict
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
 from node.errors import PolnetError
@@ -26,6 +28,34 @@ from node.logs import get_logger
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
 from verifier.evidence import Evidence, judge_segment
+from verifier.machine import (
+    Attest,
+    Challenge,
+    Check,
+    Choose,
+    CommitVote,
+    DisputeView,
+    Done,
+    DrawJury,
+    Finalize,
+    JobDisk,
+    JobView,
+    ResendVote,
+    Resolve,
+    RevealVote,
+    Role,
+    SettleRound,
+    Timeout,
+    VerifierDisk,
+    VerifierDispute,
+    VerifierJob,
+    VerifierPhase,
+    Withdraw,
+    decide_dispute,
+    decide_job,
+    migrate,
+    needs_attest_check,
+)
 
 log = get_logger("polnet.verifier")
 
@@ -50,30 +80,36 @@ class Verifier:
     def __init__(self, rt: Runtime, malicious: bool = False) -> None:
         self.rt = rt
         self.malicious = malicious
-        self.state = RoleState(rt.dir / "verifier.json", {"jobs": {}, "disputes": {}})
+        self.state = RoleState(rt.dir / "verifier.json", VerifierDisk, migrate)
         self.evidence = Evidence(rt)
         self._busy: set[str] = set()
+        self._settled: set[int] = set()  # jobs derived Done in this process: not re-read
 
     def _on_event(self, ev: ChainEvent) -> None:
         me = self.rt.address.lower()
         with self.state as st:
             if ev.contract == "JobMarket" and ev.event == "ResultCommitted":
-                jid = str(ev.args["jobId"])
+                jid = int(ev.args["jobId"])
                 # The event does not carry the round: the trio thread reads it (no RPC
-                # here, under the state lock the event loop also takes).
-                st["jobs"][jid] = {"round": None, "phase": "pending", "verdicts": {}}
+                # here, under the state lock the event loop also takes) and starts
+                # afresh only if it is a new round (a replayed event keeps the verdicts).
+                st.jobs.setdefault(jid, VerifierJob()).seen_commit = True
+                self._settled.discard(jid)
             elif ev.event == "DisputeOpened" and str(ev.args["challenger"]).lower() == me:
-                st["disputes"].setdefault(str(ev.args["id"]), {"role": "challenger"})
+                st.disputes.setdefault(int(ev.args["id"]), VerifierDispute(
+                    role=Role.CHALLENGER, job=int(ev.args["jobId"])))
             elif ev.event == "JuryDrawn" and me in [str(a).lower() for a in ev.args["jury"]]:
-                st["disputes"].setdefault(str(ev.args["id"]), {"role": "juror"})
+                st.disputes.setdefault(int(ev.args["id"]), VerifierDispute(role=Role.JUROR))
 
     async def run(self, until: float | None = None) -> None:
         rt = self.rt
         await rt.ensure_registered(VERIFIER, rt.settings.stake)
         c = rt.chain_client
         assert c.deployment is not None
-        watcher = EventWatcher(c.w3, [c.market, c.dispute],
-                               cursor_path=rt.dir / "verifier.cursor",
+        cursor = rt.dir / "verifier.cursor"
+        if self.state.fresh:  # no usable state: replay every event, the chain re-derives all
+            cursor.unlink(missing_ok=True)
+        watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
                                start_block=c.deployment.deploy_block)
         log.info("verifier_running", address=rt.address, malicious=self.malicious)
         async with trio.open_nursery() as nursery:
@@ -86,47 +122,105 @@ class Verifier:
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
-    async def _tick(self, nursery: trio.Nursery) -> None:
+    async def _tick(self, nursery: trio.Nursery) -> list[tuple[str, int, object]]:
+        """One pass: derive each job's phase and act; start a move for each live
+        dispute. Returns what was decided: ("job", id, action)."""
         rt, c = self.rt, self.rt.chain_client
         now = await rt.chain(c.timestamp)
-        for key, info in list(self.state.data["jobs"].items()):
-            jid = int(key)
-            busy = f"j{jid}"
-            job = await rt.chain(c.market.get_job, jid)
-            if info["round"] is None and job.status == JobStatus.COMMITTED:
-                self._set(jid, round=job.round)  # the commit's round: the job's current one
-                info = self.state.data["jobs"][key]
-            if job.status != JobStatus.COMMITTED or job.round != info["round"]:
-                if info["phase"] != "done":
-                    self._set(jid, phase="done")
-                    await rt.withdraw_all()
+        taken: list[tuple[str, int, object]] = []
+        await self._fill_dispute_rounds()
+        withdraw = False
+        for jid in list(self.state.data.jobs):
+            if jid in self._settled:
                 continue
-            # Challenges stay open while any dispute of the round is live.
-            open_ = now <= job.window_end or job.open_disputes > 0
-            if info["phase"] == "checked" and open_ and busy not in self._busy \
-                    and not (info.get("challenged") and info.get("attested")):
-                self._busy.add(busy)
-                nursery.start_soon(guarded, "_follow_up", self._follow_up, jid)
-            if info["phase"] == "pending" and busy not in self._busy:
-                self._busy.add(busy)
-                nursery.start_soon(guarded, "_check_job", self._check_job, jid)
-            if now > job.window_end and job.open_disputes == 0:
-                await rt.transact_ok(c.market.finalize, jid,
-                                     benign=FINALIZE_BENIGN)
-        for key, info in list(self.state.data["disputes"].items()):
-            if f"d{key}" not in self._busy and info.get("phase") != "over":
-                self._busy.add(f"d{key}")
-                nursery.start_soon(guarded, "_dispute_move", self._dispute_move, int(key))
+            job = await rt.chain(c.market.get_job, jid)
+            rec = self.state.data.jobs[jid]
+            if rec.seen_commit:
+                with self.state as st:
+                    if job.status == JobStatus.COMMITTED and rec.round not in (None, job.round):
+                        st.jobs[jid] = VerifierJob()  # a new round committed: judge it anew
+                    st.jobs[jid].seen_commit = False
+                rec = self.state.data.jobs[jid]
+            if rec.round is None and job.status == JobStatus.COMMITTED:
+                with self.state as st:  # the commit's round: the job's current one
+                    st.jobs[jid].round = job.round
+            disk = self._job_disk(jid, busy=f"j{jid}" in self._busy)
+            done = job.status != JobStatus.COMMITTED or job.round != disk.round
+            view = JobView(
+                status=job.status, round=job.round, now=now, window_end=job.window_end,
+                open_disputes=job.open_disputes,
+                attested=not done and needs_attest_check(disk) and await rt.chain(
+                    c.market.has_attested, jid, rt.address),
+                credits=await self._credits() if done else 0)
+            dec = decide_job(view, disk)
+            taken.append(("job", jid, dec.action))
+            self._record_phase(jid, dec.phase)
+            act = dec.action
+            if isinstance(act, Check | Attest | Challenge):
+                self._busy.add(f"j{jid}")
+                task = {Check: self._check_job, Attest: self._follow_up,
+                        Challenge: self._follow_up}[type(act)]
+                nursery.start_soon(guarded, task.__name__, task, jid)
+            elif isinstance(act, Finalize):
+                await rt.transact_ok(c.market.finalize, jid, benign=FINALIZE_BENIGN)
+            elif isinstance(act, Withdraw):
+                withdraw = True
+            elif isinstance(act, Done):
+                self._settled.add(jid)
+        if withdraw:
+            await self._withdraw()
+        for did, d in list(self.state.data.disputes.items()):
+            if f"d{did}" not in self._busy and not d.over:
+                self._busy.add(f"d{did}")
+                nursery.start_soon(guarded, "_dispute_move", self._dispute_move, did)
+        return taken
+
+    def _job_disk(self, jid: int, busy: bool = False) -> JobDisk:
+        rec = self.state.data.jobs[jid]
+        return JobDisk(round=rec.round, checked=rec.checked, verdicts=dict(rec.verdicts),
+                       attested=rec.attested, not_in_committee=rec.not_in_committee,
+                       challenged=rec.challenged or self._challenged(jid, rec.round),
+                       busy=busy)
+
+    def _challenged(self, jid: int, round_: int | None) -> bool:
+        """A dispute of ours on this round (its DisputeOpened names us): the chain's
+        record, whether or not our own write after the challenge survived."""
+        return round_ is not None and any(
+            d.role == Role.CHALLENGER and d.job == jid and d.round == round_
+            for d in self.state.data.disputes.values())
+
+    async def _fill_dispute_rounds(self) -> None:
+        c = self.rt.chain_client
+        for did, d in list(self.state.data.disputes.items()):
+            if d.role == Role.CHALLENGER and d.round is None and not d.over:
+                ref = await self.rt.chain(c.market.dispute_ref, did)
+                with self.state as st:
+                    st.disputes[did].job, st.disputes[did].round = ref.job_id, ref.round
+
+    def _record_phase(self, jid: int, phase: VerifierPhase) -> None:
+        if self.state.data.jobs[jid].phase != phase:
+            with self.state as st:
+                st.jobs[jid].phase = phase
+            log.info("job_phase", job=jid, phase=phase.value)
+
+    async def _withdraw(self) -> None:
+        """The one place credits leave the contracts for this role."""
+        await self.rt.withdraw_all()
+
+    async def _credits(self) -> int:
+        c = self.rt.chain_client
+        return await self.rt.chain(c.market.credits, self.rt.address) + \
+            await self.rt.chain(c.dispute.credits, self.rt.address)
 
     def _set(self, jid: int, **kw: Any) -> None:
         with self.state as st:
-            st["jobs"][str(jid)].update(kw)
+            for k, v in kw.items():
+                setattr(st.jobs[jid], k, v)
 
     # --- sampled replay ------------------------------------------------------------------
 
     async def _check_job(self, jid: int) -> None:
         rt, c = self.rt, self.rt.chain_client
-        key = str(jid)
         try:
             job = await rt.chain(c.market.get_job, jid)
             if job.seed == bytes(32):
@@ -142,7 +236,7 @@ class Verifier:
             # tick; one whose committed state is unusable fails (and gets challenged).
             unjudged = []
             for seg in segments:
-                if str(seg) in self.state.data["jobs"][key]["verdicts"]:
+                if seg in self.state.data.jobs[jid].verdicts:
                     continue
                 verdict = await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
                                               job_id=jid, segment=seg)
@@ -156,9 +250,9 @@ class Verifier:
                          ratio=f"{verdict.ratio:.2e}", worst=verdict.worst_tensor,
                          reason=verdict.reason)
                 with self.state as st:
-                    st["jobs"][key]["verdicts"][str(seg)] = passed
+                    st.jobs[jid].verdicts[seg] = passed
             if not unjudged:
-                self._set(jid, phase="checked")
+                self._set(jid, checked=True)
                 await self._maybe_attest(jid)
             else:
                 log.info("segments_unjudged", job=jid, segments=unjudged)
@@ -172,8 +266,9 @@ class Verifier:
         """One attestation per job, for the whole sample, if the seed's committee holds
         us and every sampled segment passed."""
         rt, c = self.rt, self.rt.chain_client
-        info = self.state.data["jobs"][str(jid)]
-        if info.get("attested") or not info["verdicts"] or not all(info["verdicts"].values()):
+        info = self.state.data.jobs[jid]
+        if info.attested or info.not_in_committee or not info.verdicts \
+                or not all(info.verdicts.values()):
             return
         job = await rt.chain(c.market.get_job, jid)
         if job.seed == bytes(32):
@@ -182,20 +277,20 @@ class Verifier:
             return
         committee = [a.lower() for a in await rt.chain(c.market.committee_of, jid)]
         if rt.address.lower() not in committee:
-            self._set(jid, attested="not in committee")
+            self._set(jid, not_in_committee=True)
             return
         await rt.transact_ok(c.market.attest, jid, benign=BENIGN_ATTEST)
         self._set(jid, attested=True)
-        log.info("attested", job=jid, segments=len(info["verdicts"]))
+        log.info("attested", job=jid, segments=len(info.verdicts))
 
     async def _maybe_challenge(self, jid: int) -> None:
         """Dispute one failing segment, whatever other disputes on the job are doing:
         a dispute someone else loses (a solver's puppet, say) binds only them, and the
         round's bond is settled once, paying the earliest-opened dispute the solver lost."""
         rt, c = self.rt, self.rt.chain_client
-        info = self.state.data["jobs"][str(jid)]
-        failing = [int(s) for s, ok in info["verdicts"].items() if not ok]
-        if not failing or info.get("challenged"):
+        info = self.state.data.jobs[jid]
+        failing = [s for s, ok in info.verdicts.items() if not ok]
+        if not failing or info.challenged or self._challenged(jid, info.round):
             return
         await trio.sleep(random.uniform(0, 2))  # spread transactions of verifiers that agree
         job = await rt.chain(c.market.get_job, jid)
@@ -229,77 +324,88 @@ class Verifier:
                 log.info("challenge_not_needed", job=jid, segment=seg, error=str(exc))
                 return
             raise
+        job = await self.rt.chain(c.market.get_job, jid)
         with self.state as st:
-            st["disputes"][str(did)] = {"role": "challenger"}
+            st.disputes[did] = VerifierDispute(role=Role.CHALLENGER, job=jid, round=job.round)
         log.info("challenged", job=jid, segment=seg, dispute=did)
 
     # --- disputes ---------------------------------------------------------------------
 
-    async def _dispute_move(self, did: int) -> None:
+    async def _dispute_view(self, d: DisputeState, info: VerifierDispute) -> DisputeView:
+        """What decide_dispute needs from the chain, read only where it matters."""
         rt, c = self.rt, self.rt.chain_client
-        key = str(did)
+        me = rt.address.lower()
+        seat = [i for i, a in enumerate(d.jury) if a.lower() == me]
+        vote = d.votes[seat[0]] if seat and seat[0] < len(d.votes) else None
+        won = d.verdict in (Verdict.INVALID, Verdict.SOLVER_TIMED_OUT)
+        resolved = d.phase == Phase.RESOLVED
+        settled = True
+        if resolved and won and info.role == Role.CHALLENGER:
+            ref = await rt.chain(c.market.dispute_ref, d.id)
+            r = await rt.chain(c.market.round_info, d.job_id, ref.round)
+            settled = r.settled
+            if settled:
+                log.info("round_settled", dispute=d.id, job=d.job_id,
+                         paid_us=r.first_winner == d.id)
+        return DisputeView(
+            phase=d.phase, turn=d.turn, solver_clock_left=d.solver_clock_left,
+            now=await rt.chain(c.timestamp),
+            block=await rt.chain(c.block_number) if d.phase == Phase.DRAWING else 0,
+            draw_block=d.draw_block, reveal_end=d.reveal_end, won=won,
+            my_commitment=None if vote is None else vote.commitment,
+            my_revealed=vote is not None and vote.revealed, round_settled=settled,
+            credits=await self._credits() if resolved and settled else 0)
+
+    async def _dispute_move(self, did: int) -> object:
+        """Derive the dispute's phase from the chain and make the one move it calls for."""
+        rt, c = self.rt, self.rt.chain_client
+        act: object = None
         try:
-            info = self.state.data["disputes"][key]
+            info = self.state.data.disputes[did]
             d = await rt.chain(c.dispute.get_dispute, did)
-            now = await rt.chain(c.timestamp)
-            if d.phase == Phase.RESOLVED:
-                won = d.verdict in (Verdict.INVALID, Verdict.SOLVER_TIMED_OUT)
-                if won and info["role"] == "challenger" and not await self._claim(d):
-                    return  # the round's bond is settled after its window: next tick
+            act = decide_dispute(await self._dispute_view(d, info), info)
+            if isinstance(act, SettleRound):
+                await self._claim(d)
+            elif isinstance(act, Withdraw):
+                await self._withdraw()
+            elif isinstance(act, Done):
                 with self.state as st:
-                    st["disputes"][key]["phase"] = "over"
-                log.info("dispute_over", dispute=did, verdict=d.verdict.name, role=info["role"])
-                await rt.withdraw_all()
-                return
-            if d.phase == Phase.DRAWING:
-                if await rt.chain(c.block_number) > d.draw_block:
-                    await rt.transact_ok(c.dispute.draw_jury, did,
-                                         benign=DRAW_BENIGN)
-                return
-            if d.phase == Phase.BISECTION:
-                if d.turn == Side.SOLVER and d.solver_clock_left == 0:
-                    await rt.transact_ok(c.dispute.timeout, did,
-                                         benign=TIMEOUT_BENIGN)
-                elif d.turn == Side.CHALLENGER and info["role"] == "challenger":
-                    await self._choose(d)
-            elif d.phase == Phase.COMMIT and info["role"] == "juror" \
-                    and not info.get("committed"):
-                if "salt" not in info:
-                    await self._vote(d)
-                else:  # the salt was saved but we died before its commitment landed
-                    await rt.transact_ok(c.dispute.commit_vote, did, info["valid"],
-                                         bytes.fromhex(info["salt"]), benign=VOTE_BENIGN)
-                    with self.state as st:
-                        st["disputes"][key]["committed"] = True
-                    log.info("vote_committed", dispute=did, valid=info["valid"], resent=True)
-            elif d.phase == Phase.REVEAL:
-                if info["role"] == "juror" and "salt" in info and not info.get("revealed"):
-                    await rt.transact_ok(c.dispute.reveal_vote, did, info["valid"],
-                                         bytes.fromhex(info["salt"]),
-                                         benign=REVEAL_BENIGN)
-                    with self.state as st:
-                        st["disputes"][key]["revealed"] = True
-                if now > d.reveal_end:
-                    await rt.transact_ok(c.dispute.resolve, did,
-                                         benign=RESOLVE_BENIGN)
+                    st.disputes[did].over = True
+                log.info("dispute_over", dispute=did, verdict=d.verdict.name,
+                         role=info.role.value)
+            elif isinstance(act, DrawJury):
+                await rt.transact_ok(c.dispute.draw_jury, did, benign=DRAW_BENIGN)
+            elif isinstance(act, Timeout):
+                await rt.transact_ok(c.dispute.timeout, did, benign=TIMEOUT_BENIGN)
+            elif isinstance(act, Choose):
+                await self._choose(d)
+            elif isinstance(act, CommitVote):
+                await self._vote(d)
+            elif isinstance(act, ResendVote):
+                # The salt was saved but its commitment is not on chain (we died first).
+                assert info.salt is not None and info.valid is not None
+                await rt.transact_ok(c.dispute.commit_vote, did, info.valid,
+                                     bytes.fromhex(info.salt), benign=VOTE_BENIGN)
+                log.info("vote_committed", dispute=did, valid=info.valid, resent=True)
+            elif isinstance(act, RevealVote):
+                assert info.salt is not None and info.valid is not None
+                await rt.transact_ok(c.dispute.reveal_vote, did, info.valid,
+                                     bytes.fromhex(info.salt), benign=REVEAL_BENIGN)
+            elif isinstance(act, Resolve):
+                await rt.transact_ok(c.dispute.resolve, did, benign=RESOLVE_BENIGN)
         except PolnetError as exc:
             log.warning("dispute_move_failed", dispute=did, error=str(exc))
         finally:
             self._busy.discard(f"d{did}")
+        return act
 
-    async def _claim(self, d: Any) -> bool:
-        """Settle the round (``finalize`` pays its first winner); False until it is."""
+    async def _claim(self, d: Any) -> None:
+        """Settle the round we won a dispute of: ``finalize`` pays its first winner,
+        once the window is over and no dispute of the round is open."""
         rt, c = self.rt, self.rt.chain_client
-        r = await rt.chain(c.market.round_info, d.job_id, (await rt.chain(
-            c.market.dispute_ref, d.id)).round)
-        if not r.settled:
-            job = await rt.chain(c.market.get_job, d.job_id)
-            if job.open_disputes == 0 and await rt.chain(c.timestamp) > job.window_end:
-                await rt.transact_ok(c.market.finalize, d.job_id,
-                                     benign=FINALIZE_BENIGN)
-            return False
-        log.info("round_settled", dispute=d.id, job=d.job_id, paid_us=r.first_winner == d.id)
-        return True
+        job = await rt.chain(c.market.get_job, d.job_id)
+        if job.open_disputes == 0 and await rt.chain(c.timestamp) > job.window_end:
+            await rt.transact_ok(c.market.finalize, d.job_id, benign=FINALIZE_BENIGN)
 
     async def _choose(self, d: Any) -> None:
         """Walk the round's parts from lo, replaying each from the solver's own state
@@ -369,9 +475,7 @@ class Verifier:
             valid = False
         salt = os.urandom(32)
         with self.state as st:  # salt on disk before the commitment leaves
-            st["disputes"][str(d.id)].update(valid=valid, salt=salt.hex())
+            st.disputes[d.id].valid, st.disputes[d.id].salt = valid, salt.hex()
         await self.rt.transact_ok(self.rt.chain_client.dispute.commit_vote, d.id, valid, salt,
                                   benign=VOTE_BENIGN)
-        with self.state as st:
-            st["disputes"][str(d.id)]["committed"] = True
         log.info("vote_committed", dispute=d.id, step=[d.lo, d.hi], valid=valid)

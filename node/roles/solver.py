@@ -2,11 +2,12 @@
 serve the checkpoints, commit, answer bisection with bitwise-regenerated
 states, finalize and withdraw.
 
-Crash safety: what it works on lives in ``solver.json`` (updated by the event
-handler before the event cursor moves), checkpoints are written atomically and
-training resumes from the last one, and every pass of the loop reconciles with
-the chain, so a SIGKILL at any point costs at most the work since the last
-checkpoint.
+Crash safety: every pass derives each job's phase from the chain and the disk
+(:mod:`node.roles.solver_machine`) and does the one action it calls for, so a
+SIGKILL at any point (a commit mined but not recorded, a lost receipt, a claim
+that landed before its record) costs at most the work since the last
+checkpoint. Event handlers only note job and dispute ids; ``solver.json`` keeps
+what the chain cannot say (the inputs, the published manifest, rejections).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import trio
 
-from node.chain.contracts import JobStatus, Phase, Side
+from node.chain.contracts import Job, JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
 from node.errors import ContractRevert, JobRejected, PeerUnavailable, PolnetError
@@ -27,6 +28,31 @@ from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
+from node.roles.solver_machine import (
+    ACTIVE,
+    Adopt,
+    Decision,
+    Done,
+    DrawJury,
+    Drop,
+    Finalize,
+    HeldJobDisk,
+    HeldJobView,
+    PostMids,
+    Publish,
+    ServedState,
+    SolverDisk,
+    SolverDisputeView,
+    SolverJob,
+    SolverPhase,
+    Timeout,
+    Train,
+    Withdraw,
+    decide_candidate,
+    decide_dispute,
+    decide_job,
+    migrate,
+)
 from node.roles.state import RoleState
 from node.train.budget import machine_memory_mb
 from node.train.probe import probe_job
@@ -47,6 +73,7 @@ PROBE_TIMEOUT_S = 120.0  # a job's trial (child start, build, a few steps) must 
 MAX_CONSIDER_TRIES = 3   # considerations the daemon died in before a job is rejected
 MAX_REJECTED = 10_000    # remembered rejections (each costs its submitter a posted job)
 REASON_CHARS = 300
+TRACE_MANIFEST = "trace.json"  # node.train.trace.MANIFEST_NAME (torch-free here)
 
 
 class Solver:
@@ -64,28 +91,27 @@ class Solver:
         self.max_jobs = max_jobs
         self.memory_mb = memory_mb or machine_memory_mb() // 2
         self.probe_timeout_s = probe_timeout_s
-        # rejected: job id -> why, never considered again; considering: job id -> times
-        # a consideration began and did not finish (the daemon died during it).
-        self.state = RoleState(rt.dir / "solver.json",
-                               {"jobs": {}, "candidates": [], "disputes": [], "served": [],
-                                "rejected": {}, "considering": {}})
+        self.state = RoleState(rt.dir / "solver.json", SolverDisk, migrate)
         self._busy: set[str] = set()  # task keys running now (not persisted)
+        self._settled: set[int] = set()  # jobs derived Done in this process: not re-read
+        self._looked_over = False  # every candidate checked once since the start
         self._contexts: dict[int, Any] = {}
         self._gflops: float | None = None
 
-    # --- events (worker thread; persisted before the cursor moves) ----------------------
+    # --- events (worker thread; only note ids, persisted before the cursor moves) -------
 
     def _on_event(self, ev: ChainEvent) -> None:
         with self.state as st:
             if ev.event in ("JobPosted", "JobReopened"):
                 jid = int(ev.args["jobId"])
-                if jid not in st["candidates"] and str(jid) not in st["rejected"]:
-                    st["candidates"].append(jid)
+                if jid not in st.candidates and jid not in st.rejected:
+                    st.candidates.append(jid)
+                self._settled.discard(jid)
             elif ev.event == "DisputeOpened" and str(ev.args.get("solver", "")).lower() \
                     == self.rt.address.lower():
                 did = int(ev.args["id"])
-                if did not in st["disputes"]:
-                    st["disputes"].append(did)
+                if did not in st.disputes:
+                    st.disputes.append(did)
 
     # --- main loop --------------------------------------------------------------------
 
@@ -94,7 +120,10 @@ class Solver:
         await rt.ensure_registered(SOLVER, rt.settings.stake)
         c = rt.chain_client
         assert c.deployment is not None
-        watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=rt.dir / "solver.cursor",
+        cursor = rt.dir / "solver.cursor"
+        if self.state.fresh:  # no usable state: replay every event, the chain re-derives all
+            cursor.unlink(missing_ok=True)
+        watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
                                start_block=c.deployment.deploy_block)
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
         async with trio.open_nursery() as nursery:
@@ -108,68 +137,138 @@ class Solver:
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
-    async def _tick(self, nursery: trio.Nursery) -> None:
-        c = self.rt.chain_client
-        jobs: dict[str, dict[str, Any]] = self.state.data["jobs"]
-        for key, info in list(jobs.items()):
-            jid = int(key)
-            job = await self.rt.chain(c.market.get_job, jid)
-            mine = job.solver.lower() == self.rt.address.lower() and job.round == info["round"]
-            if info["phase"] in ("training", "committing") and key not in self._busy:
-                if mine and job.status == JobStatus.CLAIMED:
-                    self._busy.add(key)
-                    nursery.start_soon(guarded, "_train_and_commit", self._train_and_commit, jid)
-                elif mine and job.status in (JobStatus.COMMITTED, JobStatus.FINALIZED):
-                    # Our commit landed but the daemon died (or lost the receipt) before
-                    # writing the phase: the chain says committed, so it is.
-                    self._set_phase(jid, "committed")
-                else:
-                    self._set_phase(jid, "lost")
-            elif info["phase"] == "committed":
-                if job.status == JobStatus.FINALIZED:
-                    self._set_phase(jid, "paid")
-                    await self.rt.withdraw_all()
-                elif not mine or job.status != JobStatus.COMMITTED:
-                    self._set_phase(jid, "lost")
-                elif job.open_disputes == 0 and await self.rt.chain(c.timestamp) > job.window_end:
-                    await self.rt.transact_ok(c.market.finalize, jid,
-                                              benign=FINALIZE_BENIGN)
-        # A committed job still needs us (disputes), so it counts until it is paid.
-        active = sum(1 for i in jobs.values()
-                     if i["phase"] in ("training", "committing", "committed"))
-        for jid in list(self.state.data["candidates"]):
-            if active >= self.max_jobs:
-                break
-            if jobs.get(str(jid), {}).get("phase") == "lost":
-                with self.state as st:  # we failed it once; leave it to others
-                    st["candidates"].remove(jid)
+    async def _tick(self, nursery: trio.Nursery) -> list[tuple[str, int, object]]:
+        """One pass: derive every job's and dispute's phase, do what each calls for.
+        Returns what was decided: ("job" | "candidate" | "dispute", id, action)."""
+        taken: list[tuple[str, int, object]] = []
+        withdraw = False
+        for jid in list(self.state.data.jobs):
+            if jid in self._settled:
                 continue
-            if await self._consider(jid):
+            dec = await self._derive(jid)
+            taken.append(("job", jid, dec.action))
+            withdraw |= await self._act(nursery, jid, dec)
+        # A committed job still needs us (disputes), so it counts until it is paid.
+        active = sum(1 for r in self.state.data.jobs.values() if r.phase in ACTIVE)
+        for jid in list(self.state.data.candidates):
+            full = active >= self.max_jobs
+            if full and self._looked_over:
+                break
+            # The first pass looks at every candidate even when full: one the chain gives
+            # us already (claimed before a kill recorded it) is adopted, never left behind.
+            act = await self._candidate(jid, may_claim=not full)
+            taken.append(("candidate", jid, act))
+            if isinstance(act, Adopt):
                 active += 1
-        for did in list(self.state.data["disputes"]):
-            await self._dispute_move(nursery, did)
+        for did in list(self.state.data.disputes):
+            act2 = await self._dispute_move(nursery, did)
+            taken.append(("dispute", did, act2))
+            withdraw |= isinstance(act2, Withdraw)
+        self._looked_over = True
+        if withdraw:
+            await self._withdraw()
+        return taken
 
-    def _set_phase(self, jid: int, phase: str) -> None:
+    async def _withdraw(self) -> None:
+        """The one place credits leave the contracts for this role."""
+        await self.rt.withdraw_all()
+
+    async def _credits(self) -> int:
+        c = self.rt.chain_client
+        return await self.rt.chain(c.market.credits, self.rt.address) + \
+            await self.rt.chain(c.dispute.credits, self.rt.address)
+
+    async def _derive(self, jid: int) -> Decision:
+        """Read the job from the chain, derive its phase and record it."""
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.market.get_job, jid)
+        mine = job.solver.lower() == self.rt.address.lower()
+        rec = self.state.data.jobs[jid]
+        if mine and job.round != rec.round and job.status != JobStatus.OPEN:
+            # The chain's round is the one we hold (e.g. a record from before a reopen).
+            with self.state as st:
+                st.jobs[jid] = rec = SolverJob(round=job.round, spec=rec.spec,
+                                               dataset=rec.dataset)
+        credits = await self._credits() if mine and job.status == JobStatus.FINALIZED else 0
+        committed = mine and job.status == JobStatus.COMMITTED
+        view = HeldJobView(status=job.status, mine=mine, round=job.round,
+                           now=await self.rt.chain(c.timestamp) if committed else 0,
+                           window_end=job.window_end,
+                           open_disputes=job.open_disputes, credits=credits)
+        disk = HeldJobDisk(published=rec.manifest is not None,
+                           has_trace=(self._trace_dir(jid) / TRACE_MANIFEST).is_file(),
+                           busy=str(jid) in self._busy)
+        dec = decide_job(view, disk)
+        self._record_phase(jid, dec.phase)
+        return dec
+
+    async def _act(self, nursery: trio.Nursery, jid: int, dec: Decision) -> bool:
+        """Do ``dec.action`` for job ``jid``; True when credits wait to be withdrawn."""
+        c = self.rt.chain_client
+        act = dec.action
+        if isinstance(act, Train):
+            self._busy.add(str(jid))
+            nursery.start_soon(guarded, "_train_and_commit", self._train_and_commit, jid)
+        elif isinstance(act, Publish):
+            try:
+                manifest_id = await self._publish_trace(jid, self._trace_dir(jid))
+                log.info("trace_republished", job=jid, manifest=manifest_id)
+            except (PolnetError, OSError) as exc:  # one job's files must not stall the pass
+                log.warning("trace_republish_failed", job=jid, error=str(exc))
+        elif isinstance(act, Finalize):
+            await self.rt.transact_ok(c.market.finalize, jid, benign=FINALIZE_BENIGN)
+        elif isinstance(act, Done):
+            self._settled.add(jid)
+        return isinstance(act, Withdraw)
+
+    def _record_phase(self, jid: int, phase: SolverPhase) -> None:
+        if self.state.data.jobs[jid].phase == phase:
+            return
         with self.state as st:
-            st["jobs"][str(jid)]["phase"] = phase
-        log.info("job_phase", job=jid, phase=phase)
-        for name in ("training", "committing", "committed", "paid", "lost"):
-            self.rt.metrics.jobs.labels(name).set(
-                sum(1 for i in self.state.data["jobs"].values() if i["phase"] == name))
+            st.jobs[jid].phase = phase
+        log.info("job_phase", job=jid, phase=phase.value)
+        for p in SolverPhase:
+            self.rt.metrics.jobs.labels(p.value).set(
+                sum(1 for r in self.state.data.jobs.values() if r.phase == p))
+
+    async def _candidate(self, jid: int, may_claim: bool = True) -> object:
+        """A posted or reopened job: adopt it if the chain says it is ours already,
+        else consider it (if ``may_claim``). Returns Adopt when it is on our books."""
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.market.get_job, jid)
+        rec = self.state.data.jobs.get(jid)
+        act = decide_candidate(job.status, job.solver.lower() == self.rt.address.lower(),
+                               lost_before=rec is not None and rec.phase == SolverPhase.LOST)
+        if isinstance(act, Adopt):
+            self._adopt(jid, job, "job_adopted")
+        elif isinstance(act, Drop):
+            self._drop(jid)
+        elif may_claim and await self._consider(jid, job):
+            return Adopt()
+        return act
+
+    def _adopt(self, jid: int, job: Job, event: str) -> None:
+        """Put a job the chain gives us on our books (kept if already there)."""
+        with self.state as st:
+            if jid in st.candidates:
+                st.candidates.remove(jid)
+            st.considering.pop(jid, None)
+            rec = st.jobs.get(jid)
+            if rec is None or rec.round != job.round:
+                st.jobs[jid] = SolverJob(round=job.round, spec=job.spec_hash.hex(),
+                                         dataset=job.dataset_hash.hex())
+        self._settled.discard(jid)
+        log.info(event, job=jid, round=job.round, status=job.status.name.lower())
 
     # --- claiming ----------------------------------------------------------------------
 
-    async def _consider(self, jid: int) -> bool:
+    async def _consider(self, jid: int, job: Job) -> bool:
         """Claim ``jid`` if this solver can finish it in time. Nothing a submitter posts
         can stop the daemon here: its inputs are tried in a child process
         (node.train.probe), and any failure rejects the job for good (persisted)."""
         rt, c = self.rt, self.rt.chain_client
-        job = await rt.chain(c.market.get_job, jid)
-        if job.status != JobStatus.OPEN:
-            self._drop(jid)
-            return False
         with self.state as st:
-            tries = st["considering"][str(jid)] = st["considering"].get(str(jid), 0) + 1
+            tries = st.considering[jid] = st.considering.get(jid, 0) + 1
         if tries > MAX_CONSIDER_TRIES:
             self._reject(jid, f"the solver stopped {tries - 1} times while considering it")
             return False
@@ -204,17 +303,14 @@ class Solver:
         if await rt.chain(c.registry.free_stake, rt.address) < need:
             await rt.chain(c.token.ensure_allowance, c.registry.address, need)
             await rt.chain(c.registry.stake, need)
-        if not await rt.transact_ok(c.market.claim_job, jid, benign=CLAIM_BENIGN):
+        # Benign also when our own claim landed and its receipt was lost: the chain decides.
+        await rt.transact_ok(c.market.claim_job, jid, benign=CLAIM_BENIGN)
+        job = await rt.chain(c.market.get_job, jid)
+        if job.status != JobStatus.CLAIMED or job.solver.lower() != rt.address.lower():
             self._drop(jid)
             return False
-        job = await rt.chain(c.market.get_job, jid)
-        with self.state as st:
-            st["candidates"].remove(jid)
-            st["considering"].pop(str(jid), None)
-            st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
-                                    "spec": job.spec_hash.hex(),
-                                    "dataset": job.dataset_hash.hex()}
-        log.info("job_claimed", job=jid, bond=job.bond, deadline=job.deadline,
+        self._adopt(jid, job, "job_claimed")
+        log.info("job_claim_terms", job=jid, bond=job.bond, deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
                  probe_rss_mb=probe.peak_rss_mb)
         await rt.refresh_stake_metrics()
@@ -223,20 +319,20 @@ class Solver:
     def _drop(self, jid: int) -> None:
         """No longer a candidate (a later JobReopened may bring it back)."""
         with self.state as st:
-            if jid in st["candidates"]:
-                st["candidates"].remove(jid)
-            st["considering"].pop(str(jid), None)
+            if jid in st.candidates:
+                st.candidates.remove(jid)
+            st.considering.pop(jid, None)
 
     def _reject(self, jid: int, reason: str, event: str = "job_rejected") -> None:
         """Never consider ``jid`` again, even after a restart or a JobReopened."""
         reason = reason[:REASON_CHARS]
         with self.state as st:
-            if jid in st["candidates"]:
-                st["candidates"].remove(jid)
-            st["considering"].pop(str(jid), None)
-            st["rejected"][str(jid)] = reason
-            while len(st["rejected"]) > MAX_REJECTED:  # oldest first
-                del st["rejected"][next(iter(st["rejected"]))]
+            if jid in st.candidates:
+                st.candidates.remove(jid)
+            st.considering.pop(jid, None)
+            st.rejected[jid] = reason
+            while len(st.rejected) > MAX_REJECTED:  # oldest first
+                del st.rejected[next(iter(st.rejected))]
         log.warning(event, job=jid, reason=reason)
 
     async def _machine_gflops(self) -> float:
@@ -248,16 +344,16 @@ class Solver:
     # --- training and commit -------------------------------------------------------------
 
     def _trace_dir(self, jid: int) -> Path:
-        info = self.state.data["jobs"][str(jid)]
-        return self.rt.dir / "jobs" / f"{jid}-r{info['round']}" / "trace"
+        rec = self.state.data.jobs[jid]
+        return self.rt.dir / "jobs" / f"{jid}-r{rec.round}" / "trace"
 
     async def _context(self, jid: int) -> Any:
         from node.train.step import TrainContext  # noqa: PLC0415
 
         if jid not in self._contexts:
-            info = self.state.data["jobs"][str(jid)]
-            spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(info["spec"]),
-                                                   bytes.fromhex(info["dataset"]))
+            rec = self.state.data.jobs[jid]
+            spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(rec.spec),
+                                                   bytes.fromhex(rec.dataset))
             self._contexts[jid] = TrainContext.create(spec, dataset,
                                                       threads=self.rt.settings.threads)
         return self._contexts[jid]
@@ -281,7 +377,6 @@ class Solver:
 
             manifest = await trio.to_thread.run_sync(
                 lambda: run_training(ctx, out, jid, self.behavior, progress))
-            self._set_phase(jid, "committing")
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
             leaves, tree = build_trace_tree(jid, manifest.k,
@@ -292,13 +387,9 @@ class Solver:
             # Benign: our commit already landed (a lost receipt, a restart after it mined).
             await rt.transact_ok(c.market.commit_trace, jid, leaves, tree,
                                  benign=COMMIT_BENIGN)
-            job = await rt.chain(c.market.get_job, jid)
-            if job.status == JobStatus.COMMITTED and job.solver.lower() == rt.address.lower():
-                self._set_phase(jid, "committed")
-                log.info("result_committed", job=jid, root=manifest.root,
-                         window_end=job.window_end)
-            else:
-                self._set_phase(jid, "lost")
+            dec = await self._derive(jid)  # what the chain now says, not what we sent
+            log.info("result_committed" if dec.phase == SolverPhase.COMMITTED
+                     else "commit_not_ours", job=jid, root=manifest.root, phase=dec.phase.value)
         except ContractRevert as exc:
             log.warning("commit_failed", job=jid, error=str(exc))
         except Exception as exc:  # the daemon outlives one job; the next tick retries it
@@ -317,9 +408,9 @@ class Solver:
                 raise PolnetError(f"checkpoint {entry.file} changed on disk since training")
         manifest_id = await self.rt.p2p.publish_file(out / MANIFEST_NAME)
         with self.state as st:
-            st["jobs"][str(jid)]["manifest"] = manifest_id
-            st["jobs"][str(jid)]["root"] = manifest.root
-            st["jobs"][str(jid)]["final"] = manifest.final_state_hash
+            rec = st.jobs[jid]
+            rec.manifest, rec.root, rec.final = (manifest_id, manifest.root,
+                                                 manifest.final_state_hash)
         return manifest_id
 
     async def _announcer(self) -> None:
@@ -329,45 +420,43 @@ class Solver:
             await trio.sleep(ANNOUNCE_EVERY_S)
 
     async def _announce_once(self) -> None:
-        for key, info in list(self.state.data["jobs"].items()):
-            if info["phase"] in ("committing", "committed") and "manifest" in info:
+        live: set[int] = set()
+        for jid, rec in list(self.state.data.jobs.items()):
+            if rec.phase in (SolverPhase.TRAINING, SolverPhase.COMMITTING,
+                             SolverPhase.COMMITTED) and rec.manifest and rec.root and rec.final:
+                live.add(jid)
                 await self.rt.p2p.announce("result_committed", ResultCommitted(
-                    job_id=int(key), trace_root="0x" + info["root"],
-                    final_state_hash="0x" + info["final"],
-                    artifact_ids=[info["manifest"]]))
-        live = {int(k) for k, i in self.state.data["jobs"].items()
-                if i["phase"] in ("committing", "committed")}
-        for s in list(self.state.data["served"]):
-            if s["job_id"] in live:  # states of settled jobs need no more gossip
-                await self.rt.p2p.announce("state_served", StateServed(**s))
+                    job_id=jid, trace_root="0x" + rec.root,
+                    final_state_hash="0x" + rec.final, artifact_ids=[rec.manifest]))
+        for s in list(self.state.data.served):
+            if s.job_id in live:  # states of settled jobs need no more gossip
+                await self.rt.p2p.announce("state_served", StateServed(**s.model_dump()))
         self.rt.metrics.bytes_served.set(self.rt.p2p.server.served_bytes)
 
     # --- disputes ---------------------------------------------------------------------
 
-    async def _dispute_move(self, nursery: trio.Nursery, did: int) -> None:
+    async def _dispute_move(self, nursery: trio.Nursery, did: int) -> object:
         c = self.rt.chain_client
         d = await self.rt.chain(c.dispute.get_dispute, did)
-        if d.phase == Phase.RESOLVED:
+        view = SolverDisputeView(
+            phase=d.phase, turn=d.turn, challenger_clock_left=d.challenger_clock_left,
+            mid_steps=tuple(d.mid_steps), draw_block=d.draw_block,
+            block=await self.rt.chain(c.block_number) if d.phase == Phase.DRAWING else 0,
+            credits=await self._credits() if d.phase == Phase.RESOLVED else 0)
+        act = decide_dispute(view, busy=f"d{did}" in self._busy)
+        if isinstance(act, Done):
             with self.state as st:
-                st["disputes"].remove(did)
+                st.disputes.remove(did)
             log.info("dispute_over", dispute=did, verdict=d.verdict.name)
-            await self.rt.withdraw_all()
-            return
-        if d.phase == Phase.DRAWING:
-            # Anyone may draw; the seed is fixed, so whoever sends it gets the same jury.
-            if await self.rt.chain(c.block_number) > d.draw_block:
-                await self.rt.transact_ok(c.dispute.draw_jury, did,
-                                          benign=DRAW_BENIGN)
-            return
-        key = f"d{did}"
-        if d.phase == Phase.BISECTION and d.turn == Side.SOLVER and key not in self._busy:
-            self._busy.add(key)
+        elif isinstance(act, DrawJury):
+            await self.rt.transact_ok(c.dispute.draw_jury, did, benign=DRAW_BENIGN)
+        elif isinstance(act, PostMids):
+            self._busy.add(f"d{did}")
             nursery.start_soon(guarded, "_post_mids", self._post_mids, did, d.job_id,
-                               d.mid_steps)
-        elif d.phase == Phase.BISECTION and d.turn == Side.CHALLENGER \
-                and d.challenger_clock_left == 0:
-            await self.rt.transact_ok(c.dispute.timeout, did,
-                                      benign=TIMEOUT_BENIGN)
+                               list(act.steps))
+        elif isinstance(act, Timeout):
+            await self.rt.transact_ok(c.dispute.timeout, did, benign=TIMEOUT_BENIGN)
+        return act
 
     async def serve_state(self, jid: int, step: int, tensors: Any) -> str:
         """Store a regenerated state as a checkpoint artifact and announce it."""
@@ -379,10 +468,10 @@ class Solver:
         await trio.to_thread.run_sync(write_state_file, path, tensors, jid, step)
         aid = await self.rt.p2p.publish_file(path)
         served = StateServed(job_id=jid, step=step, state_hash="0x" + h.hex(), artifact_id=aid)
-        entry = served.model_dump()
+        entry = ServedState(**served.model_dump())
         with self.state as st:
-            if entry not in st["served"]:
-                st["served"].append(entry)
+            if entry not in st.served:
+                st.served.append(entry)
         await self.rt.p2p.announce("state_served", served)
         return "0x" + h.hex()
 

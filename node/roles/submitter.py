@@ -1,5 +1,9 @@
 """Submitter actions: post a job (spec + dataset served from our own store),
-report on jobs, cancel, and fetch the trained model once final."""
+report on jobs, cancel, and fetch the trained model once final.
+
+What it posted is kept in ``submitter.json``; serving until final is driven by
+:func:`node.roles.submitter_machine.decide` over the chain's status each pass.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,15 @@ from node.errors import ConfigError, IntegrityError, SpecError
 from node.logs import get_logger
 from node.p2p.announce import JobPosted
 from node.roles.runtime import Runtime
+from node.roles.state import RoleState
+from node.roles.submitter_machine import (
+    Done,
+    FetchModel,
+    SubmittedJob,
+    SubmitterDisk,
+    Withdraw,
+    decide,
+)
 from node.spec import JobSpec, load_spec
 
 log = get_logger("polnet.submitter")
@@ -79,6 +92,8 @@ async def post(rt: Runtime, req: JobRequest) -> int:
                      solve_duration=req.solve_duration, total_steps=spec.total_steps,
                      steps_per_segment=spec.checkpoint_interval, init_state_hash=init_hash)
     job_id = await rt.chain(c.market.post_job, terms)
+    with submitter_state(rt) as st:
+        st.jobs[job_id] = SubmittedJob(spec=spec_id, dataset=ds_id)
     await rt.p2p.announce("job_posted", JobPosted(job_id=job_id,
                                                   spec_hash="0x" + spec_id, dataset_id=ds_id,
                                                   spec_id=spec_id))
@@ -86,15 +101,37 @@ async def post(rt: Runtime, req: JobRequest) -> int:
     return job_id
 
 
+def submitter_state(rt: Runtime) -> RoleState[SubmitterDisk]:
+    return RoleState(rt.dir / "submitter.json", SubmitterDisk)
+
+
 async def serve_until_final(rt: Runtime, job_ids: list[int], timeout: float | None) -> None:
-    """Keep serving the inputs until every job is finalized or cancelled."""
+    """Keep serving the inputs until every job is finalized or cancelled, fetching a
+    model asked for and withdrawing what the settlements credited us."""
     deadline = None if timeout is None else time.monotonic() + timeout
     c = rt.chain_client
-    while deadline is None or time.monotonic() < deadline:
-        states = [(await rt.chain(c.market.get_job, j)).status for j in job_ids]
-        if all(s in (JobStatus.FINALIZED, JobStatus.CANCELLED) for s in states):
-            return
-        await trio.sleep(1.0)
+    state = submitter_state(rt)
+    left = list(job_ids)
+    while left and (deadline is None or time.monotonic() < deadline):
+        withdraw = False
+        for jid in list(left):
+            status = (await rt.chain(c.market.get_job, jid)).status
+            rec = state.data.jobs.get(jid)
+            fetch_to = rec.fetch_to if rec is not None else None
+            credits = 0
+            if status in (JobStatus.FINALIZED, JobStatus.CANCELLED):
+                credits = await rt.chain(c.market.credits, rt.address)
+            dec = decide(status, credits, fetch_to,
+                         fetched=fetch_to is not None and Path(fetch_to).is_file())
+            if isinstance(dec.action, FetchModel):
+                await fetch_model(rt, jid, Path(dec.action.out))
+            withdraw |= isinstance(dec.action, Withdraw)
+            if isinstance(dec.action, Done):
+                left.remove(jid)
+        if withdraw:
+            await rt.withdraw_all()
+        if left:
+            await trio.sleep(1.0)
 
 
 def job_report(c: ChainClient, job_id: int) -> dict[str, Any]:
@@ -138,6 +175,10 @@ async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0) -
     from node.train.models import save_model  # noqa: PLC0415
     from verifier.evidence import Evidence  # noqa: PLC0415
 
+    with submitter_state(rt) as st:  # a pending fetch: a restart finds it on disk
+        rec = st.jobs.get(job_id)
+        if rec is not None:
+            rec.fetch_to = str(out)
     job = await rt.chain(rt.chain_client.market.get_job, job_id)
     if job.status != JobStatus.FINALIZED:
         raise ConfigError(f"job {job_id} is {job.status.name.lower()}, not finalized: "
