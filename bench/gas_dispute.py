@@ -44,7 +44,7 @@ from eth_utils import keccak  # noqa: E402
 from devnet.anvil import AnvilProcess, dev_accounts, start_anvil  # noqa: E402
 from devnet.deploy import deploy_all  # noqa: E402
 from devnet.params import TOKEN, DevnetParams  # noqa: E402
-from devnet.testing import LocalChain, fake_trace, job_terms  # noqa: E402
+from devnet.testing import LocalChain, fake_trace, job_terms, set_balance  # noqa: E402
 from node.chain.contracts import SOLVER, VERIFIER, Phase  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 
@@ -92,8 +92,7 @@ def measure_dispute_gas(k: int = 64, jurors: int = 3, solver_wins: bool = False,
         accts = dev_accounts(n_accounts)
         w3 = make_web3(node.url)
         for a in accts:  # a shared anvil may fund fewer accounts with ether
-            w3.provider.make_request("anvil_setBalance",  # type: ignore[arg-type]
-                                     [a.address, hex(10**24)])
+            set_balance(w3, a.address, 10**24)
         dep = deploy_all(w3, accts[0], params, fund=accts, rpc_url=node.url)
         return _play(LocalChain(node, dep), k, jurors, solver_wins)
     finally:

@@ -86,7 +86,8 @@ def rpc_ready(url: str, timeout: float = 0.5) -> bool:
 
 @dataclass
 class AnvilProcess:
-    """A running anvil. ``proc`` is set when this process started it."""
+    """A running local EVM node (anvil, or Hardhat: devnet/hardhat.py). ``proc`` is set
+    when this process started it."""
 
     port: int
     pid: int
@@ -167,15 +168,22 @@ def start_anvil(port: int | None = None, *, accounts: int = 10, block_time: floa
     if dump_state:
         args += ["--dump-state", str(dump_state)]
     args += list(extra_args)
+    return spawn_chain(args, port, "anvil", log_path=log_path, detach=detach, timeout=timeout)
+
+
+def spawn_chain(args: list[str], port: int, what: str, *, env: dict[str, str] | None = None,
+                log_path: Path | None = None, detach: bool = False,
+                timeout: float = 30.0) -> AnvilProcess:
+    """Start a local EVM node (anvil, Hardhat) and wait until it answers JSON-RPC."""
     out: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        # anvil prints the dev accounts' private keys: owner-only from the first byte.
+        # the node prints the dev accounts' private keys: owner-only from the first byte.
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)  # a log left by an older version may be world-readable
         out = os.fdopen(fd, "ab")
     try:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=detach)
     finally:
         if not isinstance(out, int):
@@ -184,13 +192,13 @@ def start_anvil(port: int | None = None, *, accounts: int = 10, block_time: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise DevnetError(f"anvil exited with code {proc.returncode} at start"
+            raise DevnetError(f"{what} exited with code {proc.returncode} at start"
                               + _log_tail(log_path))
         if rpc_ready(node.url):
             return node
         time.sleep(0.05)
     node.stop()
-    raise DevnetError(f"anvil did not answer on {node.url} within {timeout:.0f} s"
+    raise DevnetError(f"{what} did not answer on {node.url} within {timeout:.0f} s"
                       + _log_tail(log_path))
 
 

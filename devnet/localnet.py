@@ -43,6 +43,7 @@ class LocalNet:
     params: DevnetParams = field(default_factory=DevnetParams)
     block_time: float = 1.0
     accounts: int = 10
+    evm: str = "anvil"  # or "hardhat": the same network on a second EVM implementation
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     deployment: Deployment | None = None
     chain: ChainClient | None = None
@@ -59,7 +60,7 @@ class LocalNet:
         (self.home / "logs").mkdir(parents=True)
         self.deployment = manager.start(port=free_port(), accounts=self.accounts,
                                         block_time=self.block_time, params=self.params,
-                                        home=self.home)
+                                        home=self.home, evm=self.evm)
         self.chain = ChainClient.from_deployment(self.deployment, None)
         self._watcher = EventWatcher(self.chain.w3, [self.chain.market, self.chain.dispute,
                                                      self.chain.registry],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from devnet.anvil import AnvilProcess, dev_accounts, pid_alive, port_in_use, start_anvil
 from devnet.deploy import deploy_all
+from devnet.hardhat import start_hardhat
 from devnet.params import DevnetParams
 from node.chain.deployment import Deployment, polnet_home
 from node.chain.rpc import make_web3
@@ -38,9 +39,16 @@ def running(home: Path | None = None) -> AnvilProcess | None:
                         log_path=devnet_dir(home) / "anvil.log")
 
 
+EVMS = ("anvil", "hardhat")
+
+
 def start(port: int = DEFAULT_PORT, accounts: int = 10, block_time: float | None = None,
-          params: DevnetParams | None = None, home: Path | None = None) -> Deployment:
-    """Start anvil in the background, deploy everything, write the deployment file."""
+          params: DevnetParams | None = None, home: Path | None = None,
+          evm: str = "anvil") -> Deployment:
+    """Start a local chain in the background (anvil, or a Hardhat Network node with
+    ``evm="hardhat"``), deploy everything, write the deployment file."""
+    if evm not in EVMS:
+        raise DevnetError(f"unknown EVM {evm!r}: use one of {', '.join(EVMS)}")
     existing = running(home)
     if existing is not None:
         raise DevnetError(f"the devnet is already running (pid {existing.pid}, "
@@ -53,8 +61,9 @@ def start(port: int = DEFAULT_PORT, accounts: int = 10, block_time: float | None
     d.mkdir(parents=True, exist_ok=True)
     log_path = d / "anvil.log"
     log_path.unlink(missing_ok=True)  # a fresh log per run, created 0600 by start_anvil
-    node = start_anvil(port, accounts=accounts, block_time=block_time, log_path=log_path,
-                       detach=True)
+    start_node = start_hardhat if evm == "hardhat" else start_anvil
+    node = start_node(port, accounts=accounts, block_time=block_time, log_path=log_path,
+                      detach=True)
     _pid_file(home).write_text(json.dumps({"pid": node.pid, "port": node.port}))
     try:
         accts = dev_accounts(accounts)

@@ -10,6 +10,7 @@ field the contracts do not know is an error rather than silently dropped.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -165,3 +166,26 @@ def short_network_params() -> DevnetParams:
         "dispute": {"clock": 60, "commit_window": 25, "reveal_window": 20, "fanout": 8,
                     "quorum": 1},
         "registry": {"unbond_delay": 3600}})
+
+
+def load_params(path: Path | None) -> DevnetParams:
+    """Contract parameters from a TOML file ([registry], [market], [dispute]); the
+    devnet's defaults for what it leaves out, or for no file at all."""
+    import tomllib
+
+    from pydantic import ValidationError
+
+    if path is None:
+        return DevnetParams()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"parameter file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not TOML: {exc}") from None
+    try:
+        return DevnetParams.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{path}: {where}: {first['msg']}") from None

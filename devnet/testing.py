@@ -24,6 +24,7 @@ from web3 import Web3
 
 from devnet.anvil import AnvilProcess, dev_accounts
 from devnet.deploy import CONTRACTS, deploy_all
+from devnet.hardhat import kind as evm_kind
 from devnet.params import DevnetParams
 from node.chain.artifacts import artifacts_dir
 from node.chain.client import ChainClient
@@ -71,6 +72,14 @@ def fake_trace(job_id: int, segments: int = 12, k: int = 5, tag: str = "state",
     return build_trace_tree(job_id, k, states, [1_000_000 + i for i in range(segments)])
 
 
+def set_balance(w3: Web3, address: str, wei: int) -> None:
+    """``anvil_setBalance`` / ``hardhat_setBalance``, whichever the node speaks."""
+    resp = w3.provider.make_request(f"{evm_kind(w3)}_setBalance",  # type: ignore[arg-type]
+                                    [address, hex(wei)])
+    if "error" in resp:
+        raise ChainError(f"setBalance failed: {resp['error']}")
+
+
 class LocalChain:
     """A deployment on a local anvil, with one ChainClient per dev account.
 
@@ -88,6 +97,7 @@ class LocalChain:
         self.clients = [ChainClient(self.url, a, deployment, w3=self.w3)
                         for a in self.accounts]
         self.reader = ChainClient(self.url, None, deployment, w3=self.w3)
+        self.kind = evm_kind(self.w3)  # 'anvil' or 'hardhat': their dev RPCs differ
 
     def __getitem__(self, i: int) -> ChainClient:
         return self.clients[i]
@@ -114,7 +124,15 @@ class LocalChain:
             c.sender.resync_nonce()
 
     def mine(self, blocks: int = 1) -> None:
-        self.rpc("anvil_mine", hex(blocks))
+        """``blocks`` blocks, the clock unmoved (anvil's default; Hardhat would add 1 s each)."""
+        if self.kind == "hardhat":
+            self.rpc("hardhat_mine", hex(blocks), "0x0")
+        else:
+            self.rpc("anvil_mine", hex(blocks))
+
+    def set_balance(self, address: str, wei: int) -> None:
+        """Ether for gas (the node funds only its first accounts)."""
+        set_balance(self.w3, address, wei)
 
     def advance(self, seconds: int, blocks: int = 1) -> None:
         """Move the clock ``seconds`` forward and mine ``blocks`` blocks."""

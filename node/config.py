@@ -19,7 +19,15 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -33,6 +41,25 @@ from node.p2p.config import P2PSettings
 
 def default_home() -> Path:
     return Path(os.environ.get("POLNET_HOME", Path.home() / ".polnet")).expanduser()
+
+
+class NetworkProfile(BaseModel):
+    """A named EVM chain: ``[networks.NAME]`` in TOML, picked with ``--network NAME``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpc_url: str = Field(pattern=r"^(https?|wss?)://", description="JSON-RPC URL.")
+    chain_id: int = Field(ge=1, description="Refuse a node that answers with another one.")
+    deployment: Path = Field(description="Where `polnet deploy` writes the addresses and "
+                                         "every command reads them.")
+    confirmations: int = Field(0, ge=0, le=128,
+                               description="Blocks to stay behind the head when reading "
+                                           "events (0 on a devnet; more where chains reorg).")
+
+    @field_validator("deployment", mode="after")
+    @classmethod
+    def _expand(cls, v: Path) -> Path:
+        return v.expanduser()
 
 
 class NodeSettings(BaseSettings):
@@ -59,6 +86,36 @@ class NodeSettings(BaseSettings):
     stake: int = Field(1000 * 10**18, ge=0, description="Stake to keep bonded (token wei).")
     poll_interval: float = Field(0.5, gt=0, le=60, description="Chain polling period (s).")
     p2p: P2PSettings = Field(default_factory=P2PSettings, description="libp2p: [p2p] section.")
+    networks: dict[str, NetworkProfile] = Field(
+        default_factory=dict, description="Named chains: [networks.NAME] sections.")
+    network: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                                description="Use [networks.NAME]: its RPC URL, chain id, "
+                                            "deployment file and confirmations.")
+    confirmations: int = Field(0, ge=0, le=128, description="Blocks behind the head for events.")
+
+    @model_validator(mode="after")
+    def _apply_network(self) -> NodeSettings:
+        # A profile fills what was not given explicitly; an explicit flag still wins.
+        if self.network is None:
+            return self
+        prof = self.networks.get(self.network)
+        if prof is None:
+            known = ", ".join(sorted(self.networks)) or "none"
+            raise ValueError(f"unknown network {self.network!r} (configured: {known}): add a "
+                             f"[networks.{self.network}] section with rpc_url, chain_id and "
+                             "deployment to your --config file")
+        if self.rpc_url is None:
+            self.rpc_url = prof.rpc_url
+        if self.deployment is None:
+            self.deployment = prof.deployment
+        if "confirmations" not in self.model_fields_set:
+            self.confirmations = prof.confirmations
+        return self
+
+    @property
+    def expected_chain_id(self) -> int | None:
+        """The chain id the selected network profile promises (None: no profile)."""
+        return self.networks[self.network].chain_id if self.network else None
 
     @field_validator("home", "deployment", "keystore", mode="after")
     @classmethod

@@ -11,12 +11,14 @@ runs inside an anvil snapshot that is reverted afterwards.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from devnet.anvil import AnvilProcess, dev_accounts, start_anvil
 from devnet.deploy import deploy_all
+from devnet.hardhat import start_hardhat
 from devnet.params import DevnetParams
 from devnet.testing import LocalChain, artifacts_missing, own_deployment
 from node.chain.deployment import Deployment
@@ -33,8 +35,14 @@ def _skip_without_artifacts() -> None:
 
 @pytest.fixture(scope="session")
 def anvil(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AnvilProcess]:
+    """The session's chain: anvil, or a Hardhat Network node with ``POLNET_EVM=hardhat``
+    (tests/test_second_evm.py runs the contract tests that way)."""
     log = tmp_path_factory.mktemp("anvil") / "anvil.log"  # kept by pytest for post-mortems
-    node = start_anvil(accounts=N_ACCOUNTS, log_path=log)
+    evm = os.environ.get("POLNET_EVM", "anvil")
+    if evm not in ("anvil", "hardhat"):
+        raise pytest.UsageError(f"POLNET_EVM={evm!r}: use anvil (default) or hardhat")
+    node = start_hardhat(accounts=N_ACCOUNTS, log_path=log) if evm == "hardhat" else \
+        start_anvil(accounts=N_ACCOUNTS, log_path=log)
     try:
         yield node
     finally:

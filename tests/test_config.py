@@ -9,6 +9,7 @@ import pytest
 from eth_account import Account
 from eth_typing import HexStr
 
+from devnet.testing import LocalChain
 from node.config import load_config
 from node.errors import ConfigError, PolnetError
 
@@ -124,3 +125,37 @@ def test_p2p_settings_reach_the_node_the_daemons_build(tmp_path: Path,
     assert node.server.limits.max_streams_total == 8 and node.banned.ban_s == 5.0
     assert node.store.root == tmp_path / "nodes" / "v1" / "p2p" / "store"
     assert (tmp_path / "nodes" / "v1" / "p2p" / "p2p.key").exists()
+
+
+def test_network_profile_fills_rpc_deployment_and_confirmations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "net.toml"
+    cfg.write_text('[networks.l2]\nrpc_url = "http://127.0.0.1:9999"\nchain_id = 10\n'
+                   'deployment = "~/l2.json"\nconfirmations = 3\n'
+                   '[networks.other]\nrpc_url = "http://127.0.0.1:1"\nchain_id = 1\n'
+                   'deployment = "o.json"\n')
+    s = load_config(cfg, network="l2")
+    assert (s.rpc_url, s.deployment_path, s.confirmations, s.expected_chain_id) == (
+        "http://127.0.0.1:9999", Path("~/l2.json").expanduser(), 3, 10)
+    # an explicit value still wins over the profile's
+    s = load_config(cfg, network="l2", rpc_url="http://127.0.0.1:8000", confirmations=0)
+    assert (s.rpc_url, s.confirmations) == ("http://127.0.0.1:8000", 0)
+    monkeypatch.setenv("POLNET_NETWORK", "other")  # what `polnet --network other` sets
+    assert load_config(cfg).rpc_url == "http://127.0.0.1:1"
+    with pytest.raises(ConfigError, match=r"unknown network 'nope' \(configured: l2, other\)"):
+        load_config(cfg, network="nope")
+    monkeypatch.delenv("POLNET_NETWORK")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[networks.x]\nrpc_url = "ftp://x"\nchain_id = 1\ndeployment = "d"\n')
+    with pytest.raises(ConfigError, match="networks.x.rpc_url"):
+        load_config(bad)
+    assert load_config(None).network is None and load_config(None).confirmations == 0
+
+
+def test_a_deployment_of_another_chain_is_refused(chain: LocalChain) -> None:
+    from node.chain.client import ChainClient
+
+    wrong = chain.deployment.model_copy(update={"chain_id": 1})
+    with pytest.raises(ConfigError, match=r"is chain 31337, but the deployment file is for "
+                                          r"chain 1"):
+        ChainClient(chain.url, None, wrong)

@@ -31,7 +31,14 @@ from web3.types import TxReceipt
 from devnet.anvil import AnvilProcess, dev_accounts
 from devnet.deploy import CONTRACTS, constructor_args, deploy_all
 from devnet.params import TOKEN, DevnetParams
-from devnet.testing import LocalChain, expect_revert, fake_trace, job_terms, py_sortition
+from devnet.testing import (
+    LocalChain,
+    expect_revert,
+    fake_trace,
+    job_terms,
+    py_sortition,
+    set_balance,
+)
 from node.chain.artifacts import artifacts_dir
 from node.chain.contracts import (
     SOLVER,
@@ -87,8 +94,7 @@ def deploy_game(anvil: AnvilProcess, params: DevnetParams) -> LocalChain:
     accts = dev_accounts(N_ACCOUNTS)
     w3 = make_web3(anvil.url)
     for a in accts:  # the session anvil funds only its first 10 accounts with ether
-        w3.provider.make_request("anvil_setBalance",  # type: ignore[arg-type]
-                                 [a.address, hex(10**24)])
+        set_balance(w3, a.address, 10**24)
     dep = deploy_all(w3, accts[0], params, fund=accts, rpc_url=anvil.url)
     c = LocalChain(anvil, dep)
     c.join(SOLVER_I, SOLVER | VERIFIER, 500 * TOKEN)  # a verifier too: the draws must skip it

@@ -110,7 +110,8 @@ class Verifier:
         if self.state.fresh:  # no usable state: replay every event, the chain re-derives all
             cursor.unlink(missing_ok=True)
         watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
-                               start_block=c.deployment.deploy_block)
+                               start_block=c.deployment.deploy_block,
+                               confirmations=rt.settings.confirmations)
         log.info("verifier_running", address=rt.address, malicious=self.malicious)
         async with trio.open_nursery() as nursery:
             while until is None or time.monotonic() < until:

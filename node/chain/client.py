@@ -48,6 +48,12 @@ class ChainClient:
         self.rpc_url = rpc_url
         self.w3 = w3 or make_web3(rpc_url, timeout=timeout)
         self.chain_id = check_connected(self.w3)
+        if deployment is not None and deployment.chain_id != self.chain_id:
+            # Other contracts, or none, live at these addresses on this chain.
+            raise ConfigError(f"the node at {rpc_url} is chain {self.chain_id}, but the "
+                              f"deployment file is for chain {deployment.chain_id}: point "
+                              "--rpc-url / the network profile at that chain, or use this "
+                              "chain's deployment file (`polnet deploy --network NAME`)")
         self.deployment = deployment
         self.artifacts = artifacts or artifacts_dir()
         self.errors: ErrorTable = load_error_table(self.artifacts)

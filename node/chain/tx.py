@@ -43,6 +43,17 @@ def revert_from(exc: ContractLogicError, errors: ErrorTable) -> ContractRevert:
     return ContractRevert("Reverted", {}, f"contract reverted: {exc.message or exc}")
 
 
+def _mined_revert(exc: Web3RPCError) -> tuple[HexBytes, str] | None:
+    """(tx hash, revert data) when the node says it mined the transaction and it reverted."""
+    resp = exc.rpc_response or {}
+    err = resp.get("error") if isinstance(resp, dict) else None
+    data = err.get("data") if isinstance(err, dict) else None
+    if not isinstance(data, dict) or not isinstance(data.get("txHash"), str):
+        return None
+    raw = data.get("data")
+    return HexBytes(data["txHash"]), raw if isinstance(raw, str) and raw.startswith("0x") else ""
+
+
 class TxSender:
     """Signs and sends transactions for one account. Thread-safe.
 
@@ -102,6 +113,14 @@ class TxSender:
                     log.debug("nonce resync", account=self.address, reason=exc.message)
                     self.resync_nonce()
                     continue
+                mined = _mined_revert(exc)
+                if mined is not None:
+                    # Hardhat mines a reverting transaction and answers the send with the
+                    # revert: the nonce is spent and the reason is in the answer.
+                    tx_hash, data = mined
+                    self.resync_nonce()
+                    raise (self.errors.decode(data) if data else self._reason_for_failed(
+                        self.w3.eth.get_transaction_receipt(tx_hash), tx)) from None
                 raise TransactionFailed(f"transaction rejected by the node: {exc.message}") \
                     from None
         raise AssertionError("unreachable")

@@ -17,11 +17,15 @@ def register(app: typer.Typer) -> None:
         block_time: float | None = typer.Option(None, "--block-time",
                                                 help="Seconds per block (default: mine "
                                                      "on every transaction)."),
+        evm: str = typer.Option("anvil", "--evm",
+                                help="Local chain: anvil, or hardhat (a second, independent "
+                                     "EVM implementation)."),
     ) -> None:
-        """Start anvil in the background, deploy the contracts, fund the dev accounts."""
+        """Start a local chain (anvil by default) in the background, deploy the contracts,
+        fund the dev accounts."""
         import devnet  # noqa: PLC0415 - keep `polnet --help` fast
 
-        dep = devnet.start(port=port, accounts=accounts, block_time=block_time)
+        dep = devnet.start(port=port, accounts=accounts, block_time=block_time, evm=evm)
         typer.echo(f"devnet up at {dep.rpc_url} (chain id {dep.chain_id})")
         for name, addr in dep.contracts.items():
             typer.echo(f"  {name:<13} {addr}")

@@ -36,7 +36,7 @@ app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich",
                   pretty_exceptions_show_locals=False)
 
 _AREAS = ["devnet", "train", "dataset", "verifier", "verifier_daemon", "p2p", "artifact", "job",
-          "solver", "dispute", "demo", "explorer"]
+          "solver", "dispute", "demo", "explorer", "network"]
 
 
 @app.callback()
@@ -46,8 +46,17 @@ def _root(
     p2p_log_level: str | None = typer.Option(
         None, "--p2p-log-level",
         help="libp2p's own logs (default: WARNING; DEBUG with --log-level DEBUG)."),
+    network: str | None = typer.Option(
+        None, "--network",
+        help="Use the chain of profile [networks.NAME] from --config (RPC URL, chain id, "
+             "deployment file): `polnet --network NAME solver run --config FILE`."),
 ) -> None:
+    import os  # noqa: PLC0415
+
     from node.errors import ConfigError  # noqa: PLC0415
+
+    if network is not None:  # read by every command's settings, like POLNET_NETWORK
+        os.environ["POLNET_NETWORK"] = network
 
     try:
         logs.configure(json=log_json, level=log_level, p2p_level=p2p_log_level)

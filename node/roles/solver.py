@@ -124,7 +124,8 @@ class Solver:
         if self.state.fresh:  # no usable state: replay every event, the chain re-derives all
             cursor.unlink(missing_ok=True)
         watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
-                               start_block=c.deployment.deploy_block)
+                               start_block=c.deployment.deploy_block,
+                               confirmations=rt.settings.confirmations)
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._announcer)
