@@ -410,6 +410,15 @@ class DisputeState:
         """lo, the mid steps, hi: part j of this round is [points[j], points[j + 1]]."""
         return [self.lo, *self.mid_steps, self.hi]
 
+    @property
+    def next_move(self) -> str:
+        """Who acts now, in words (``turn`` only means something while bisecting)."""
+        if self.phase == Phase.BISECTION:
+            return f"{self.turn.name.lower()} (bisection)"
+        return {Phase.DRAWING: "anyone: drawJury once the seed block is mined",
+                Phase.COMMIT: "jurors: commit votes", Phase.REVEAL: "jurors: reveal votes",
+                Phase.RESOLVED: "nobody: resolved"}.get(self.phase, "-")
+
 
 def mids_root(hashes: list[bytes]) -> bytes:
     """``keccak256(abi.encodePacked(hashes))``: what ``postMids`` stores."""

@@ -38,7 +38,7 @@ def status(
     data = {"id": d.id, "job": d.job_id, "segment": d.segment, "phase": d.phase.name.lower(),
             "range": [d.lo, d.hi], "steps": [d.start_step, d.end_step], "rounds": d.rounds,
             "mid_steps": d.mid_steps,
-            "turn": d.turn.name.lower(), "solver": d.solver, "challenger": d.challenger,
+            "turn": d.next_move, "solver": d.solver, "challenger": d.challenger,
             "solver_clock_left": d.solver_clock_left,
             "challenger_clock_left": d.challenger_clock_left, "jury": d.jury,
             "votes": [{"juror": j, "committed": v.commitment != bytes(32),
@@ -48,6 +48,14 @@ def status(
             "verdict": d.verdict.name.lower() if d.phase.name == "RESOLVED" else None,
             "draw_block": d.draw_block if d.phase.name == "DRAWING" else None,
             "solver_won": d.solver_won if d.phase.name == "RESOLVED" else None}
+    if d.jury:
+        p = c.dispute.call("params")
+        size, quorum = int(p.jurySize), int(p.quorum)
+        if len(d.jury) < size:  # say why, or it reads like a bug
+            data["jury_note"] = (f"{len(d.jury)} of {size} seats filled: too few eligible "
+                                 "verifiers (free stake >= the minimum, unchanged since the "
+                                 "request, not the solver, challenger or an attestor); below "
+                                 f"the quorum of {quorum} the dispute ends Void")
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return

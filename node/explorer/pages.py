@@ -172,9 +172,7 @@ def dispute_page(snap: Snapshot, did: int) -> str:
     d = snap.disputes[did]
     now = snap.timestamp
     live = d.phase in (Phase.BISECTION, Phase.DRAWING, Phase.COMMIT, Phase.REVEAL)
-    turn = d.turn.name.lower() if d.phase == Phase.BISECTION else \
-        {Phase.DRAWING: "anyone: draw the jury", Phase.COMMIT: "jurors: commit votes",
-         Phase.REVEAL: "jurors: reveal votes"}.get(d.phase, "-")
+    turn = d.next_move
     facts = [
         ("job", f'<a href="/job/{d.job_id}">{d.job_id}</a>'), ("segment", esc(d.segment)),
         ("solver", node_link(d.solver)), ("challenger", node_link(d.challenger)),
