@@ -16,7 +16,7 @@ from node.cli.common import (
     NameOpt,
     settings_from,
 )
-from node.units import TOKEN, wei_to_pol
+from node.units import TOKEN, wei_to_pol, when
 
 app = typer.Typer(help="Submit training jobs and follow them to settlement.",
                   no_args_is_help=True)
@@ -189,15 +189,12 @@ def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool) 
 
 
 def _human(key: str, value: object) -> str:
-    """Amounts in POL and times in UTC for people; --json keeps the raw numbers."""
-    import datetime as dt
-
+    """Amounts in POL, times as local time and "in 42 s", for people; --json keeps the
+    raw numbers."""
     if key in ("reward", "verification_budget", "bond") and isinstance(value, int):
         return f"{wei_to_pol(value)} POL"
     if key in ("deadline", "window_end") and isinstance(value, int):
-        if not value:
-            return "-"
-        return dt.datetime.fromtimestamp(value, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        return when(value)
     return str(value)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from node.chain.contracts import DisputeState, Job, JobStatus, Phase, Verdict, Vote
 from node.explorer.index import LossCurve, NodeRecord, Snapshot
-from node.units import wei_to_pol
+from node.units import wei_to_pol, when
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -35,16 +35,6 @@ def esc(value: object) -> str:
 
 def pol(wei: int) -> str:
     return f"{wei_to_pol(wei)} POL"
-
-
-def when(ts: int, now: int) -> str:
-    """UTC time and how far from the chain's now ("in 42 s", "3 min ago")."""
-    if ts == 0:
-        return "-"
-    d = ts - now
-    span = abs(d)
-    rel = f"{span} s" if span < 120 else f"{span // 60} min" if span < 7200 else f"{span // 3600} h"
-    return f"{_utc(ts)} ({'in ' + rel if d > 0 else rel + ' ago'})"
 
 
 def _utc(ts: int) -> str:

@@ -31,6 +31,7 @@ from node.p2p.announce import Announcement
 from node.p2p.announce_policy import EntitledSenders
 from node.roles import announce_kinds  # noqa: F401 - registers the dispute kinds
 from node.roles.metrics import Metrics
+from node.units import wei_to_pol
 
 SOLVER, VERIFIER = 1, 2
 T = TypeVar("T")
@@ -312,7 +313,7 @@ class Runtime:
         if have < stake:
             await self.chain(c.token.ensure_allowance, c.registry.address, stake - have)
             await self.chain(c.registry.stake, stake - have)
-            log.info("staked", amount=stake - have)
+            log.info("staked", pol=wei_to_pol(stake - have))
         await self.refresh_stake_metrics()
 
     async def refresh_stake_metrics(self) -> None:
@@ -336,7 +337,7 @@ class Runtime:
                     log.info("tx_not_needed", call="withdraw", error=exc.error)
         if total:
             self.metrics.credits_withdrawn.inc(total)
-            log.info("withdrawn", amount=total)
+            log.info("withdrawn", pol=wei_to_pol(total))
         # Withdrawals follow settlements, which also lock and unlock stake: keep the
         # stake gauges true (they kept a paid job's bond as locked).
         await self.refresh_stake_metrics()

@@ -56,6 +56,7 @@ from node.roles.solver_machine import (
 from node.roles.state import RoleState
 from node.train.budget import machine_memory_mb
 from node.train.probe import probe_job
+from node.units import wei_to_pol
 
 log = get_logger("polnet.solver")
 
@@ -311,7 +312,7 @@ class Solver:
             self._drop(jid)
             return False
         self._adopt(jid, job, "job_claimed")
-        log.info("job_claim_terms", job=jid, bond=job.bond, deadline=job.deadline,
+        log.info("job_claim_terms", job=jid, bond_pol=wei_to_pol(job.bond), deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
                  probe_rss_mb=probe.peak_rss_mb)
         await rt.refresh_stake_metrics()

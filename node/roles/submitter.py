@@ -33,6 +33,7 @@ from node.roles.submitter_machine import (
     decide,
 )
 from node.spec import JobSpec, load_spec
+from node.units import wei_to_pol
 
 log = get_logger("polnet.submitter")
 
@@ -97,7 +98,8 @@ async def post(rt: Runtime, req: JobRequest) -> int:
     await rt.p2p.announce("job_posted", JobPosted(job_id=job_id,
                                                   spec_hash="0x" + spec_id, dataset_id=ds_id,
                                                   spec_id=spec_id))
-    log.info("job_posted", job=job_id, spec=spec_id, dataset=ds_id, reward=req.reward)
+    log.info("job_posted", job=job_id, spec=spec_id, dataset=ds_id,
+             reward_pol=wei_to_pol(req.reward))
     return job_id
 
 
