@@ -86,3 +86,14 @@ def test_unknown_job_and_dispute_ids_exit_1(chain: LocalChain, tmp_path: Path) -
         out = run(env, area, "status", "999")
         assert out.returncode == 1 and f"no {area} 999" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_fetch_of_a_job_not_final_says_so_at_once(chain: LocalChain, tmp_path: Path) -> None:
+    env = polnet_env(tmp_path, chain)
+    job = chain[SUBMITTER].post_job(job_terms())
+    out = run(env, "job", "fetch", str(job), "--out", str(tmp_path / "m.safetensors"),
+              "--dev-account", str(SUBMITTER))
+    assert out.returncode == 1 and f"job {job} is open, not finalized" in out.stderr
+    assert not (tmp_path / "nodes").exists()  # it asked the chain: no p2p node, no peer wait
+    missing = run(env, "job", "fetch", "999", "--dev-account", str(SUBMITTER))
+    assert missing.returncode == 1 and "no job 999" in missing.stderr

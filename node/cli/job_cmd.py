@@ -238,11 +238,24 @@ def fetch(
     weights with the job's spec inside, so `node.train.models.load_model(OUT)` rebuilds it."""
     import trio
 
+    from node.chain.contracts import JobStatus
+    from node.errors import ConfigError
     from node.roles.runtime import Runtime
     from node.roles.submitter import fetch_model
 
-    settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
+    # Its own node ("fetch"): a second process with the running submitter's name would
+    # also have its peer id. And the chain says at once whether there is a model yet.
+    settings = settings_from(config, name=name or "fetch", dev_account=dev_account,
                              bootstrap=bootstrap)
+    c = _client(config)
+    count = c.market.job_count()
+    if not 1 <= job_id <= count:
+        raise ConfigError(f"no job {job_id}: the market has {count} job(s)")
+    status = c.market.get_job(job_id).status
+    if status != JobStatus.FINALIZED:
+        raise ConfigError(f"job {job_id} is {status.name.lower()}, not finalized: its model "
+                          f"can be fetched once it is final (`polnet job status {job_id} "
+                          "--watch` follows it)")
 
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
