@@ -43,14 +43,14 @@ GROUPS = {"devnet", "dataset", "job", "dispute", "solver", "verifier", "p2p", "a
 
 
 def _help(path: tuple[str, ...], cache: dict[tuple[str, ...], str]) -> str:
+    # A process of its own: the CLI configures logging globally, in-process it would
+    # leave later tests logging to a closed capture.
     if path not in cache:
-        from typer.testing import CliRunner
-
-        from node.cli.main import app
-
-        res = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
-        assert res.exit_code == 0, f"`polnet {' '.join(path)}` is no command: {res.output}"
-        cache[path] = res.output
+        res = subprocess.run([sys.executable, "-m", "node.cli.main", *path, "--help"],
+                             cwd=REPO, env={**os.environ, "COLUMNS": "200"},
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, f"`polnet {' '.join(path)}` is no command: {res.stderr}"
+        cache[path] = res.stdout
     return cache[path]
 
 

@@ -151,6 +151,8 @@ class PolnetNode:
             raise
         self._stack = stack
         log.info("node_started", peer_id=self.peer_id.to_base58(), addrs=self.addrs)
+        if self.addrs:  # what another node passes to --bootstrap, on a line of its own
+            log.info("bootstrap_with", multiaddr=self.addrs[0])
         return self
 
     async def _cancel_nursery(self) -> None:
