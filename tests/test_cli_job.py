@@ -97,3 +97,17 @@ def test_fetch_of_a_job_not_final_says_so_at_once(chain: LocalChain, tmp_path: P
     assert not (tmp_path / "nodes").exists()  # it asked the chain: no p2p node, no peer wait
     missing = run(env, "job", "fetch", "999", "--dev-account", str(SUBMITTER))
     assert missing.returncode == 1 and "no job 999" in missing.stderr
+
+
+def test_submit_checks_the_balance_before_starting_anything(chain: LocalChain,
+                                                             tmp_path: Path) -> None:
+    env = polnet_env(tmp_path, chain)
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), data)
+    have = chain.reader.token.balance_of(chain.addresses[SUBMITTER])
+    too_much = f"{have // 10**18 + 1}"
+    out = run(env, "job", "submit", str(REPO / "examples" / "mlp_digits.toml"), "--dataset",
+              str(data), "--reward", too_much, "--budget", "0", "--dev-account", str(SUBMITTER))
+    assert out.returncode == 1 and "short by" in out.stderr and "POL" in out.stderr, out.stderr
+    assert "wei" not in out.stderr
+    assert not (tmp_path / "nodes").exists()  # no node started, nothing stored

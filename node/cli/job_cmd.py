@@ -39,11 +39,12 @@ def pol_to_wei(text: str, flag: str) -> int:
     return int(wei)
 
 
-def _client(config: Path | None, dev_account: int | None = None):  # type: ignore[no-untyped-def]
+def _client(config: Path | None, dev_account: int | None = None,  # type: ignore[no-untyped-def]
+            keystore: Path | None = None):
     from node.chain.client import ChainClient
     from node.chain.deployment import Deployment
 
-    s = settings_from(config, dev_account=dev_account)
+    s = settings_from(config, dev_account=dev_account, keystore=keystore)
     key = s.load_private_key() if (s.dev_account is not None or s.private_key or s.keystore) \
         else None
     return ChainClient.from_deployment(Deployment.load(s.deployment_path), key, s.rpc_url)
@@ -83,6 +84,7 @@ def submit(
         return
     settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
                              keystore=keystore, bootstrap=bootstrap)
+    _check_balance(_client(config, dev_account, keystore), req.reward + req.budget)
 
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
@@ -93,6 +95,21 @@ def submit(
                 await serve_until_final(rt, [job_id], None)
 
     trio.run(main)
+
+
+def _check_balance(c: Any, total: int) -> None:
+    """Before any p2p node starts or anything is stored: can this account pay?"""
+    from node.errors import ConfigError
+
+    if c.sender is None:
+        raise ConfigError("no account configured: pass --dev-account N (devnet) or "
+                          "--keystore FILE")
+    balance = c.token.balance_of(c.address)
+    if balance < total:
+        raise ConfigError(f"{c.address} holds {wei_to_pol(balance)} POL, the job escrows "
+                          f"{wei_to_pol(total)} POL (reward + verification budget): short by "
+                          f"{wei_to_pol(total - balance)} POL; fund it or lower "
+                          "--reward/--budget")
 
 
 def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None) -> None:
