@@ -111,3 +111,12 @@ def test_submit_checks_the_balance_before_starting_anything(chain: LocalChain,
     assert out.returncode == 1 and "short by" in out.stderr and "POL" in out.stderr, out.stderr
     assert "wei" not in out.stderr
     assert not (tmp_path / "nodes").exists()  # no node started, nothing stored
+
+
+def test_a_reward_beyond_the_market_bound_is_refused_in_pol(tmp_path: Path) -> None:
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), data)
+    out = run({**os.environ, "POLNET_HOME": str(tmp_path)}, "job", "submit",
+              str(REPO / "examples" / "mlp_digits.toml"), "--dataset", str(data),
+              "--reward", "800000000", "--dev-account", str(SUBMITTER))
+    assert out.returncode == 1 and "at most 792281625.142643375935439503 POL" in out.stderr

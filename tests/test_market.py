@@ -167,6 +167,9 @@ def test_post_job_reverts(chain: LocalChain, roles: Roles) -> None:
     for zero in ({"spec": bytes(32)}, {"data": bytes(32)}, {"init": bytes(32)}):
         assert revert(m.post_job, terms(**zero)).error == "ZeroHash"
     max_reward = (2**96 - 1) // 100
+    from node.roles.submitter import MAX_REWARD
+
+    assert max_reward == MAX_REWARD  # the CLI refuses what the market would (in POL)
     e = revert(m.post_job, terms(reward=max_reward + 1))
     assert (e.error, e.error_args) == ("AmountTooLarge", {"amount": max_reward + 1,
                                                           "max": max_reward})

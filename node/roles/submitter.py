@@ -47,6 +47,11 @@ class JobRequest:
     solve_duration: int
 
 
+# JobMarket's bounds (MAX_AMOUNT = 2^96 - 1; a bond is up to 100 x the reward).
+MAX_AMOUNT = 2**96 - 1
+MAX_REWARD = MAX_AMOUNT // 100
+
+
 def check_request(req: JobRequest) -> JobSpec:
     """Everything that can be checked before any token moves."""
     spec = load_spec(req.spec_path)
@@ -60,6 +65,10 @@ def check_request(req: JobRequest) -> JobSpec:
                         field="dataset_hash")
     if req.reward <= 0:
         raise ConfigError("--reward must be positive")
+    if req.reward > MAX_REWARD or req.budget > MAX_AMOUNT:
+        raise ConfigError(f"the market takes a reward of at most {wei_to_pol(MAX_REWARD)} POL "
+                          f"and a budget of at most {wei_to_pol(MAX_AMOUNT)} POL "
+                          "(JobMarket's bounds): lower --reward/--budget")
     if req.solve_duration < 10:
         raise ConfigError("--solve-duration must be at least 10 seconds")
     return spec
