@@ -200,3 +200,11 @@ def test_served_states_are_written_in_the_current_format(dense: Path, tmp_path: 
     ck = load_checkpoint(dense / checkpoint_name(2 * K))
     h = write_state_file(tmp_path / "s.safetensors", dict(ck.tensors), 5, 2 * K)
     assert load_checkpoint(tmp_path / "s.safetensors", h).meta["format"] == "polnet-checkpoint/2"
+
+
+def test_the_solver_serves_exactly_the_missing_ends_of_needed_segments(sparse: Path) -> None:
+    from node.roles.leafserve import leaves_to_serve  # noqa: PLC0415
+
+    m = read_manifest(sparse)  # kept 0, 4, 8, ...
+    assert leaves_to_serve(m, [3, 5, 19, 99], served=[6]) == [3, 5, 19]
+    assert leaves_to_serve(m, [], served=[]) == []

@@ -26,6 +26,7 @@ from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.jobfiles import fetch_job_inputs
+from node.roles.leafserve import serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.state import RoleState
 from node.train.budget import machine_memory_mb
@@ -126,6 +127,8 @@ class Solver:
                 else:
                     self._set_phase(jid, "lost")
             elif info["phase"] == "committed":
+                if mine and job.status == JobStatus.COMMITTED:  # sparse: sampled leaves
+                    await serve_missing_leaves(self, nursery, jid)
                 if job.status == JobStatus.FINALIZED:
                     self._set_phase(jid, "paid")
                     await self.rt.withdraw_all()
@@ -280,7 +283,8 @@ class Solver:
                              loss=round(p.segment_loss, 4))
 
             manifest = await trio.to_thread.run_sync(
-                lambda: run_training(ctx, out, jid, self.behavior, progress))
+                lambda: run_training(ctx, out, jid, self.behavior, progress,
+                                     keep_every=rt.settings.keep_every))
             self._set_phase(jid, "committing")
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
@@ -393,7 +397,8 @@ class Solver:
         try:
             ctx = await self._context(jid)
             states = await trio.to_thread.run_sync(regenerate_many, ctx, self._trace_dir(jid),
-                                                   steps, self.behavior.dispute_step)
+                                                   steps, self.behavior.dispute_step,
+                                                   self.behavior)
             # lo and hi are checkpoints or mids served before: jurors can fetch both.
             if self.behavior.serves_dispute_states:
                 hashes = [bytes.fromhex((await self.serve_state(jid, t, states[t]))[2:])
