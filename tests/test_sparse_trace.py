@@ -17,7 +17,7 @@ from node.datasets import load_dataset, pack_digits, write_dataset
 from node.errors import CheckpointError, MalformedInput, TrainingError
 from node.proof import state_hash
 from node.spec import load_spec, parse_spec
-from node.train.sparse import kept_indices, nearest_kept
+from node.train.sparse import fit_keep_every, kept_indices, nearest_kept
 from node.train.step import TrainContext
 from node.train.trace import (
     MANIFEST_NAME,
@@ -72,6 +72,15 @@ def test_kept_indices() -> None:
     assert nearest_kept(7, [0, 4, 8, 10]) == 4 and nearest_kept(10, [0, 4, 8, 10]) == 10
     with pytest.raises(TrainingError, match="keep_every"):
         kept_indices(10, 0)
+
+
+def test_keep_every_shrinks_until_a_whole_sample_regenerates_in_half_the_window() -> None:
+    fast = dict(window_s=60, k=10, samples=7)
+    assert fit_keep_every(10, step_s=0.005, **fast) == 10  # a small model: as configured
+    # 25M parameters at 0.5 s a step: 7 walks of (M-1) x 10 steps within 30 s -> M = 1
+    assert fit_keep_every(10, step_s=0.5, **fast) == 1
+    m = fit_keep_every(10, step_s=0.05, **fast)
+    assert 7 * (m - 1) * 10 * 0.05 <= 30 < 7 * m * 10 * 0.05 and m == 9
 
 
 def test_sparse_trace_commits_the_same_and_keeps_one_in_m(dense: Path, sparse: Path) -> None:

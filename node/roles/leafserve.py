@@ -9,6 +9,7 @@ it hashes to its leaf, then published and announced like a bisection state
 Public API::
 
     leaves_to_serve(manifest, segments, served) -> list[int]   # pure
+    await keep_every_for(rt, job, step_s) -> int                 # at claim time
     await serve_missing_leaves(solver, nursery, jid)             # one call per tick
 """
 
@@ -22,9 +23,10 @@ import trio
 
 from node.errors import ContractRevert
 from node.logs import get_logger
-from node.roles.runtime import guarded
+from node.roles.runtime import Runtime, guarded
 
 if TYPE_CHECKING:
+    from node.chain.contracts import Job
     from node.roles.solver import Solver
     from node.train.trace import TraceManifest
 
@@ -38,6 +40,16 @@ def leaves_to_serve(manifest: TraceManifest, segments: Iterable[int],
     kept, done = set(manifest.kept), set(served)
     want = {i for s in segments if 0 <= s < manifest.segment_count for i in (s, s + 1)}
     return sorted(want - kept - done)
+
+
+async def keep_every_for(rt: Runtime, job: Job, step_s: float) -> int:
+    """The node's ``keep_every``, lowered until regenerating a whole sample fits half
+    the market's verification window at the probed step time (node.train.sparse)."""
+    from node.train.sparse import fit_keep_every  # noqa: PLC0415
+
+    mp = await rt.chain(rt.chain_client.market.market_params)
+    return fit_keep_every(rt.settings.keep_every, window_s=mp.verification_window,
+                          step_s=step_s, k=job.steps_per_segment, samples=mp.sample_count)
 
 
 async def _needed_segments(solver: Solver, jid: int) -> list[int]:

@@ -26,7 +26,7 @@ from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.jobfiles import fetch_job_inputs
-from node.roles.leafserve import serve_missing_leaves
+from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.state import RoleState
 from node.train.budget import machine_memory_mb
@@ -211,12 +211,13 @@ class Solver:
             self._drop(jid)
             return False
         job = await rt.chain(c.market.get_job, jid)
+        keep = await keep_every_for(rt, job, probe.per_step_s)
         with self.state as st:
             st["candidates"].remove(jid)
             st["considering"].pop(str(jid), None)
             st["jobs"][str(jid)] = {"round": job.round, "phase": "training",
                                     "spec": job.spec_hash.hex(),
-                                    "dataset": job.dataset_hash.hex()}
+                                    "dataset": job.dataset_hash.hex(), "keep_every": keep}
         log.info("job_claimed", job=jid, bond=job.bond, deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
                  probe_rss_mb=probe.peak_rss_mb)
@@ -284,7 +285,8 @@ class Solver:
 
             manifest = await trio.to_thread.run_sync(
                 lambda: run_training(ctx, out, jid, self.behavior, progress,
-                                     keep_every=rt.settings.keep_every))
+                                     keep_every=self.state.data["jobs"][key]
+                                     .get("keep_every", 1)))
             self._set_phase(jid, "committing")
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)

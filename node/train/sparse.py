@@ -11,6 +11,7 @@ Public API::
 
     kept_indices(segment_count, keep_every) -> list[int]
     nearest_kept(index, kept) -> int            # the largest kept index <= index
+    fit_keep_every(keep_every, window_s=, step_s=, k=, samples=) -> int
 """
 
 from __future__ import annotations
@@ -29,6 +30,19 @@ def check_keep_every(keep_every: int) -> int:
     if not 1 <= keep_every <= MAX_KEEP_EVERY:
         raise TrainingError(f"keep_every must lie in 1..{MAX_KEEP_EVERY}, got {keep_every}")
     return keep_every
+
+
+def fit_keep_every(keep_every: int, *, window_s: float, step_s: float, k: int,
+                   samples: int, share: float = 0.5) -> int:
+    """The largest M <= ``keep_every`` at which regenerating a whole sample, worst
+    case, takes at most ``share`` of the verification window: each of the ``samples``
+    segments may need a walk of (M - 1) segments of k steps (one core, serially), and
+    the verifiers need the rest of the window to replay. 1 (keep all) if none fits."""
+    check_keep_every(keep_every)
+    if step_s <= 0:
+        return keep_every
+    fit = 1 + int(share * window_s / (samples * k * step_s))
+    return max(1, min(keep_every, fit))
 
 
 def kept_indices(segment_count: int, keep_every: int) -> list[int]:

@@ -32,6 +32,7 @@ import hashlib
 import math
 import os
 import re
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -333,20 +334,30 @@ class _Writer:
         self._futures: list[Future[_Record]] = []
         self._depth = depth
         self._skipped: list[_Record] = []  # touched by the one worker thread only
+        # Copies the worker is done with, reused (at most depth + 1 exist at a time).
+        self._spare: list[dict[str, torch.Tensor]] = []
+        self._lock = threading.Lock()
 
     def _record(self, step: int, tensors: dict[str, torch.Tensor], segment_loss: float | None,
                 keep: bool) -> _Record:
-        if keep:
-            rec = _write_checkpoint(*self._args, step, tensors, segment_loss, self._skipped)
-            self._skipped = []
+        try:
+            if keep:
+                rec = _write_checkpoint(*self._args, step, tensors, segment_loss,
+                                        self._skipped)
+                self._skipped = []
+                return rec
+            assert segment_loss is not None  # S_0 is always kept
+            rec = _Record.skipped(step, compute_state_hash(tensors), segment_loss)
+            self._skipped.append(rec)
             return rec
-        assert segment_loss is not None  # S_0 is always kept
-        rec = _Record.skipped(step, compute_state_hash(tensors), segment_loss)
-        self._skipped.append(rec)
-        return rec
+        finally:
+            with self._lock:
+                self._spare.append(tensors)
 
     def submit(self, state: TrainState, segment_loss: float | None, keep: bool = True) -> None:
-        tensors = state_tensors(state)  # copied now: training goes on mutating state
+        with self._lock:
+            spare = self._spare.pop() if self._spare else None
+        tensors = state_tensors(state, spare)  # copied now: training goes on mutating it
         self._futures.append(self._pool.submit(self._record, state.step, tensors,
                                                segment_loss, keep))
         for f in self._futures:
