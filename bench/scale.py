@@ -41,6 +41,7 @@ from node.datasets import pack_digits, pack_text, parse_dataset  # noqa: E402
 from node.spec import JobSpec, load_spec, parse_spec  # noqa: E402
 from node.train import trace  # noqa: E402
 from node.train.behavior import HonestBehavior  # noqa: E402
+from node.train.layout import expected_bytes  # noqa: E402
 from node.train.models import build_skeleton  # noqa: E402
 from node.train.sparse import fit_keep_every, kept_indices  # noqa: E402
 from node.train.step import TrainContext, TrainState  # noqa: E402
@@ -79,15 +80,59 @@ class TimedHonest(HonestBehavior):
             self.cpu += time.thread_time() - c
 
 
+class Timed:
+    """Wall and thread CPU spent in one method of the recorder, whichever thread runs it."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.owner, self.name, self.inner = owner, name, getattr(owner, name)
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> Timed:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            w, c = time.perf_counter(), time.thread_time()
+            try:
+                return self.inner(*args, **kwargs)
+            finally:
+                self.wall += time.perf_counter() - w
+                self.cpu += time.thread_time() - c
+        setattr(self.owner, self.name, timed)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(self.owner, self.name, self.inner)
+
+
 def traced(ctx: TrainContext, out: Path, keep_every: int) -> dict[str, float]:
+    """One run. Recording splits into per-segment work (``submit`` on the training
+    thread, ``_write`` / ``_hash`` on the writer) and a fixed part (setup, waiting for
+    the last checkpoint, fsync, manifest); the ``job2000`` figures scale the
+    per-segment part to a 2,000-segment job and add the fixed part once."""
     shutil.rmtree(out, ignore_errors=True)
     behavior = TimedHonest()
-    w, c = time.perf_counter(), time.process_time()  # process: every thread counts
-    trace.run_training(ctx, out, job_id=1, behavior=behavior, keep_every=keep_every)
-    wall, cpu = time.perf_counter() - w, time.process_time() - c
+    with Timed(trace._Writer, "submit") as sub, Timed(trace._Writer, "_write") as wr, \
+            Timed(trace._Writer, "_hash") as hs:
+        w, c = time.perf_counter(), time.process_time()  # process: every thread counts
+        trace.run_training(ctx, out, job_id=1, behavior=behavior, keep_every=keep_every)
+        wall, cpu = time.perf_counter() - w, time.process_time() - c
+    segments = ctx.spec.segment_count
+    # a small state's _hash runs inside submit: training-thread time already in sub.cpu
+    inline = expected_bytes(ctx.spec) < trace.INLINE_HASH_BYTES
+    worker_cpu = wr.cpu + (0.0 if inline else hs.cpu)
+    per_seg_wall, per_seg_cpu = sub.wall / segments, (sub.cpu + worker_cpu) / segments
+    fixed_wall = wall - behavior.wall - sub.wall
+    fixed_cpu = max(0.0, cpu - behavior.cpu - sub.cpu - worker_cpu)
+    train_wall_seg, train_cpu_seg = behavior.wall / segments, behavior.cpu / segments
     return {"wall_s": round(wall, 2), "train_wall_s": round(behavior.wall, 2),
             "overhead_wall_pct": round(100 * (wall - behavior.wall) / behavior.wall, 2),
             "overhead_total_cpu_pct": round(100 * (cpu - behavior.cpu) / behavior.cpu, 2),
+            "per_segment_wall_pct": round(100 * per_seg_wall / train_wall_seg, 2),
+            "per_segment_total_cpu_pct": round(100 * per_seg_cpu / train_cpu_seg, 2),
+            "fixed_wall_s": round(fixed_wall, 2), "fixed_cpu_s": round(fixed_cpu, 2),
+            "job2000_overhead_wall_pct": round(100 * (per_seg_wall * JOB_SEGMENTS + fixed_wall)
+                                               / (train_wall_seg * JOB_SEGMENTS), 2),
+            "job2000_overhead_total_cpu_pct": round(
+                100 * (per_seg_cpu * JOB_SEGMENTS + fixed_cpu) / (train_cpu_seg * JOB_SEGMENTS),
+                2),
             "checkpoint_bytes": sum(p.stat().st_size for p in out.glob("ckpt-*.safetensors")),
             "step_s": behavior.wall / ctx.spec.total_steps}
 
@@ -132,10 +177,8 @@ def bench_model(name: str, steps: int, threads: int, tmp: Path) -> dict[str, Any
         "params": sum(p.numel() for p in build_skeleton(spec.model).parameters()),
         "steps": steps, "k": K, "segments": segments, "keep_every": M,
         "train_step_ms": round(1e3 * step_s, 2),
-        "dense": {key: dense[key] for key in ("overhead_wall_pct", "overhead_total_cpu_pct",
-                                              "checkpoint_bytes", "wall_s")},
-        "sparse": {key: sparse[key] for key in ("overhead_wall_pct", "overhead_total_cpu_pct",
-                                                "checkpoint_bytes", "wall_s")},
+        "dense": {key: v for key, v in dense.items() if key != "step_s"},
+        "sparse": {key: v for key, v in sparse.items() if key != "step_s"},
         "checkpoint_bytes_per_step_dense": round(dense["checkpoint_bytes"] / steps),
         "checkpoint_bytes_per_step_sparse": round(sparse["checkpoint_bytes"] / steps),
         "disk_ratio_measured": round(sparse["checkpoint_bytes"] / dense["checkpoint_bytes"], 4),
