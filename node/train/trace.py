@@ -208,6 +208,10 @@ def _check_kept(d: dict[str, Any]) -> None:
     m = d.get("keep_every", 1)
     if d["format"] == "polnet-trace/1" and m != 1 or not 1 <= m <= MAX_KEEP:
         raise MalformedInput(f"trace manifest: keep_every {m} is not valid for {d['format']}")
+    count = d["segment_count"] // m + 1 + (d["segment_count"] % m != 0)
+    if len(d["checkpoints"]) != count:  # before building a list of a peer's size
+        raise MalformedInput(f"trace manifest: {len(d['checkpoints'])} checkpoints where "
+                             f"keep_every {m} keeps {count}")
     want = [i * d["k"] for i in kept_indices(d["segment_count"], m)]
     if [c["step"] for c in d["checkpoints"]] != want:
         raise MalformedInput(f"trace manifest: checkpoints must be those of steps {want[:4]}"
