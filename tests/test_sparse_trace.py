@@ -200,7 +200,10 @@ def test_old_checkpoints_and_manifests_still_load(dense: Path, tmp_path: Path) -
         with pytest.raises(MalformedInput):
             TraceManifest.from_json(json.dumps({**d, "format": fmt, **extra}).encode())
     d2 = json.loads((dense / MANIFEST_NAME).read_bytes())
-    d2["checkpoints"] = d2["checkpoints"][:3]  # dense claims, entries missing
+    short = {**d2, "checkpoints": d2["checkpoints"][:3]}  # dense claims, entries missing
+    with pytest.raises(MalformedInput, match="3 checkpoints where keep_every 1 keeps 21"):
+        TraceManifest.from_json(json.dumps(short).encode())
+    d2["checkpoints"][1], d2["checkpoints"][2] = d2["checkpoints"][2], d2["checkpoints"][1]
     with pytest.raises(MalformedInput, match="checkpoints must be those of steps"):
         TraceManifest.from_json(json.dumps(d2).encode())
 
