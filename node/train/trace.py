@@ -319,9 +319,11 @@ def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
             "spec_hash": spec_hash, "segment_loss": segment_loss, "loss_e9": loss_e9,
             "skipped": [[r.state_hash.hex(), r.segment_loss] for r in skipped]}
     raw = _encode_checkpoint(tensors, meta)
-    # fsynced here, on the writer thread while training goes on, so the durability
-    # pass before the manifest (the commit point) has nothing left to flush.
-    atomic_write(out / checkpoint_name(step), raw, durable=True)
+    # The file is fsynced here, on the writer thread while training goes on; the
+    # directory once, before the manifest (the commit point) is written durably.
+    path = out / checkpoint_name(step)
+    atomic_write(path, raw, durable=False)
+    _fsync(path)
     return _Record(step, h, hashlib.sha256(raw).hexdigest(), segment_loss, loss_e9)
 
 
@@ -485,6 +487,7 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
     kept = set(kept_indices(segments, keep_every))
     spec_hash = _prepare_dir(ctx, out)
     done, last = _resume_point(out, job_id, spec, keep_every)
+    resumed = list(done)
     writer = _Writer(out, job_id, spec_hash)
     try:
         if last is not None:
@@ -507,19 +510,23 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
                 progress(Progress(state.step, spec.total_steps, seg, loss, resumed_from))
     finally:
         done += writer.finish()
-    _make_durable(out, done)
+    _make_durable(out, resumed)
     return _write_manifest(out, ctx, job_id, spec_hash, done, keep_every)
 
 
-def _make_durable(out: Path, done: list[_Record]) -> None:
-    for rec in done:
-        if not rec.file_sha256:
-            continue
-        fd = os.open(out / checkpoint_name(rec.step), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_durable(out: Path, resumed: list[_Record]) -> None:
+    """Checkpoints a killed run left (this run's were fsynced as written), then the dir."""
+    for rec in resumed:
+        if rec.file_sha256:
+            _fsync(out / checkpoint_name(rec.step))
     fsync_dir(out)
 
 
