@@ -1,28 +1,35 @@
-"""The trace recorder: checkpoints S_0, S_k, ..., S_T, per-segment losses, the
-Merkle root (node.proof.build_trace_tree) and a manifest, all crash-safe.
+"""The trace recorder: state hashes of S_0, S_k, ..., S_T, per-segment losses, the
+Merkle root (node.proof.build_trace_tree), the kept checkpoints and a manifest,
+all crash-safe.
 
 Directory layout (``out_dir``)::
 
     spec.json                       canonical spec (its sha256 is the spec hash)
-    ckpt-00000000.safetensors ...   S_step; metadata key "polnet" = canonical JSON
-                                    {format, job_id, step, state_hash, spec_hash,
-                                     segment_loss (float, null for S_0), loss_e9}
+    ckpt-00000000.safetensors ...   kept S_step (all of them when keep_every = 1, else
+                                    node.train.sparse); metadata key "polnet" =
+                                    canonical JSON {format, job_id, step, state_hash,
+                                    spec_hash, segment_loss (float, null for S_0),
+                                    loss_e9, skipped: [[state hash, loss], ...] of the
+                                    leaves since the previous kept one}
     trace.json                      the manifest (written last)
 
-Every file is written atomically (tmp + rename); checkpoints are hashed and
-written by a background thread while training goes on, and fsynced once at the
-end, before the manifest (the commit point) is written durably. A run killed
-at any point resumes from its longest valid prefix of checkpoints (each is
+Every file is written atomically (tmp + rename); states are hashed (small ones on
+the training thread, large ones on a background thread) and kept checkpoints
+written and fsynced by that thread while training goes on; the directory is
+fsynced before the manifest (the commit point) is written durably. A run killed
+at any point resumes from its longest valid prefix of kept checkpoints (each is
 re-hashed) and, because a step depends only on (S_{t-1}, seed, t), ends with
 the same bytes and root as an unbroken run.
 
 Public API::
 
-    run_training(ctx, out_dir, job_id, behavior=None, progress=None) -> TraceManifest
+    run_training(ctx, out_dir, job_id, behavior=None, progress=None,
+                 keep_every=1) -> TraceManifest
     load_checkpoint(path, expected_hash=None, spec=None) -> Checkpoint  # CheckpointError if bad
-    read_manifest(out_dir) -> TraceManifest
+    read_manifest(out_dir) -> TraceManifest      # .kept, .checkpoint_at(i), .state_hash_scheme
     merkle_proof(manifest, index) -> tuple[TraceLeaf, list[bytes]]
     regenerate(ctx, trace_dir, step) -> dict[str, Tensor]   # bitwise S_step
+    regenerate_many(ctx, trace_dir, steps, step_fn=train_step, behavior=None)
     checkpoint_name(step) -> str
 """
 
