@@ -18,6 +18,7 @@ Per model, at the default k (10), all measured in this run:
   committee.
 
 Usage: python bench/scale.py [--quick] [--lm-steps N] [--cnn-steps N] [--threads 1]
+                             [--only cnn|lm25m]
 Default: LM 200 steps, CNN 2,000 (about 8 minutes on two busy cores); --quick: LM
 40, CNN 400. The last stdout line is the JSON.
 """
@@ -206,6 +207,7 @@ def main() -> None:
     ap.add_argument("--lm-steps", type=int)
     ap.add_argument("--cnn-steps", type=int)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only", choices=("cnn", "lm25m"), help="one model")
     args = ap.parse_args()
     lm_steps = args.lm_steps or (40 if args.quick else 200)
     cnn_steps = args.cnn_steps or (400 if args.quick else 2000)
@@ -213,6 +215,8 @@ def main() -> None:
     out: dict[str, Any] = {"bench": "scale", "threads": args.threads, "quick": args.quick}
     with tempfile.TemporaryDirectory() as d:
         for name, steps in (("cnn", cnn_steps), ("lm25m", lm_steps)):
+            if args.only not in (None, name):
+                continue
             out[name] = bench_model(name, steps, args.threads, Path(d))
             print(name, json.dumps(out[name]), file=sys.stderr, flush=True)
     out["bench_seconds"] = round(time.perf_counter() - t0, 1)
