@@ -17,7 +17,8 @@ Per model, at the default k (medians over repetitions):
 - ``checkpoint_bytes_per_step``, and the k for 2% overhead by a ``fixed + c/k``
   fit through the two measured k (null if the fixed part alone exceeds 2%).
 
-Usage: python bench/trace_overhead.py [--reps 3] [--threads 1]
+Usage: python bench/trace_overhead.py [--reps 3] [--threads 1] [--keep-every 1]
+(``--keep-every M``: sparse checkpoints, node.train.sparse; 1 keeps all, as before)
 The last stdout line is that JSON.
 """
 
@@ -95,7 +96,7 @@ def plain_wall(ctx: TrainContext) -> float:
     return time.perf_counter() - t0
 
 
-def traced(ctx: TrainContext, out: Path) -> dict[str, float]:
+def traced(ctx: TrainContext, out: Path, keep_every: int = 1) -> dict[str, float]:
     """Overheads measured inside one run (training vs the rest), so machine
     load affects numerator and denominator alike."""
     shutil.rmtree(out, ignore_errors=True)
@@ -103,7 +104,7 @@ def traced(ctx: TrainContext, out: Path) -> dict[str, float]:
     trace._write_checkpoint = timer  # type: ignore[assignment]
     try:
         w, c = time.perf_counter(), time.thread_time()
-        trace.run_training(ctx, out, job_id=1, behavior=behavior)
+        trace.run_training(ctx, out, job_id=1, behavior=behavior, keep_every=keep_every)
         wall, cpu = time.perf_counter() - w, time.thread_time() - c
     finally:
         trace._write_checkpoint = timer._inner
@@ -130,6 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--keep-every", type=int, default=1)
     args = ap.parse_args()
 
     data = {"digits": parse_dataset(pack_digits()), "text": parse_dataset(pack_text())}
@@ -148,7 +150,8 @@ def main() -> None:
                             plains.setdefault((name, k), []).append(plain_wall(ctx))
                         else:
                             out = Path(tmp) / f"{name}-{k}"
-                            runs.setdefault((name, k), []).append(traced(ctx, out))
+                            runs.setdefault((name, k), []).append(
+                                traced(ctx, out, args.keep_every))
                     r = runs[(name, k)][-1]
                     print(f"rep {rep} {name} k={k}: plain {plains[(name, k)][-1]:.2f}s, traced "
                           f"{r['wall_s']:.2f}s; recording: wall {100 * r['overhead_wall']:.2f}%"
@@ -179,7 +182,7 @@ def main() -> None:
             "k_for_2pct_total_cpu": k_for_2pct(list(ks), by_k["overhead_total_cpu"]),
         }
     print(json.dumps({"bench": "trace_overhead", "reps": args.reps, "threads": args.threads,
-                      "models": results}))
+                      "keep_every": args.keep_every, "models": results}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ For each job:
 * cost: a replay step (checkpoint load + hash + proof + replay + compare, per
   step) vs a training step, both timed in this run; the verification share
   for a job of SEGMENTS segments with n=44 samples (f=10% at 99%) is
-  44 * replay / (SEGMENTS * train);
+  44 * replay / (SEGMENTS * train), and at the market's derived count
+  (``verify_pct_market_n``: devnet.params.SAMPLE_COUNT, node.incentives);
 * detection: one lazy trace (f=0.1) of DET_SEGMENTS segments, every segment
   judged once, then many sampling seeds through node.proof.sample_segments:
   measured rate vs 1-(1-f)^n;
@@ -22,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from devnet.params import SAMPLE_COUNT
 from node.behaviors import make_behavior
 from node.behaviors.spoof import LazyFraction
 from node.proof import sample_segments, samples_for_detection
@@ -55,6 +57,8 @@ def cost(kind: str, cache: Path, tmp: Path) -> dict[str, float]:
     return {"train_step_ms": train * 1e3, "replay_step_ms": replay * 1e3,
             "replay_over_train": replay / train,
             "verify_pct": 100 * n * replay / (SEGMENTS * train), "n": n,
+            "verify_pct_market_n": 100 * SAMPLE_COUNT * replay / (SEGMENTS * train),
+            "market_n": SAMPLE_COUNT,
             "segments_for_5pct": n * replay / train / 0.05}
 
 

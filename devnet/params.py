@@ -16,8 +16,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.errors import ConfigError
+from node.incentives import required_sample_count
 
 TOKEN = 10**18
+BOND_FACTOR_BPS = 15_000
+JURY_SIZE = 3
+# The market's sample count follows from the bond and the jury (docs/protocol.md,
+# "Incentives"): cheating on any fraction loses >= half the saved work, plus a floor.
+SAMPLE_COUNT = required_sample_count(BOND_FACTOR_BPS / 10_000, JURY_SIZE)
 
 
 class RegistryParams(BaseModel):
@@ -42,7 +48,7 @@ class MarketParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     bond_factor_bps: int = Field(
-        default=15_000, ge=0, description="solver bond = reward * this / 1e4"
+        default=BOND_FACTOR_BPS, ge=0, description="solver bond = reward * this / 1e4"
     )
     verification_window: int = Field(
         default=60, ge=1, description="seconds after commit to attest or challenge"
@@ -50,7 +56,9 @@ class MarketParams(BaseModel):
     sample_lookahead: int = Field(
         default=2, ge=1, description="blocks from commit to the seed block"
     )
-    sample_count: int = Field(default=8, ge=1, description="segments drawn for verification")
+    sample_count: int = Field(default=SAMPLE_COUNT, ge=1, description=(
+        "segments drawn for verification; the default is required_sample_count(bond "
+        "factor, jury size) of node.incentives"))
     missed_deadline_slash_bps: int = Field(
         default=5_000,
         ge=0,
@@ -83,7 +91,7 @@ class DisputeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     clock: int = Field(default=60, ge=1, description="seconds per side for all its bisection moves")
-    jury_size: int = Field(default=3, ge=1, le=15)
+    jury_size: int = Field(default=JURY_SIZE, ge=1, le=15)
     quorum: int = Field(default=2, ge=1, description="reveals needed for a verdict")
     commit_window: int = Field(default=60, ge=1, description="seconds from the jury draw to commit")
     reveal_window: int = Field(default=60, ge=1, description="seconds after that to reveal")

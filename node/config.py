@@ -83,6 +83,9 @@ class NodeSettings(BaseSettings):
     metrics_port: int | None = Field(None, ge=0, le=65535,
                                      description="Serve Prometheus /metrics here (0: any).")
     threads: int = Field(1, ge=1, le=256, description="Torch threads for training/replay.")
+    keep_every: int = Field(10, ge=1, le=32, description=(
+        "Solver: keep a full checkpoint every this many segments (and the last); the "
+        "others are regenerated when sampled or disputed. 1 keeps all of them."))
     stake: int = Field(1000 * 10**18, ge=0, description="Stake to keep bonded (token wei).")
     poll_interval: float = Field(0.5, gt=0, le=60, description="Chain polling period (s).")
     p2p: P2PSettings = Field(default_factory=P2PSettings, description="libp2p: [p2p] section.")

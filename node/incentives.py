@@ -16,12 +16,29 @@ step valid or force a tie, Void). A puppet challenger changes nothing here: its 
 never reaches the solver, and the round pays only the earliest-opened dispute the
 solver lost, so a puppet opened after an honest challenge earns nothing, and one
 opened before it is the cheater reporting itself (it is never paid the reward).
+
+The market's sample count follows (:func:`required_sample_count`): the smallest n
+at which every f loses at least ``margin`` of the work it saves, with sybils holding
+``sybil_share``, raised to a per-job floor. Since 1 - (1 - f)^n >= f for n >= 1,
+gain(f) / f peaks at f = 1, where it is cost - (1 - q)(1 + bond_factor) whatever
+n is: the bond, not the sample, is what deters a risk-neutral cheater, and n = 1
+already does when (1 - q)(1 + bond_factor) >= (1 + margin) * cost. The floor is for
+one who is not risk-neutral (a single job, stake it does not mind losing): faking
+``floor_fraction`` of a job goes unnoticed in at most 1 - ``floor_confidence`` of jobs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from node.errors import ConfigError
+from node.proof import samples_for_detection
+
+MARGIN = 0.5           # a cheater loses at least half of the work it saved, for every f
+SYBIL_SHARE = 1 / 3    # of the capped verifier stake, held by the cheater's sybils
+FLOOR_FRACTION, FLOOR_CONFIDENCE = 0.5, 0.99  # faking half a job: caught in 99% of jobs
+MAX_SAMPLES = 256
 
 
 @dataclass(frozen=True)
@@ -70,3 +87,23 @@ def max_sybil_share(p: Incentives, step: float = 0.005) -> float:
     while s + step < 1 and worst_gain(p, s + step)[0] < 0:
         s += step
     return s
+
+
+def required_sample_count(bond_factor: float, jury_size: int, *, cost: float = 1.0,
+                          margin: float = MARGIN, sybil_share: float = SYBIL_SHARE,
+                          floor_fraction: float = FLOOR_FRACTION,
+                          floor_confidence: float = FLOOR_CONFIDENCE) -> int:
+    """The market's sample count for ``bond_factor`` (B / R) and an honest training
+    cost of ``cost`` * R: the smallest n at which cheating on any fraction loses at
+    least ``margin`` of the saved work (``worst_gain <= -margin``), and at least the
+    per-job floor ``samples_for_detection(floor_fraction, floor_confidence)``.
+    ConfigError when no n can: the bond is too small for the jury's capture risk."""
+    floor = samples_for_detection(floor_fraction, floor_confidence)
+    for n in range(1, MAX_SAMPLES + 1):
+        if worst_gain(Incentives(bond_factor, n, jury_size, cost), sybil_share)[0] <= -margin:
+            return max(n, floor)
+    q = jury_capture(sybil_share, jury_size)
+    raise ConfigError(f"no sample count makes cheating lose {margin:.0%} of the saved work: "
+                      f"(1 - q) (1 + bond factor) = {(1 - q) * (1 + bond_factor):.3f} must be "
+                      f">= (1 + margin) * cost = {(1 + margin) * cost:.3f} (q = {q:.3f}, the "
+                      f"jury capture chance at sybil share {sybil_share:.3f}); raise the bond")

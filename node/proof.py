@@ -18,7 +18,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from eth_abi import encode as abi_encode
 from eth_utils import keccak
@@ -66,13 +66,31 @@ def content_hash(obj: Any) -> bytes:
 # --- state hash ------------------------------------------------------------------
 
 
-def state_hash(tensors: Mapping[str, torch.Tensor]) -> bytes:
-    """sha256 over tensors in name order: for each, the name, dtype, shape and
+StateHashScheme = Literal["sha256", "blake3"]
+STATE_HASH_SCHEME: StateHashScheme = "blake3"
+"""The scheme new traces use (``polnet-trace/2``); ``sha256`` is ``polnet-trace/1``'s.
+BLAKE3 runs ~3.5x faster than sha256 on one core (AVX2/AVX-512) and was half the
+cost of a checkpoint; both give 32 bytes, so leaves and contracts are unchanged."""
+
+
+def _hasher(scheme: StateHashScheme) -> Any:
+    if scheme == "blake3":
+        from blake3 import blake3  # noqa: PLC0415 - lazy like torch
+
+        return blake3()  # one thread: the hash overlaps training on its own core
+    if scheme == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unknown state hash scheme {scheme!r}")
+
+
+def state_hash(tensors: Mapping[str, torch.Tensor],
+               scheme: StateHashScheme = STATE_HASH_SCHEME) -> bytes:
+    """``scheme`` over tensors in name order: for each, the name, dtype, shape and
     little-endian contiguous bytes, each length-prefixed so no two states share
-    an encoding. Tensors are hashed on the CPU."""
+    an encoding. Tensors are hashed on the CPU, in place (no byte copy)."""
     import torch  # noqa: PLC0415 - lazy, see module docstring
 
-    h = hashlib.sha256()
+    h = _hasher(scheme)
     for name in sorted(tensors):
         t = tensors[name].detach()
         if t.device.type != "cpu":
@@ -84,10 +102,10 @@ def state_hash(tensors: Mapping[str, torch.Tensor]) -> bytes:
         h.update(len(header).to_bytes(8, "little"))
         h.update(header)
         # A view as uint8 gives the raw little-endian bytes (x86/ARM are LE).
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
         h.update(len(raw).to_bytes(8, "little"))
         h.update(raw)
-    return h.digest()
+    return bytes(h.digest())
 
 
 # --- trace leaves ------------------------------------------------------------------

@@ -59,7 +59,7 @@ ZERO_ADDR = "0x" + "00" * 20
 BURN = "0x000000000000000000000000000000000000dEaD"
 # Odd wei amounts so that every bps split and pool division leaves rounding dust.
 REWARD, BUDGET, DURATION = 100 * TOKEN + 7, 30 * TOKEN + 1, 3600
-# sampleCount (8) >= SEGMENTS: every segment is sampled. k = 16 with fanout 4: two rounds
+# sampleCount (7) >= SEGMENTS: every segment is sampled. k = 16 with fanout 4: two rounds
 # of three mids (16 -> 4 -> 1 steps), so first, middle and last parts are all reachable.
 SEGMENTS, K, FANOUT = 4, 16, 4
 SEG = 1  # the segment disputed by default
@@ -1089,7 +1089,7 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     (plus the attestors' slashes, only when the segment was one they vouched for:
     sampled) and the jurors' share to the dispute's majority jurors, through the game."""
     m, reg = c.reader.market, c.reader.registry
-    segments = 12  # sampleCount 8 < 12: some segments are not sampled
+    segments = 12  # sampleCount 7 < 12: some segments are not sampled
     job = new_job(c, segments=segments, reward=reward)
     sample = m.sampled_segments(job.id)
     seg = next(s for s in range(segments) if (s in sample) == sampled)

@@ -4,20 +4,26 @@ sybils holding up to a third of the capped verifier stake."""
 
 from __future__ import annotations
 
+import pytest
 from eth_utils import keccak
 
+from devnet.params import DevnetParams
 from devnet.testing import LocalChain
+from node.errors import ConfigError
 from node.incentives import (
+    FLOOR_CONFIDENCE,
+    FLOOR_FRACTION,
+    MARGIN,
+    SYBIL_SHARE,
     Incentives,
     catch_probability,
     cheating_gain,
     jury_capture,
     max_sybil_share,
+    required_sample_count,
     worst_gain,
 )
 from node.proof import sample_segments
-
-SYBIL_SHARE = 1 / 3  # the share of capped verifier stake docs/protocol.md states
 
 
 def deployed(chain: LocalChain) -> Incentives:
@@ -58,3 +64,36 @@ def test_detection_bound_holds_for_the_real_sampler(chain: LocalChain) -> None:
     assert jury_capture(0.0, 3) == 0 and abs(jury_capture(1.0, 3) - 1) < 1e-12
     p = Incentives(bond_factor=1.5, sample_count=n, jury_size=3)
     assert catch_probability(p, 1.0, 0.0) == 1.0
+
+
+def test_the_deployed_sample_count_is_the_one_the_incentives_require(chain: LocalChain) -> None:
+    p = deployed(chain)
+    assert p.sample_count == required_sample_count(p.bond_factor, p.jury_size)
+    assert DevnetParams().market.sample_count == p.sample_count
+
+
+@pytest.mark.parametrize("bond_factor", [1.25, 1.5, 2.0, 4.0])
+@pytest.mark.parametrize("jury_size", [1, 3, 5])
+def test_the_derived_count_makes_every_fraction_lose_with_the_margin(bond_factor: float,
+                                                                     jury_size: int) -> None:
+    try:
+        n = required_sample_count(bond_factor, jury_size)
+    except ConfigError:  # then not even every segment sampled would do: f = 1 is caught
+        assert cheating_gain(Incentives(bond_factor, 10**6, jury_size), 1.0, SYBIL_SHARE) \
+            > -MARGIN
+        return
+    p = Incentives(bond_factor, n, jury_size)
+    for f in (1e-4, 1e-3, 0.01, 0.1, 0.3, 0.5, 0.9, 1.0):  # off the grid worst_gain uses
+        assert cheating_gain(p, f, SYBIL_SHARE) <= -MARGIN * f, f
+    # the floor: faking half of one job goes unnoticed in at most 1% of jobs
+    assert (1 - FLOOR_FRACTION) ** n <= 1 - FLOOR_CONFIDENCE
+    assert n == 7  # the floor binds: the bond alone deters a risk-neutral cheater
+
+
+def test_too_small_a_bond_is_refused_and_a_larger_margin_can_need_more_samples() -> None:
+    with pytest.raises(ConfigError, match="raise the bond"):
+        required_sample_count(0.5, 3)
+    # with a cheap honest run (cost 0.2 R) even a zero bond deters, from the floor on
+    assert required_sample_count(0.0, 3, cost=0.2, margin=0.5) == 7
+    # without the floor, the count is what the expected-value argument needs
+    assert required_sample_count(1.5, 3, floor_fraction=0.99) == 1

@@ -17,6 +17,7 @@ from node.errors import (
     CheckpointError,
     IntegrityError,
     P2PError,
+    PeerUnavailable,
     PolnetError,
     ProofError,
     StoreError,
@@ -62,12 +63,19 @@ class JobEvidence:
         return dict(ck.tensors)
 
     async def committed(self, index: int) -> CommittedState:
-        """Checkpoint ``index`` with its leaf and proof (checked later against the root)."""
+        """Checkpoint ``index`` with its leaf and proof (checked later against the root).
+        A leaf the solver did not keep (sparse trace) is one it regenerates and serves
+        (``state_served``) once it is sampled: PeerUnavailable until then."""
         leaf, proof = merkle_proof(self.manifest, index)
-        entry = self.manifest.checkpoints[index]
-        tensors = await self._load(entry.sha256, leaf.state_hash)
+        entry = self.manifest.checkpoint_at(index)
+        aid = entry.sha256 if entry is not None else \
+            self.rt.book.states.get((self.job_id, "0x" + leaf.state_hash.hex()))
+        if aid is None:
+            raise PeerUnavailable(f"leaf {index} of job {self.job_id} is not kept by its solver "
+                                  "and not served (regenerated) yet")
+        tensors = await self._load(aid, leaf.state_hash)
         self._states[(leaf.step, leaf.state_hash)] = tensors
-        return CommittedState(tensors, leaf, proof)
+        return CommittedState(tensors, leaf, proof, self.manifest.state_hash_scheme)
 
     def commitment(self, index: int) -> CommittedState:
         """Checkpoint ``index``'s leaf and proof without its tensors: what a challenge
@@ -82,7 +90,8 @@ class JobEvidence:
             return self._states[(step, state_hash)]
         k = self.manifest.k
         while True:
-            if step % k == 0 and self.manifest.state_hashes[step // k] == state_hash.hex():
+            if step % k == 0 and self.manifest.state_hashes[step // k] == state_hash.hex() \
+                    and self.manifest.checkpoint_at(step // k) is not None:
                 return dict((await self.committed(step // k)).tensors)
             aid = self.rt.book.states.get((self.job_id, "0x" + state_hash.hex()))
             if aid is not None:
@@ -200,6 +209,6 @@ def parse_manifest(raw: bytes) -> TraceManifest:
         _, tree = m.leaves_and_tree()
     except (ValueError, TypeError, KeyError) as exc:
         raise IntegrityError(f"malformed trace manifest: {exc}") from None
-    if tree.root.hex() != m.root or len(m.checkpoints) != m.segment_count + 1:
+    if tree.root.hex() != m.root:  # from_json checked the kept checkpoints' steps
         raise IntegrityError("trace manifest does not match its own leaves")
     return m

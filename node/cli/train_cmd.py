@@ -30,9 +30,13 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", "--device", help="cpu, cuda, cuda:1, ..."),
         behavior: str = typer.Option("honest", "--behavior", help="Testing only: a solver "
                                      "behaviour from node.behaviors, e.g. 'lazy:0.1'."),
+        keep_every: int = typer.Option(1, "--keep-every", min=1, max=32, help="Keep a full "
+                                       "checkpoint every this many segments (and the last); "
+                                       "the others are regenerated when needed."),
     ) -> None:
         """Train SPEC, checkpoint every k steps and print the trace root."""
-        manifest, out_dir = _run(spec_path, out, job_id, dataset, threads, device, behavior)
+        manifest, out_dir = _run(spec_path, out, job_id, dataset, threads, device, behavior,
+                                 keep_every)
         typer.echo(f"trace root  0x{manifest.root}")
         typer.echo(f"final state 0x{manifest.final_state_hash}")
         typer.echo(f"spec hash   0x{manifest.spec_hash}")
@@ -41,7 +45,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _run(spec_path: Path, out: Path | None, job_id: int, dataset_path: Path | None,
-         threads: int, device: str, behavior: str = "honest") -> tuple[TraceManifest, Path]:
+         threads: int, device: str, behavior: str = "honest",
+         keep_every: int = 1) -> tuple[TraceManifest, Path]:
     # Heavy imports here so `polnet --help` stays fast.
     from rich.progress import (  # noqa: PLC0415
         BarColumn,
@@ -89,6 +94,7 @@ def _run(spec_path: Path, out: Path | None, job_id: int, dataset_path: Path | No
             rate = (p.step - p.resumed_from) / max(time.perf_counter() - start, 1e-9)
             bar.update(task, completed=p.step, loss=f"{p.segment_loss:.4f}", rate=f"{rate:.1f}")
 
-        manifest = trace.run_training(ctx, out_dir, job_id, behavior=chosen, progress=on_segment)
+        manifest = trace.run_training(ctx, out_dir, job_id, behavior=chosen, progress=on_segment,
+                                      keep_every=keep_every)
         bar.update(task, completed=spec.total_steps)
     return manifest, out_dir

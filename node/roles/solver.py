@@ -27,6 +27,7 @@ from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.jobfiles import fetch_job_inputs
+from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.solver_machine import (
     ACTIVE,
@@ -150,6 +151,11 @@ class Solver:
             dec = await self._derive(jid)
             taken.append(("job", jid, dec.action))
             withdraw |= await self._act(nursery, jid, dec)
+            if dec.phase == SolverPhase.COMMITTED:  # a sparse trace: serve sampled leaves
+                try:
+                    await serve_missing_leaves(self, nursery, jid)
+                except (PolnetError, OSError) as exc:  # one job's files must not stall
+                    log.warning("leaves_not_served", job=jid, error=str(exc))
         # A committed job still needs us (disputes), so it counts until it is paid.
         active = sum(1 for r in self.state.data.jobs.values() if r.phase in ACTIVE)
         for jid in list(self.state.data.candidates):
@@ -249,8 +255,9 @@ class Solver:
             return Adopt()
         return act
 
-    def _adopt(self, jid: int, job: Job, event: str) -> None:
-        """Put a job the chain gives us on our books (kept if already there)."""
+    def _adopt(self, jid: int, job: Job, event: str, keep_every: int = 1) -> None:
+        """Put a job the chain gives us on our books (kept if already there);
+        ``keep_every``: the sparse trace's M for a job we claim now."""
         with self.state as st:
             if jid in st.candidates:
                 st.candidates.remove(jid)
@@ -258,7 +265,7 @@ class Solver:
             rec = st.jobs.get(jid)
             if rec is None or rec.round != job.round:
                 st.jobs[jid] = SolverJob(round=job.round, spec=job.spec_hash.hex(),
-                                         dataset=job.dataset_hash.hex())
+                                         dataset=job.dataset_hash.hex(), keep_every=keep_every)
         self._settled.discard(jid)
         log.info(event, job=jid, round=job.round, status=job.status.name.lower())
 
@@ -311,7 +318,8 @@ class Solver:
         if job.status != JobStatus.CLAIMED or job.solver.lower() != rt.address.lower():
             self._drop(jid)
             return False
-        self._adopt(jid, job, "job_claimed")
+        keep = await keep_every_for(rt, job, probe.per_step_s)
+        self._adopt(jid, job, "job_claimed", keep_every=keep)
         log.info("job_claim_terms", job=jid, bond_pol=wei_to_pol(job.bond), deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
                  probe_rss_mb=probe.peak_rss_mb)
@@ -378,7 +386,8 @@ class Solver:
                              loss=round(p.segment_loss, 4))
 
             manifest = await trio.to_thread.run_sync(
-                lambda: run_training(ctx, out, jid, self.behavior, progress))
+                lambda: run_training(ctx, out, jid, self.behavior, progress,
+                                     keep_every=self.state.data.jobs[jid].keep_every))
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
             leaves, tree = build_trace_tree(jid, manifest.k,
@@ -484,7 +493,8 @@ class Solver:
         try:
             ctx = await self._context(jid)
             states = await trio.to_thread.run_sync(regenerate_many, ctx, self._trace_dir(jid),
-                                                   steps, self.behavior.dispute_step)
+                                                   steps, self.behavior.dispute_step,
+                                                   self.behavior)
             # lo and hi are checkpoints or mids served before: jurors can fetch both.
             if self.behavior.serves_dispute_states:
                 hashes = [bytes.fromhex((await self.serve_state(jid, t, states[t]))[2:])

@@ -43,6 +43,8 @@ class SolverJob(BaseModel):
     manifest: str | None = None  # published trace manifest (artifact id)
     root: str | None = None
     final: str | None = None
+    keep_every: int = Field(default=1, ge=1)  # sparse trace: every M-th checkpoint kept
+    leaves_served: list[int] = Field(default_factory=list)  # regenerated leaves served
 
 
 class ServedState(BaseModel):

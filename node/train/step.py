@@ -210,14 +210,37 @@ def initial_state_hash(ctx: TrainContext) -> bytes:
     return state_hash(state_tensors(init_state(ctx)))
 
 
+def _export_dtype(t: torch.Tensor, compute_dtype: torch.dtype) -> torch.dtype:
+    return CHECKPOINT_DTYPE if t.dtype == compute_dtype != CHECKPOINT_DTYPE else t.dtype
+
+
 def _export(t: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
-    dtype = CHECKPOINT_DTYPE if t.dtype == compute_dtype != CHECKPOINT_DTYPE else t.dtype
-    return t.detach().to("cpu", dtype=dtype, copy=True).contiguous()
+    return t.detach().to("cpu", dtype=_export_dtype(t, compute_dtype), copy=True).contiguous()
 
 
-def state_tensors(state: TrainState) -> dict[str, torch.Tensor]:
+def state_tensors(state: TrainState,
+                  into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Weights, optimizer state and ``meta.step`` as detached contiguous CPU copies
-    (fp64 compute state cast to fp32, the checkpoint dtype)."""
+    (fp64 compute state cast to fp32, the checkpoint dtype). ``into``: an earlier
+    result of this state's spec to copy into instead; reused pages copy ~5x faster
+    than fresh ones (a 25M-parameter state: 17 ms vs 90 ms)."""
+    if into is not None:
+        pairs = [(f"model.{n}", t) for n, t in state.model.state_dict().items()]
+        for p, st in state.optimizer.state.items():
+            pname = state.param_names[id(p)]
+            pairs += [(f"optim.{pname}.{key}", t) for key, t in st.items()
+                      if isinstance(t, torch.Tensor)]
+        # Anything else than the buffers' names, shapes and dtypes (a state a cheat
+        # reshaped, say) is exported afresh: a copy must never change what is hashed.
+        if len(pairs) + 1 != len(into) or any(
+                (dst := into.get(n)) is None or dst.shape != t.shape
+                or dst.dtype != _export_dtype(t, state.compute_dtype) for n, t in pairs):
+            return state_tensors(state)
+        with torch.no_grad():
+            for n, t in pairs:
+                into[n].copy_(t)
+            into[STEP_KEY].fill_(state.step)
+        return into
     out = {f"model.{n}": _export(t, state.compute_dtype)
            for n, t in state.model.state_dict().items()}
     for p, st in state.optimizer.state.items():

@@ -1,28 +1,35 @@
-"""The trace recorder: checkpoints S_0, S_k, ..., S_T, per-segment losses, the
-Merkle root (node.proof.build_trace_tree) and a manifest, all crash-safe.
+"""The trace recorder: state hashes of S_0, S_k, ..., S_T, per-segment losses, the
+Merkle root (node.proof.build_trace_tree), the kept checkpoints and a manifest,
+all crash-safe.
 
 Directory layout (``out_dir``)::
 
     spec.json                       canonical spec (its sha256 is the spec hash)
-    ckpt-00000000.safetensors ...   S_step; metadata key "polnet" = canonical JSON
-                                    {format, job_id, step, state_hash, spec_hash,
-                                     segment_loss (float, null for S_0), loss_e9}
+    ckpt-00000000.safetensors ...   kept S_step (all of them when keep_every = 1, else
+                                    node.train.sparse); metadata key "polnet" =
+                                    canonical JSON {format, job_id, step, state_hash,
+                                    spec_hash, segment_loss (float, null for S_0),
+                                    loss_e9, skipped: [[state hash, loss], ...] of the
+                                    leaves since the previous kept one}
     trace.json                      the manifest (written last)
 
-Every file is written atomically (tmp + rename); checkpoints are hashed and
-written by a background thread while training goes on, and fsynced once at the
-end, before the manifest (the commit point) is written durably. A run killed
-at any point resumes from its longest valid prefix of checkpoints (each is
+Every file is written atomically (tmp + rename); states are hashed (small ones on
+the training thread, large ones on a background thread) and kept checkpoints
+written and fsynced by that thread while training goes on; the directory is
+fsynced before the manifest (the commit point) is written durably. A run killed
+at any point resumes from its longest valid prefix of kept checkpoints (each is
 re-hashed) and, because a step depends only on (S_{t-1}, seed, t), ends with
 the same bytes and root as an unbroken run.
 
 Public API::
 
-    run_training(ctx, out_dir, job_id, behavior=None, progress=None) -> TraceManifest
+    run_training(ctx, out_dir, job_id, behavior=None, progress=None,
+                 keep_every=1) -> TraceManifest
     load_checkpoint(path, expected_hash=None, spec=None) -> Checkpoint  # CheckpointError if bad
-    read_manifest(out_dir) -> TraceManifest
+    read_manifest(out_dir) -> TraceManifest      # .kept, .checkpoint_at(i), .state_hash_scheme
     merkle_proof(manifest, index) -> tuple[TraceLeaf, list[bytes]]
     regenerate(ctx, trace_dir, step) -> dict[str, Tensor]   # bitwise S_step
+    regenerate_many(ctx, trace_dir, steps, step_fn=train_step, behavior=None)
     checkpoint_name(step) -> str
 """
 
@@ -32,6 +39,7 @@ import hashlib
 import math
 import os
 import re
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -45,12 +53,21 @@ from safetensors.torch import save as st_save
 from node.boundary import check_fields, decode_json_object
 from node.datasets import atomic_write, fsync_dir
 from node.errors import CheckpointError, MalformedInput, TrainingError
-from node.proof import MerkleTree, TraceLeaf, build_trace_tree, canonical_json, loss_to_e9
+from node.proof import (
+    MerkleTree,
+    StateHashScheme,
+    TraceLeaf,
+    build_trace_tree,
+    canonical_json,
+    loss_to_e9,
+)
 from node.proof import state_hash as compute_state_hash
 from node.spec import MAX_CHECKPOINT_INTERVAL, MAX_STEPS, JobSpec
 from node.tensorfile import Header, read_header
 from node.train.behavior import HonestBehavior, SegmentBehavior
 from node.train.layout import check_layout, max_file_bytes, max_header_bytes
+from node.train.sparse import MAX_KEEP_EVERY as MAX_KEEP
+from node.train.sparse import check_keep_every, kept_indices, nearest_kept
 from node.train.step import (
     TrainContext,
     TrainState,
@@ -60,13 +77,19 @@ from node.train.step import (
     train_step,
 )
 
-CKPT_FORMAT = "polnet-checkpoint/1"
-MANIFEST_FORMAT = "polnet-trace/1"
+CKPT_FORMAT = "polnet-checkpoint/2"
+MANIFEST_FORMAT = "polnet-trace/2"
+# Format -> its state hash. /1 (sha256, every checkpoint kept) still loads and verifies;
+# /2 hashes with BLAKE3 and may keep only every M-th checkpoint (node.train.sparse).
+CKPT_SCHEMES: dict[str, StateHashScheme] = {"polnet-checkpoint/1": "sha256",
+                                            "polnet-checkpoint/2": "blake3"}
+MANIFEST_SCHEMES: dict[str, StateHashScheme] = {"polnet-trace/1": "sha256",
+                                                "polnet-trace/2": "blake3"}
 # ~300 bytes per segment: 64 MiB is > 200,000 checkpoints, far past any real job.
 MAX_MANIFEST_BYTES = 64 * 2**20
 # A checkpoint's own (unknown-spec) header bound; with a spec it is much tighter.
 MAX_CKPT_HEADER = 16 * 2**20
-MAX_META_BYTES = 4096
+MAX_META_BYTES = 8192  # a kept checkpoint's "skipped" list: <= 31 x ~100 bytes
 _MANIFEST_FIELDS = {"job_id": "int", "spec_hash": "str", "dataset_hash": "str", "k": "int",
                     "total_steps": "int", "segment_count": "int", "state_hashes": "[str]",
                     "losses": "[float]", "losses_e9": "[int]", "root": "str",
@@ -125,8 +148,24 @@ class TraceManifest:
     losses: list[float]           # segment mean losses
     losses_e9: list[int]
     root: str                     # hex, 0x-less
-    checkpoints: list[CheckpointEntry]
+    checkpoints: list[CheckpointEntry]   # the kept ones (/1: all of them)
+    keep_every: int = 1
     format: str = MANIFEST_FORMAT
+
+    @property
+    def state_hash_scheme(self) -> StateHashScheme:
+        return MANIFEST_SCHEMES[self.format]
+
+    def checkpoint_at(self, index: int) -> CheckpointEntry | None:
+        """The kept checkpoint of leaf ``index``; None if the solver regenerates it."""
+        for entry in self.checkpoints:
+            if entry.step == index * self.k:
+                return entry
+        return None
+
+    @property
+    def kept(self) -> list[int]:
+        return [c.step // self.k for c in self.checkpoints]
 
     @property
     def final_state_hash(self) -> str:
@@ -139,15 +178,18 @@ class TraceManifest:
     def from_json(cls, raw: bytes) -> TraceManifest:
         """A manifest from a peer or disk; MalformedInput (a ValueError) if bad."""
         d = decode_json_object(raw, max_bytes=MAX_MANIFEST_BYTES, what="trace manifest")
-        check_fields(d, _MANIFEST_FIELDS, optional={"format": "str"}, what="trace manifest")
-        if d.get("format", MANIFEST_FORMAT) != MANIFEST_FORMAT:
-            raise MalformedInput(f"trace manifest format {d['format'][:40]!r} is not "
-                                 f"{MANIFEST_FORMAT}")
+        check_fields(d, _MANIFEST_FIELDS, optional={"format": "str", "keep_every": "int"},
+                     what="trace manifest")
+        d.setdefault("format", "polnet-trace/1")  # /1 wrote none at first
+        if d["format"] not in MANIFEST_SCHEMES:
+            raise MalformedInput(f"trace manifest format {d['format'][:40]!r} is not one this "
+                                 f"node reads ({', '.join(MANIFEST_SCHEMES)})")
         for c in d["checkpoints"]:
             if not isinstance(c, dict):
                 raise MalformedInput("trace manifest: a checkpoint entry is not an object")
             check_fields(c, _ENTRY_FIELDS, what="trace manifest checkpoint entry")
         _check_ranges(d)
+        _check_kept(d)
         d["checkpoints"] = [CheckpointEntry(**c) for c in d["checkpoints"]]
         return cls(**d)
 
@@ -166,6 +208,21 @@ def _check_ranges(d: dict[str, Any]) -> None:
                              f"1 <= k <= {MAX_CHECKPOINT_INTERVAL}, steps <= {MAX_STEPS})")
     if not all(_HEX64.fullmatch(h) for h in (*d["state_hashes"], d["root"])):
         raise MalformedInput("trace manifest: state hashes and root must be 64 hex digits")
+
+
+def _check_kept(d: dict[str, Any]) -> None:
+    """Entries are exactly the kept leaves of ``keep_every`` (/1: every leaf), in order."""
+    m = d.get("keep_every", 1)
+    if d["format"] == "polnet-trace/1" and m != 1 or not 1 <= m <= MAX_KEEP:
+        raise MalformedInput(f"trace manifest: keep_every {m} is not valid for {d['format']}")
+    count = d["segment_count"] // m + 1 + (d["segment_count"] % m != 0)
+    if len(d["checkpoints"]) != count:  # before building a list of a peer's size
+        raise MalformedInput(f"trace manifest: {len(d['checkpoints'])} checkpoints where "
+                             f"keep_every {m} keeps {count}")
+    want = [i * d["k"] for i in kept_indices(d["segment_count"], m)]
+    if [c["step"] for c in d["checkpoints"]] != want:
+        raise MalformedInput(f"trace manifest: checkpoints must be those of steps {want[:4]}"
+                             f"{'...' if len(want) > 4 else ''} (keep_every {m})")
 
 
 # --- checkpoints ----------------------------------------------------------------------
@@ -221,8 +278,12 @@ def load_checkpoint(path: str | Path, expected_hash: bytes | str | None = None,
         tensors = st_load(raw)
     except Exception as exc:  # noqa: BLE001 - the header checked out, the bytes did not
         raise _corrupt(f"{what} is corrupt ({exc})") from None
-    got = compute_state_hash(tensors)
-    if meta["format"] != CKPT_FORMAT or meta["state_hash"] != got.hex():
+    scheme = CKPT_SCHEMES.get(meta["format"])
+    if scheme is None:
+        raise CheckpointError(f"{what} is in format {meta['format'][:40]!r}; this node reads "
+                              f"{', '.join(CKPT_SCHEMES)}")
+    got = compute_state_hash(tensors, scheme)
+    if meta["state_hash"] != got.hex():
         raise CheckpointError(f"{what}: tensors hash to {got.hex()} but its metadata "
                               f"claims {meta['state_hash'][:80]}: the file is corrupt")
     if expected_hash is not None:
@@ -235,11 +296,11 @@ def load_checkpoint(path: str | Path, expected_hash: bytes | str | None = None,
 
 @dataclass(frozen=True)
 class _Record:
-    """What the manifest needs of a checkpoint (its tensors are not kept)."""
+    """What the manifest needs of a leaf state (its tensors are not kept)."""
 
     step: int
     state_hash: bytes
-    file_sha256: str
+    file_sha256: str    # "" for a state that is not kept as a checkpoint
     segment_loss: float | None
     loss_e9: int
 
@@ -249,45 +310,99 @@ class _Record:
         return cls(ck.step, ck.state_hash, ck.file_sha256,
                    None if loss is None else float(loss), int(ck.meta["loss_e9"]))
 
+    @classmethod
+    def skipped(cls, step: int, state_hash: bytes, segment_loss: float) -> _Record:
+        return cls(step, state_hash, "", segment_loss, loss_to_e9(segment_loss))
+
 
 def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
-                      tensors: dict[str, torch.Tensor], segment_loss: float | None) -> _Record:
+                      tensors: dict[str, torch.Tensor], segment_loss: float | None,
+                      skipped: list[_Record]) -> _Record:
     h = compute_state_hash(tensors)
     loss_e9 = 0 if segment_loss is None else loss_to_e9(segment_loss)
+    # "skipped": the leaves since the previous kept checkpoint, so a resumed run can
+    # still write them into its manifest.
     meta = {"format": CKPT_FORMAT, "job_id": job_id, "step": step, "state_hash": h.hex(),
-            "spec_hash": spec_hash, "segment_loss": segment_loss, "loss_e9": loss_e9}
+            "spec_hash": spec_hash, "segment_loss": segment_loss, "loss_e9": loss_e9,
+            "skipped": [[r.state_hash.hex(), r.segment_loss] for r in skipped]}
     raw = _encode_checkpoint(tensors, meta)
-    # No fsync here: resume re-validates every checkpoint by hash, so a file torn by
-    # a power loss is just recomputed; durability is enforced once, before the
-    # manifest (the commit point) is written. Saves ~8 ms per checkpoint.
-    atomic_write(out / checkpoint_name(step), raw, durable=False)
+    # The file is fsynced here, on the writer thread while training goes on; the
+    # directory once, before the manifest (the commit point) is written durably.
+    path = out / checkpoint_name(step)
+    atomic_write(path, raw, durable=False)
+    _fsync(path)
     return _Record(step, h, hashlib.sha256(raw).hexdigest(), segment_loss, loss_e9)
 
 
+# Below this a state is hashed on the training thread: a second Python thread costs
+# the trainer more in GIL hand-offs (up to the 5 ms switch interval each) than the
+# hash itself (70k parameters: 0.3 ms of a 35 ms segment).
+INLINE_HASH_BYTES = 16 * 2**20
+
+
 class _Writer:
-    """Hashes, serialises and writes checkpoints in order on one background
-    thread, overlapping the next segment's training. At most ``depth`` states
-    are in flight (memory bound); a failed write surfaces at the next submit."""
+    """Hashes every leaf state and serialises and writes the kept ones in order; the
+    writes (and the hashes of large states) run on one background thread, overlapping
+    the next segment's training. At most ``depth`` of its jobs are in flight (memory
+    bound); a failed write surfaces at the next submit."""
 
     def __init__(self, out: Path, job_id: int, spec_hash: str, depth: int = 2) -> None:
         self._args = (out, job_id, spec_hash)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polnet-ckpt")
-        self._futures: list[Future[_Record]] = []
+        self._entries: list[_Record | Future[_Record]] = []  # one per leaf, in order
+        self._pending: list[Future[_Record]] = []            # not seen done yet
+        self._skipped: list[_Record | Future[_Record]] = []  # leaves since the last kept
         self._depth = depth
+        # Copies the worker is done with, reused (at most depth + 1 exist at a time).
+        self._spare: list[dict[str, torch.Tensor]] = []
+        self._lock = threading.Lock()
 
-    def submit(self, state: TrainState, segment_loss: float | None) -> None:
-        tensors = state_tensors(state)  # copied now: training goes on mutating state
-        self._futures.append(self._pool.submit(_write_checkpoint, *self._args, state.step,
-                                               tensors, segment_loss))
-        for f in self._futures:
-            if f.done():
-                f.result()  # re-raise a failed write now, not at the end
-        while sum(not f.done() for f in self._futures) > self._depth:
-            next(f for f in self._futures if not f.done()).result()
+    def _give_back(self, tensors: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            self._spare.append(tensors)
+
+    def _hash(self, step: int, tensors: dict[str, torch.Tensor], loss: float) -> _Record:
+        try:
+            return _Record.skipped(step, compute_state_hash(tensors), loss)
+        finally:
+            self._give_back(tensors)
+
+    def _write(self, step: int, tensors: dict[str, torch.Tensor], loss: float | None,
+               skipped: list[_Record | Future[_Record]]) -> _Record:
+        try:  # skipped futures ran before this one on the same single worker
+            recs = [r if isinstance(r, _Record) else r.result() for r in skipped]
+            return _write_checkpoint(*self._args, step, tensors, loss, recs)
+        finally:
+            self._give_back(tensors)
+
+    def submit(self, state: TrainState, segment_loss: float | None, keep: bool = True) -> None:
+        with self._lock:
+            spare = self._spare.pop() if self._spare else None
+        tensors = state_tensors(state, spare)  # copied now: training goes on mutating it
+        entry: _Record | Future[_Record]
+        if keep:
+            entry = self._pool.submit(self._write, state.step, tensors, segment_loss,
+                                      self._skipped)
+            self._skipped = []
+        else:
+            assert segment_loss is not None  # S_0 is always kept
+            small = sum(t.numel() * t.element_size() for t in tensors.values()) \
+                < INLINE_HASH_BYTES
+            entry = self._hash(state.step, tensors, segment_loss) if small else \
+                self._pool.submit(self._hash, state.step, tensors, segment_loss)
+            self._skipped.append(entry)
+        self._entries.append(entry)
+        if isinstance(entry, Future):
+            self._pending.append(entry)
+        for f in [f for f in self._pending if f.done()]:
+            f.result()  # re-raise a failed write now, not at the end
+            self._pending.remove(f)
+        while len(self._pending) > self._depth:
+            self._pending.pop(0).result()
 
     def finish(self) -> list[_Record]:
         try:
-            return [f.result() for f in self._futures]
+            return [e if isinstance(e, _Record) else e.result() for e in self._entries]
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -309,13 +424,32 @@ def _prepare_dir(ctx: TrainContext, out: Path) -> str:
     return spec_hash
 
 
-def _resume_point(out: Path, job_id: int, spec: JobSpec) -> tuple[list[_Record], Checkpoint | None]:
-    """The longest valid prefix S_0, S_k, ... on disk (later files are deleted)
-    and the last checkpoint of it, to continue from."""
+def _skipped_records(ck: Checkpoint, first: int, k: int) -> list[_Record] | None:
+    """The leaves ``first ..`` before ``ck`` its metadata lists; None if they do not fit."""
+    raw = ck.meta.get("skipped", [])
+    want = ck.step // k - first
+    if ck.meta["format"] != CKPT_FORMAT or not isinstance(raw, list) or len(raw) != want:
+        return None
+    out = []
+    for i, item in enumerate(raw):
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and _HEX64.fullmatch(item[0]) and isinstance(item[1], int | float)
+                and math.isfinite(item[1]) and item[1] >= 0):
+            return None
+        out.append(_Record.skipped((first + i) * k, bytes.fromhex(item[0]), float(item[1])))
+    return out
+
+
+def _resume_point(out: Path, job_id: int, spec: JobSpec,
+                  keep_every: int) -> tuple[list[_Record], Checkpoint | None]:
+    """The longest valid prefix of kept checkpoints on disk (every other checkpoint
+    file is deleted), the leaf records it covers, and its last checkpoint, to
+    continue from."""
     spec_hash, k, segments = spec.spec_hash_hex(), spec.checkpoint_interval, spec.segment_count
     done: list[_Record] = []
     last: Checkpoint | None = None
-    for i in range(segments + 1):
+    keep: set[str] = set()
+    for i in kept_indices(segments, keep_every):
         path = out / checkpoint_name(i * k)
         if not path.exists():
             break
@@ -326,10 +460,15 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec) -> tuple[list[_Record],
         if ck.meta.get("job_id") != job_id or ck.meta.get("spec_hash") != spec_hash \
                 or ck.step != i * k:
             raise TrainingError(f"{path} belongs to another job or spec; use a fresh --out")
-        done.append(_Record.of(ck))
+        skipped = _skipped_records(ck, len(done), k)
+        if skipped is None:  # another keep_every, or an old format: recompute from here
+            break
+        done += [*skipped, _Record.of(ck)]
+        keep.add(path.name)
         last = ck
-    for i in range(len(done), segments + 1):  # never leave a stale suffix behind
-        (out / checkpoint_name(i * k)).unlink(missing_ok=True)
+    for stale in out.glob("ckpt-*.safetensors"):  # never leave a stale suffix behind
+        if stale.name not in keep:
+            stale.unlink(missing_ok=True)
     if len(done) <= segments:  # a manifest only ever describes a finished run
         (out / MANIFEST_NAME).unlink(missing_ok=True)
     return done, last
@@ -337,19 +476,25 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec) -> tuple[list[_Record],
 
 def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
                  behavior: SegmentBehavior | None = None,
-                 progress: Callable[[Progress], None] | None = None) -> TraceManifest:
+                 progress: Callable[[Progress], None] | None = None,
+                 keep_every: int = 1) -> TraceManifest:
     """Train ``ctx.spec`` recording its trace in ``out_dir``, resuming partial work.
 
+    Every leaf's state is hashed; with ``keep_every = M`` only S_0, every M-th leaf
+    state and the final one are kept as checkpoints (node.train.sparse).
     ``progress`` is called each time a segment closes (its checkpoint may still
     be being written). Returns the manifest, also written to ``trace.json``."""
     if job_id < 0 or job_id >= 2**256:
         raise TrainingError("job_id must fit a uint256")
+    check_keep_every(keep_every)
     behavior = behavior or HonestBehavior()
     out = Path(out_dir)
     spec = ctx.spec
     k, segments = spec.checkpoint_interval, spec.segment_count
+    kept = set(kept_indices(segments, keep_every))
     spec_hash = _prepare_dir(ctx, out)
-    done, last = _resume_point(out, job_id, spec)
+    done, last = _resume_point(out, job_id, spec, keep_every)
+    resumed = list(done)
     writer = _Writer(out, job_id, spec_hash)
     try:
         if last is not None:
@@ -367,38 +512,46 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
                                     f"for segment {seg} (expected {start + k})")
             if not math.isfinite(loss) or loss < 0:
                 raise TrainingError(f"segment {seg} loss {loss} cannot go into a trace leaf")
-            writer.submit(state, loss)
+            writer.submit(state, loss, keep=seg + 1 in kept)
             if progress is not None:
                 progress(Progress(state.step, spec.total_steps, seg, loss, resumed_from))
     finally:
         done += writer.finish()
-    _make_durable(out, done)
-    return _write_manifest(out, ctx, job_id, spec_hash, done)
+    _make_durable(out, resumed)
+    return _write_manifest(out, ctx, job_id, spec_hash, done, keep_every)
 
 
-def _make_durable(out: Path, done: list[_Record]) -> None:
-    for rec in done:
-        fd = os.open(out / checkpoint_name(rec.step), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_durable(out: Path, resumed: list[_Record]) -> None:
+    """Checkpoints a killed run left (this run's were fsynced as written), then the dir."""
+    for rec in resumed:
+        if rec.file_sha256:
+            _fsync(out / checkpoint_name(rec.step))
     fsync_dir(out)
 
 
 def _write_manifest(out: Path, ctx: TrainContext, job_id: int, spec_hash: str,
-                    done: list[_Record]) -> TraceManifest:
+                    done: list[_Record], keep_every: int) -> TraceManifest:
     losses = [r.segment_loss for r in done[1:] if r.segment_loss is not None]
     losses_e9 = [r.loss_e9 for r in done[1:]]
     hashes = [r.state_hash for r in done]
     _, tree = build_trace_tree(job_id, ctx.spec.checkpoint_interval, hashes, losses_e9)
     entries = [CheckpointEntry(r.step, checkpoint_name(r.step), r.file_sha256,
-                               (out / checkpoint_name(r.step)).stat().st_size) for r in done]
+                               (out / checkpoint_name(r.step)).stat().st_size)
+               for r in done if r.file_sha256]
     manifest = TraceManifest(
         job_id=job_id, spec_hash=spec_hash, dataset_hash=ctx.spec.dataset_hash,
         k=ctx.spec.checkpoint_interval, total_steps=ctx.spec.total_steps,
         segment_count=ctx.spec.segment_count, state_hashes=[h.hex() for h in hashes],
-        losses=losses, losses_e9=losses_e9, root=tree.root.hex(), checkpoints=entries)
+        losses=losses, losses_e9=losses_e9, root=tree.root.hex(), checkpoints=entries,
+        keep_every=keep_every)
     atomic_write(out / MANIFEST_NAME, manifest.to_json())
     return manifest
 
@@ -428,27 +581,60 @@ def regenerate(ctx: TrainContext, trace_dir: str | Path, step: int) -> dict[str,
     return regenerate_many(ctx, trace_dir, [step])[step]
 
 
+def _kept_checkpoint(ctx: TrainContext, trace_dir: Path, manifest: TraceManifest,
+                     index: int, wanted: int) -> Checkpoint:
+    path = trace_dir / checkpoint_name(index * manifest.k)
+    if not path.exists():
+        raise CheckpointError(f"kept checkpoint {path.name} (leaf {index}) is missing from "
+                              f"{trace_dir}: leaf {wanted} is regenerated from it and cannot "
+                              "be served without it; the trace is incomplete (train it again "
+                              "into a fresh --out)")
+    return load_checkpoint(path, manifest.state_hashes[index], ctx.spec)
+
+
 def regenerate_many(ctx: TrainContext, trace_dir: str | Path, steps: Sequence[int],
                     step_fn: Callable[[TrainContext, TrainState, int], float] = train_step,
+                    behavior: SegmentBehavior | None = None,
                     ) -> dict[int, dict[str, torch.Tensor]]:
-    """S_t for every t in ``steps``, by ``step_fn`` steps (honest ones unless given)
-    from the nearest checkpoint at or before each; steps sharing a checkpoint cost one
-    walk (a dispute round's mids)."""
+    """S_t for every t in ``steps``. A leaf state (t a multiple of k) is the kept
+    checkpoint, or is rebuilt from the nearest kept one before it segment by segment
+    with ``behavior`` (the one that trained it; honest unless given) and must hash to
+    its committed leaf (CheckpointError otherwise: this machine does not reproduce
+    the trace). Any other t is reached from S_{floor(t/k)*k} by ``step_fn`` steps
+    (honest unless given: a dispute's bisection points). Sorted steps share walks."""
     manifest = read_manifest(trace_dir)
+    trace = Path(trace_dir)
+    k, kept = manifest.k, manifest.kept
     for step in steps:
         if not 0 <= step <= manifest.total_steps:
             raise TrainingError(f"step {step} outside 0..{manifest.total_steps}")
+    behavior = behavior or HonestBehavior()
     out: dict[int, dict[str, torch.Tensor]] = {}
-    state: TrainState | None = None
+    leaf_at, leaf = -1, {}   # the last leaf state reached, as tensors
+    state: TrainState | None = None  # a walk between leaves
     for step in sorted(set(steps)):
-        base = step // manifest.k
-        if base * manifest.k == step or state is None or state.step // manifest.k != base:
-            ck = load_checkpoint(Path(trace_dir) / checkpoint_name(base * manifest.k),
-                                 manifest.state_hashes[base], ctx.spec)
-            if base * manifest.k == step:
-                out[step] = ck.tensors
-                continue
-            state = load_state(ctx, ck.tensors, step=ck.step)
+        i = step // k
+        if not nearest_kept(i, kept) <= leaf_at <= i:  # start over from a kept checkpoint
+            j = nearest_kept(i, kept)
+            leaf_at, leaf = j, _kept_checkpoint(ctx, trace, manifest, j, i).tensors
+        if leaf_at < i:
+            seg_state = load_state(ctx, leaf, step=leaf_at * k)
+            for seg in range(leaf_at, i):
+                seg_state, _ = behavior.run_segment(ctx, seg_state, seg, seg * k, k)
+                got = compute_state_hash(state_tensors(seg_state), manifest.state_hash_scheme)
+                if got.hex() != manifest.state_hashes[seg + 1]:
+                    raise CheckpointError(
+                        f"leaf {seg + 1} regenerated from kept leaf {leaf_at} hashes to "
+                        f"{got.hex()[:16]}… but the trace commits "
+                        f"{manifest.state_hashes[seg + 1][:16]}…: this machine or behaviour "
+                        "does not reproduce the trace bitwise")
+            leaf_at, leaf = i, state_tensors(seg_state)
+            state = None
+        if step == i * k:
+            out[step] = leaf
+            continue
+        if state is None or state.step // k != i or state.step > step:
+            state = load_state(ctx, leaf, step=i * k)
         for t in range(state.step + 1, step + 1):
             step_fn(ctx, state, t)
         out[step] = state_tensors(state)

@@ -4,6 +4,8 @@
 
 trace_vectors.json: leaves, leaf hashes, roots and proofs of a few trace trees.
 sampling_vectors.json: sample_segments(seed, segment_count, n) for a few inputs.
+state_hash_vectors.json: node.proof.state_hash of small tensor sets under each scheme
+(polnet-trace/1: sha256, /2: blake3), for any other implementation of the state hash.
 Contract tests check TraceLib / SegmentSampler (through contracts/src/test/LibHarness.sol,
 JobMarket.challenge and JobMarket.sampledSegments) against them.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from node.proof import build_trace_tree, sample_segments  # noqa: E402
+from node.proof import build_trace_tree, sample_segments, state_hash  # noqa: E402
 
 
 def _h(text: str) -> bytes:
@@ -72,9 +74,37 @@ def sampling_vectors() -> dict:
     return {"source": "node/proof.py sample_segments", "cases": cases}
 
 
+def _tensor_sets() -> list[tuple[str, dict]]:
+    import torch  # noqa: PLC0415 - the other vectors need no torch
+
+    return [
+        ("empty", {}),
+        ("scalar step", {"meta.step": torch.tensor(7, dtype=torch.int64)}),
+        ("mixed", {"model.w": torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7,
+                   "model.b": torch.tensor([-0.0, 1.5, float("1e-40")]),
+                   "optim.w.step": torch.zeros((), dtype=torch.float32),
+                   "meta.step": torch.tensor(2**40, dtype=torch.int64),
+                   "empty": torch.zeros(0, 3)}),
+    ]
+
+
+def state_hash_vectors() -> dict:
+    cases = []
+    for label, tensors in _tensor_sets():
+        for scheme in ("sha256", "blake3"):
+            cases.append({"label": label, "scheme": scheme,
+                          "tensors": {n: {"dtype": str(t.dtype).removeprefix("torch."),
+                                          "shape": list(t.shape),
+                                          "values": t.reshape(-1).tolist()}
+                                      for n, t in sorted(tensors.items())},
+                          "state_hash": _hex(state_hash(tensors, scheme))})
+    return {"source": "node/proof.py state_hash", "cases": cases}
+
+
 def main() -> None:
     for name, data in [("trace_vectors.json", trace_vectors()),
-                       ("sampling_vectors.json", sampling_vectors())]:
+                       ("sampling_vectors.json", sampling_vectors()),
+                       ("state_hash_vectors.json", state_hash_vectors())]:
         (HERE / name).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
         print(f"wrote tests/vectors/{name}")
 

@@ -1,0 +1,114 @@
+"""A solver with a sparse trace (``keep_every`` > 1) serves the leaf states it did not
+keep once somebody needs them: the two ends of each sampled segment (as soon as the
+sample seed is known, well inside the verification window) and of each disputed
+segment (jurors and the challenger load them). Each is regenerated bitwise from the
+nearest kept checkpoint by the behaviour that trained it (``regenerate_many``), so
+it hashes to its leaf, then published and announced like a bisection state
+(``state_served``); verifiers find it by its state hash.
+
+Public API::
+
+    leaves_to_serve(manifest, segments, served) -> list[int]   # pure
+    await keep_every_for(rt, job, step_s) -> int                 # at claim time
+    await serve_missing_leaves(solver, nursery, jid)             # one call per tick
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import trio
+
+from node.errors import ContractRevert
+from node.logs import get_logger
+from node.roles.runtime import Runtime, guarded
+
+if TYPE_CHECKING:
+    from node.chain.contracts import Job
+    from node.roles.solver import Solver
+    from node.train.trace import TraceManifest
+
+log = get_logger("polnet.solver.leaves")
+
+
+def leaves_to_serve(manifest: TraceManifest, segments: Iterable[int],
+                    served: Iterable[int]) -> list[int]:
+    """Leaf indices at the ends of ``segments`` that the trace did not keep and that
+    have not been served yet, ascending."""
+    kept, done = set(manifest.kept), set(served)
+    want = {i for s in segments if 0 <= s < manifest.segment_count for i in (s, s + 1)}
+    return sorted(want - kept - done)
+
+
+async def keep_every_for(rt: Runtime, job: Job, step_s: float) -> int:
+    """The node's ``keep_every``, lowered until regenerating a whole sample fits half
+    the market's verification window at the probed step time (node.train.sparse)."""
+    from node.train.sparse import fit_keep_every  # noqa: PLC0415
+
+    mp = await rt.chain(rt.chain_client.market.market_params)
+    return fit_keep_every(rt.settings.keep_every, window_s=mp.verification_window,
+                          step_s=step_s, k=job.steps_per_segment, samples=mp.sample_count)
+
+
+async def _needed_segments(solver: Solver, jid: int) -> list[int]:
+    c = solver.rt.chain_client
+    segments: list[int] = []
+    with contextlib.suppress(ContractRevert):  # SeedNotFixed: its block is not mined yet
+        segments += await solver.rt.chain(c.market.sampled_segments, jid)
+    for did in list(solver.state.data.disputes):
+        d = await solver.rt.chain(c.dispute.get_dispute, did)
+        if d.job_id == jid:
+            segments.append(d.segment)
+    return segments
+
+
+async def serve_missing_leaves(solver: Solver, nursery: trio.Nursery, jid: int) -> None:
+    """Start regenerating and serving what is needed and missing (no-op for a dense
+    trace, or while a previous pass for the job still runs)."""
+    from node.train.trace import read_manifest  # noqa: PLC0415 - torch is heavy
+
+    key = f"leaves{jid}"
+    if key in solver._busy:
+        return
+    trace = solver._trace_dir(jid)
+    manifest = read_manifest(trace)
+    if manifest.keep_every == 1:
+        return
+    info = solver.state.data.jobs[jid]
+    todo = leaves_to_serve(manifest, await _needed_segments(solver, jid), info.leaves_served)
+    if todo:
+        solver._busy.add(key)
+        nursery.start_soon(guarded, "serve_leaves", _serve, solver, jid, manifest, todo, key)
+
+
+async def _serve(solver: Solver, jid: int, manifest: TraceManifest, todo: list[int],
+                 key: str) -> None:
+    from node.train.sparse import nearest_kept  # noqa: PLC0415
+    from node.train.trace import regenerate_many  # noqa: PLC0415
+
+    try:
+        ctx = await solver._context(jid)
+        k = manifest.k
+        blocks: dict[int, list[int]] = {}
+        for index in todo:
+            blocks.setdefault(nearest_kept(index, manifest.kept), []).append(index)
+        # One walk per kept checkpoint, its leaves served as soon as it ends: verifiers
+        # start on the first segments while later ones are still being regenerated.
+        for leaves in blocks.values():
+            t0 = trio.current_time()
+            states = await trio.to_thread.run_sync(
+                lambda ls=leaves: regenerate_many(ctx, solver._trace_dir(jid),
+                                                  [i * k for i in ls],
+                                                  behavior=solver.behavior))
+            for index in leaves:
+                await solver.serve_state(jid, index * k, states[index * k])
+                with solver.state as st:
+                    served = st.jobs[jid].leaves_served
+                    if index not in served:
+                        served.append(index)
+            log.info("leaves_served", job=jid, leaves=leaves,
+                     seconds=round(trio.current_time() - t0, 2))
+    finally:
+        solver._busy.discard(key)
