@@ -409,11 +409,16 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts)
 
 
-def _to_spec_error(exc: ValidationError) -> SpecError:
+def _to_spec_error(exc: ValidationError, nested: tuple[str, ...] = ()) -> SpecError:
+    """``nested``: fields holding a whole JobSpec, whose own SpecErrors name paths
+    from that JobSpec's root (``model.n_heads``): they get the field as a prefix."""
     err = exc.errors()[0]
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, SpecError):
-        return SpecError(str(cause).removeprefix(f"{cause.field}: "), field=cause.field)
+        loc = err["loc"]
+        field = f"{loc[0]}.{cause.field}" if loc and loc[0] in nested and cause.field \
+            else cause.field
+        return SpecError(str(cause).removeprefix(f"{cause.field}: "), field=field)
     field = _field_path(tuple(err["loc"]))
     if err["type"] == "extra_forbidden":
         return SpecError("unknown field", field=field)
@@ -468,7 +473,7 @@ def parse_collaborative_spec(data: Mapping[str, Any]) -> CollaborativeSpec:
     try:
         return CollaborativeSpec.model_validate(dict(data))
     except ValidationError as exc:
-        raise _to_spec_error(exc) from None
+        raise _to_spec_error(exc, nested=("inner",)) from None
 
 
 def parse_collaborative_spec_json(raw: bytes | str) -> CollaborativeSpec:
