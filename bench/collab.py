@@ -23,7 +23,7 @@ Calibration from the issue (N=4, H=50, R=20, plain loop): solo 1.503, collab 1.4
 data parallel x4 batch 1.361. Targets: collab below solo, and within 10% of data
 parallel.
 
-Usage: python bench/collab.py [--quick] [--workers 4] [--inner-steps 50] [--rounds 10]
+Usage: python bench/collab.py [--quick] [--workers 4] [--inner-steps 50] [--rounds 20]
 The last stdout line is the JSON.
 """
 
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="H=10, R=3: a smoke run")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--inner-steps", type=int, default=50)
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     n, h, r = args.workers, args.inner_steps, args.rounds
