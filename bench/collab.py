@@ -3,7 +3,8 @@
 On the reference char LM (examples/lm_text.toml's transformer_lm: d_model 96,
 2 layers, context 64, per-worker batch 16, AdamW lr 3e-3, dropout 0.1) on the
 bundled text, with ``--workers`` N slots, ``--inner-steps`` H, ``--rounds`` R and
-the outer Nesterov step (lr 0.7, momentum 0.9), all through node.train.diloco:
+the outer Nesterov step (``--outer-lr`` 0.7, ``--outer-momentum`` 0.9), all through
+node.train.diloco:
 
 - ``solo``: slot 0 alone for H x R sequential steps at batch B (its shards, one
   AdamW state throughout);
@@ -58,13 +59,15 @@ HOLDOUT = 512      # held-out windows of 65 tokens
 EVAL_BATCH = 64
 
 
-def make_spec(dataset_hash: str, workers: int, h: int, r: int) -> CollaborativeSpec:
+def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 0.7,
+              outer_momentum: float = 0.9) -> CollaborativeSpec:
     inner = load_spec(ROOT / "examples" / "lm_text.toml").model_dump(mode="json")
     inner.update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=h)
     return parse_collaborative_spec({
         "kind": "collaborative", "name": "bench-collab", "inner": inner,
         "workers": {"min": workers, "max": workers}, "inner_steps": h, "outer_rounds": r,
-        "outer_optimizer": {"lr": 0.7, "momentum": 0.9}, "holdout_samples": HOLDOUT})
+        "outer_optimizer": {"lr": outer_lr, "momentum": outer_momentum},
+        "holdout_samples": HOLDOUT})
 
 
 def eval_loss(ctx: ShardContext, theta: Params, held: torch.Tensor) -> float:
@@ -96,6 +99,9 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="0 with --outer-lr 1 is plain averaging of the workers' weights")
     args = ap.parse_args()
     n, h, r = args.workers, args.inner_steps, args.rounds
     if args.quick:
@@ -103,7 +109,7 @@ def main() -> None:
 
     started = time.perf_counter()
     ds = parse_dataset(pack_text())
-    spec = make_spec(ds.hash_hex, n, h, r)
+    spec = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum)
     ctxs = [worker_context(spec, ds, s, threads=args.threads) for s in range(n)]
     held = holdout_indices(spec, ctxs[0].num_samples)
     theta_0 = initial_outer_state(spec).theta
@@ -151,7 +157,8 @@ def main() -> None:
         "model": {**spec.inner.model.model_dump(mode="json"), "params": params},
         "workers": n, "inner_steps": h, "rounds": r, "batch_per_worker": spec.inner.batch_size,
         "inner_optimizer": "adamw lr 3e-3, state reset per round",
-        "outer_optimizer": {"name": "nesterov", "lr": 0.7, "momentum": 0.9},
+        "outer_optimizer": {"name": "nesterov", "lr": args.outer_lr,
+                            "momentum": args.outer_momentum},
         "heldout_windows": HOLDOUT, "spec_hash": spec.spec_hash_hex(),
         "eval_loss": {"solo": round(solo, 4), "collab": collab, "data_parallel": round(dp, 4)},
         "collab_eval_by_round": curve,
