@@ -132,6 +132,8 @@ class RoundResult:
 def run_round(state: OuterState, contexts: Sequence[ShardContext],
               outer: NesterovConfig) -> RoundResult:
     """Every given slot's inner run from ``state.theta``, then the outer step over all."""
+    if not contexts or len({c.slots for c in contexts}) != len(contexts):
+        raise TrainingError("a round needs one context per slot, at least one")
     if state.round >= contexts[0].collab.outer_rounds:
         raise TrainingError(f"the job has {contexts[0].collab.outer_rounds} rounds; "
                             f"round {state.round} is past them")
