@@ -1,6 +1,6 @@
 """Collaborative training (issue 13, DiLoCo) against one worker and data parallel.
 
-On the reference char LM (examples/lm_text.toml's transformer_lm: d_model 96,
+On examples/collab_lm_text.toml (lm_text.toml's char LM: d_model 96,
 2 layers, context 64, per-worker batch 16, AdamW lr 3e-3, dropout 0.1) on the
 bundled text, with ``--workers`` N slots, ``--inner-steps`` H, ``--rounds`` R and
 the outer Nesterov step (``--outer-lr`` 0.7, ``--outer-momentum`` 0.9), all through
@@ -44,7 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from node.datasets import pack_text, parse_dataset  # noqa: E402
-from node.spec import CollaborativeSpec, load_spec, parse_collaborative_spec  # noqa: E402
+from node.spec import (  # noqa: E402
+    CollaborativeSpec,
+    load_collaborative_spec,
+    parse_collaborative_spec,
+)
 from node.train.diloco import initial_outer_state, outer_hash, outer_step  # noqa: E402
 from node.train.inner import Params, inner_run, model_params, start_state  # noqa: E402
 from node.train.shards import (  # noqa: E402
@@ -55,19 +59,17 @@ from node.train.shards import (  # noqa: E402
 )
 from node.train.step import TrainState, train_step  # noqa: E402
 
-HOLDOUT = 512      # held-out windows of 65 tokens
 EVAL_BATCH = 64
 
 
 def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 0.7,
               outer_momentum: float = 0.9) -> CollaborativeSpec:
-    inner = load_spec(ROOT / "examples" / "lm_text.toml").model_dump(mode="json")
-    inner.update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=h)
-    return parse_collaborative_spec({
-        "kind": "collaborative", "name": "bench-collab", "inner": inner,
-        "workers": {"min": workers, "max": workers}, "inner_steps": h, "outer_rounds": r,
-        "outer_optimizer": {"lr": outer_lr, "momentum": outer_momentum},
-        "holdout_samples": HOLDOUT})
+    """examples/collab_lm_text.toml at the given size."""
+    d = load_collaborative_spec(ROOT / "examples" / "collab_lm_text.toml").model_dump(mode="json")
+    d["inner"].update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=h)
+    d.update(workers={"min": workers, "max": workers}, inner_steps=h, outer_rounds=r,
+             outer_optimizer={"name": "nesterov", "lr": outer_lr, "momentum": outer_momentum})
+    return parse_collaborative_spec(d)
 
 
 def eval_loss(ctx: ShardContext, theta: Params, held: torch.Tensor) -> float:
@@ -159,7 +161,7 @@ def main() -> None:
         "inner_optimizer": "adamw lr 3e-3, state reset per round",
         "outer_optimizer": {"name": "nesterov", "lr": args.outer_lr,
                             "momentum": args.outer_momentum},
-        "heldout_windows": HOLDOUT, "spec_hash": spec.spec_hash_hex(),
+        "heldout_windows": spec.holdout_samples, "spec_hash": spec.spec_hash_hex(),
         "eval_loss": {"solo": round(solo, 4), "collab": collab, "data_parallel": round(dp, 4)},
         "collab_eval_by_round": curve,
         "targets": {"collab_below_solo": collab < solo,

@@ -19,6 +19,7 @@ from node.errors import IntegrityError, SpecError
 from node.spec import (
     CollaborativeSpec,
     load_collaborative_spec,
+    load_spec,
     parse_collaborative_spec,
     parse_collaborative_spec_json,
     parse_spec,
@@ -144,6 +145,16 @@ def test_inner_steps_must_be_whole_segments(text: Dataset) -> None:
 def test_single_solver_spec_does_not_take_collaborative_fields(text: Dataset) -> None:
     with pytest.raises(SpecError):
         parse_spec(collab_dict(text.hash_hex))
+
+
+def test_example_is_lm_text_in_four_slots(text: Dataset) -> None:
+    spec = load_collaborative_spec(ROOT / "examples" / "collab_lm_text.toml")
+    solo = load_spec(ROOT / "examples" / "lm_text.toml")
+    assert spec.inner.model == solo.model and spec.inner.optimizer == solo.optimizer
+    assert spec.inner.dataset_hash == text.hash_hex == solo.dataset_hash
+    assert (spec.workers.max, spec.inner_steps, spec.outer_rounds) == (4, 50, 20)
+    assert parse_collaborative_spec_json(spec.canonical_json()).spec_hash() == spec.spec_hash()
+    worker_context(spec, text, 3)  # four shards of 50 x 16 windows fit
 
 
 # --- shards -------------------------------------------------------------------------
