@@ -17,6 +17,10 @@ Public API::
     spec.model.param_count() -> int       # analytic, no torch needed
     spec.detection.samples() -> int       # segments to sample (44 for f=0.1, c=0.99)
 
+    parse_collaborative_spec(data) -> CollaborativeSpec   # issue 13: DiLoCo rounds
+    parse_collaborative_spec_json(raw) -> CollaborativeSpec
+    load_collaborative_spec(path) -> CollaborativeSpec
+
 Every rejection is a :class:`node.errors.SpecError` whose ``field`` is the
 dotted path of the offending field (``optimizer.lr``, ``checkpoint_interval``).
 
@@ -28,9 +32,9 @@ is accepted for cheap jobs where a weaker per-segment check is acceptable.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -318,9 +322,80 @@ class JobSpec(_Strict):
         return self.spec_hash().hex()
 
 
+# --- collaborative jobs (issue 13) -------------------------------------------------
+
+MAX_WORKERS = 256
+
+
+class NesterovConfig(_Strict):
+    """The outer optimizer of a collaborative job: SGD with Nesterov momentum on the
+    averaged pseudo-gradient (OpenDiLoCo's lr 0.7, momentum 0.9 by default)."""
+
+    name: Literal["nesterov"] = "nesterov"
+    lr: float = Field(default=0.7, gt=0.0, le=10.0)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+
+
+class WorkerRange(_Strict):
+    """How many worker slots a round has: it closes with at least ``min`` accepted
+    deltas; slots are numbered ``0 .. max - 1`` and the data is cut in ``max`` shards."""
+
+    min: int = Field(ge=1, le=MAX_WORKERS)
+    max: int = Field(ge=1, le=MAX_WORKERS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkerRange:
+        if self.min > self.max:
+            raise SpecError(f"min {self.min} exceeds max {self.max}", field="workers.min")
+        return self
+
+
+class CollaborativeSpec(_Strict):
+    """A DiLoCo job: ``outer_rounds`` rounds; in each, every worker slot runs
+    ``inner_steps`` steps of ``inner`` (the per-worker job: model, dataset, inner
+    optimizer, per-worker batch, seed, schedule over ``H * R`` inner steps) from the
+    shared weights on its own shard, and the outer optimizer turns the averaged
+    deltas into the next shared weights. ``holdout_samples`` trailing samples of the
+    dataset are in no shard (held out for evaluation). A separate model, not a field
+    of :class:`JobSpec`, so single-solver specs and their hashes stay as they are."""
+
+    kind: Literal["collaborative"]
+    version: Literal[1] = 1
+    name: str = Field(default="", max_length=200)
+    inner: JobSpec
+    workers: WorkerRange
+    inner_steps: int = Field(ge=1, le=MAX_STEPS)
+    outer_rounds: int = Field(ge=1, le=100_000)
+    outer_optimizer: NesterovConfig = NesterovConfig()
+    holdout_samples: int = Field(default=0, ge=0, le=100_000_000)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> CollaborativeSpec:
+        if self.inner.total_steps != self.inner_steps * self.outer_rounds:
+            raise SpecError(
+                f"inner.total_steps {self.inner.total_steps} must be inner_steps x "
+                f"outer_rounds = {self.inner_steps * self.outer_rounds} (the inner schedule "
+                "runs over every inner step of the job)", field="inner.total_steps")
+        if self.inner_steps % self.inner.checkpoint_interval:
+            raise SpecError(f"inner_steps {self.inner_steps} is not a multiple of "
+                            f"inner.checkpoint_interval {self.inner.checkpoint_interval}",
+                            field="inner_steps")
+        return self
+
+    def canonical_json(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json"))
+
+    def spec_hash(self) -> bytes:
+        return content_hash(self.model_dump(mode="json"))
+
+    def spec_hash_hex(self) -> str:
+        return self.spec_hash().hex()
+
+
 # --- loading ------------------------------------------------------------------------
 
 
+_S = TypeVar("_S", JobSpec, CollaborativeSpec)
 _TAGS = {"model": MODEL_FAMILIES, "optimizer": ("sgd", "adamw")}
 
 
@@ -334,11 +409,16 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return ".".join(parts)
 
 
-def _to_spec_error(exc: ValidationError) -> SpecError:
+def _to_spec_error(exc: ValidationError, nested: tuple[str, ...] = ()) -> SpecError:
+    """``nested``: fields holding a whole JobSpec, whose own SpecErrors name paths
+    from that JobSpec's root (``model.n_heads``): they get the field as a prefix."""
     err = exc.errors()[0]
     cause = (err.get("ctx") or {}).get("error")
     if isinstance(cause, SpecError):
-        return SpecError(str(cause).removeprefix(f"{cause.field}: "), field=cause.field)
+        loc = err["loc"]
+        field = f"{loc[0]}.{cause.field}" if loc and loc[0] in nested and cause.field \
+            else cause.field
+        return SpecError(str(cause).removeprefix(f"{cause.field}: "), field=field)
     field = _field_path(tuple(err["loc"]))
     if err["type"] == "extra_forbidden":
         return SpecError("unknown field", field=field)
@@ -370,15 +450,36 @@ def parse_spec_json(raw: bytes | str) -> JobSpec:
 
 def load_spec(path: str | Path) -> JobSpec:
     """Load a spec from ``.toml`` or ``.json`` (by suffix; other suffixes: tried as TOML)."""
+    return _load_file(path, parse_spec, parse_spec_json)
+
+
+def _load_file(path: str | Path, parse: Callable[[Mapping[str, Any]], _S],
+               parse_json: Callable[[bytes], _S]) -> _S:
     p = Path(path)
     try:
         raw = p.read_bytes()
     except OSError as exc:
         raise SpecError(f"cannot read spec file {p}: {exc.strerror}") from None
     if p.suffix.lower() == ".json":
-        return parse_spec_json(raw)
+        return parse_json(raw)
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except ValueError as exc:  # TOMLDecodeError, UnicodeDecodeError, a 5000-digit int
         raise SpecError(f"{p} is not valid TOML: {exc}") from None
-    return parse_spec(data)
+    return parse(data)
+
+
+def parse_collaborative_spec(data: Mapping[str, Any]) -> CollaborativeSpec:
+    try:
+        return CollaborativeSpec.model_validate(dict(data))
+    except ValidationError as exc:
+        raise _to_spec_error(exc, nested=("inner",)) from None
+
+
+def parse_collaborative_spec_json(raw: bytes | str) -> CollaborativeSpec:
+    return parse_collaborative_spec(decode_json_object(
+        raw, max_bytes=MAX_SPEC_BYTES, what="collaborative spec JSON", error=SpecError))
+
+
+def load_collaborative_spec(path: str | Path) -> CollaborativeSpec:
+    return _load_file(path, parse_collaborative_spec, parse_collaborative_spec_json)

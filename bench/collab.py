@@ -1,0 +1,188 @@
+"""Collaborative training (issue 13, DiLoCo) against one worker and data parallel.
+
+On examples/collab_lm_text.toml (lm_text.toml's char LM: d_model 96,
+2 layers, context 64, per-worker batch 16, AdamW lr 3e-3, dropout 0.1) on the
+bundled text, with ``--workers`` N slots, ``--inner-steps`` H, ``--rounds`` R and
+the outer Nesterov step (``--outer-lr`` 0.7, ``--outer-momentum`` 0.9), all through
+node.train.diloco:
+
+- ``solo``: slot 0 alone for H x R sequential steps at batch B (its shards, one
+  AdamW state throughout);
+- ``collab``: R rounds; each slot's inner run (H steps from theta_t, inner AdamW
+  reset per round) and the outer step. Workers run one after another here, so
+  the per-round wall time is reported both summed and as the slowest worker plus
+  the outer step (what parallel workers would see);
+- ``data_parallel``: one solver with an N x B batch (each step's batch is the N
+  slots' batches of that step) for H x R steps: synchronous data parallel.
+
+Eval loss: mean cross-entropy in eval mode over held-out windows (in no shard).
+Bytes: a worker sends one fp32 delta per round; synchronous data parallel
+all-reduces an fp32 gradient every step, i.e. H per round: sent per worker, that is
+``H * P * 4`` sending it whole or ``H * 2 (N-1)/N * P * 4`` in a ring.
+
+Calibration from the issue (N=4, H=50, R=20, plain loop): solo 1.503, collab 1.460,
+data parallel x4 batch 1.361. Targets: collab below solo, and within 10% of data
+parallel.
+
+Usage: python bench/collab.py [--quick] [--workers 4] [--inner-steps 50] [--rounds 20]
+The last stdout line is the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from node.datasets import pack_text, parse_dataset  # noqa: E402
+from node.spec import (  # noqa: E402
+    CollaborativeSpec,
+    load_collaborative_spec,
+    parse_collaborative_spec,
+)
+from node.train.diloco import initial_outer_state, outer_hash, outer_step  # noqa: E402
+from node.train.inner import Params, inner_run, model_params, start_state  # noqa: E402
+from node.train.shards import (  # noqa: E402
+    ShardContext,
+    data_parallel_context,
+    holdout_indices,
+    worker_context,
+)
+from node.train.step import TrainState, train_step  # noqa: E402
+
+EVAL_BATCH = 64
+
+
+def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 0.7,
+              outer_momentum: float = 0.9) -> CollaborativeSpec:
+    """examples/collab_lm_text.toml at the given size."""
+    d = load_collaborative_spec(ROOT / "examples" / "collab_lm_text.toml").model_dump(mode="json")
+    d["inner"].update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=h)
+    d.update(workers={"min": workers, "max": workers}, inner_steps=h, outer_rounds=r,
+             outer_optimizer={"name": "nesterov", "lr": outer_lr, "momentum": outer_momentum})
+    return parse_collaborative_spec(d)
+
+
+def eval_loss(ctx: ShardContext, theta: Params, held: torch.Tensor) -> float:
+    state = start_state(ctx, theta, 0)
+    state.model.eval()
+    c = ctx.spec.model.context  # type: ignore[union-attr]
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, held.numel(), EVAL_BATCH):
+            idx = held[i:i + EVAL_BATCH]
+            seq = ctx.inputs[idx.unsqueeze(1) * c + torch.arange(c + 1)]
+            logits = state.model(seq[:, :-1])
+            total += float(state.model.loss(logits, seq[:, 1:])) * idx.numel()
+    return total / held.numel()
+
+
+def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainState, float]:
+    t0 = time.perf_counter()
+    state = start_state(ctx, theta_0, 0)
+    for step in range(1, steps + 1):
+        train_step(ctx, state, step)
+    return state, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="H=10, R=3: a smoke run")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--inner-steps", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--outer-lr", type=float, default=0.7)
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="0 with --outer-lr 1 is plain averaging of the workers' weights")
+    args = ap.parse_args()
+    n, h, r = args.workers, args.inner_steps, args.rounds
+    if args.quick:
+        h, r = 10, 3
+
+    started = time.perf_counter()
+    ds = parse_dataset(pack_text())
+    spec = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum)
+    ctxs = [worker_context(spec, ds, s, threads=args.threads) for s in range(n)]
+    held = holdout_indices(spec, ctxs[0].num_samples)
+    theta_0 = initial_outer_state(spec).theta
+    params = sum(t.numel() for t in theta_0.values())
+
+    solo_state, solo_wall = sequential(ctxs[0], theta_0, h * r)
+    solo = eval_loss(ctxs[0], model_params(solo_state), held)
+    print(f"solo: {h * r} steps at batch {spec.inner.batch_size}: eval {solo:.4f} "
+          f"({solo_wall:.1f}s)", flush=True)
+
+    dp_ctx = data_parallel_context(spec, ds, range(n), threads=args.threads)
+    dp_state, dp_wall = sequential(dp_ctx, theta_0, h * r)
+    dp = eval_loss(ctxs[0], model_params(dp_state), held)
+    print(f"data parallel: {h * r} steps at batch {dp_ctx.spec.batch_size}: eval {dp:.4f} "
+          f"({dp_wall:.1f}s)", flush=True)
+
+    state = initial_outer_state(spec)
+    curve: list[float] = []
+    inner_walls: list[float] = []
+    round_seq, round_par, outer_walls = [], [], []
+    for t in range(r):
+        walls, deltas = [], {}
+        for ctx in ctxs:
+            w = time.perf_counter()
+            run = inner_run(ctx, state.theta, t)
+            walls.append(time.perf_counter() - w)
+            deltas[run.slot] = run.delta
+        w = time.perf_counter()
+        state = outer_step(state, deltas, spec.outer_optimizer)
+        outer_hash(state)  # what the round commits: part of its cost
+        outer_walls.append(time.perf_counter() - w)
+        inner_walls += walls
+        round_seq.append(sum(walls) + outer_walls[-1])
+        round_par.append(max(walls) + outer_walls[-1])
+        curve.append(round(eval_loss(ctxs[0], state.theta, held), 4))
+        print(f"round {t}: eval {curve[-1]:.4f}, inner runs {min(walls):.1f}..{max(walls):.1f}s,"
+              f" outer step + hash {outer_walls[-1] * 1e3:.0f} ms", flush=True)
+    collab = curve[-1]
+
+    delta_bytes = params * 4
+    whole = h * params * 4
+    ring = round(h * 2 * (n - 1) / n * params * 4)
+    result: dict[str, Any] = {
+        "bench": "collab", "quick": args.quick, "threads": args.threads,
+        "model": {**spec.inner.model.model_dump(mode="json"), "params": params},
+        "workers": n, "inner_steps": h, "rounds": r, "batch_per_worker": spec.inner.batch_size,
+        "inner_optimizer": "adamw lr 3e-3, state reset per round",
+        "outer_optimizer": {"name": "nesterov", "lr": args.outer_lr,
+                            "momentum": args.outer_momentum},
+        "heldout_windows": spec.holdout_samples, "spec_hash": spec.spec_hash_hex(),
+        "eval_loss": {"solo": round(solo, 4), "collab": collab, "data_parallel": round(dp, 4)},
+        "collab_eval_by_round": curve,
+        "targets": {"collab_below_solo": collab < solo,
+                    "collab_within_10pct_of_data_parallel": collab <= 1.10 * dp,
+                    "collab_over_data_parallel": round(collab / dp, 4)},
+        "bytes_per_worker_per_round": {"delta": delta_bytes, "allreduce_whole_grad": whole,
+                                       "allreduce_ring": ring,
+                                       "ratio_whole": round(whole / delta_bytes, 2),
+                                       "ratio_ring": round(ring / delta_bytes, 2)},
+        "wall_s": {"round_sequential_median": round(statistics.median(round_seq), 2),
+                   "round_parallel_median": round(statistics.median(round_par), 2),
+                   "inner_run_median": round(statistics.median(inner_walls), 2),
+                   "outer_step_and_hash_ms_median": round(1e3 * statistics.median(outer_walls),
+                                                          1),
+                   "solo_total": round(solo_wall, 1), "data_parallel_total": round(dp_wall, 1),
+                   "bench_total": round(time.perf_counter() - started, 1)},
+        "calibration_issue_13": {"N": 4, "H": 50, "R": 20, "solo": 1.503, "collab": 1.460,
+                                 "data_parallel": 1.361},
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
