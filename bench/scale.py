@@ -37,15 +37,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.trace_overhead import TimedHonest  # noqa: E402  (one timing wrapper, not two)
 from devnet.params import DevnetParams  # noqa: E402
 from node.datasets import pack_digits, pack_text, parse_dataset  # noqa: E402
 from node.spec import JobSpec, load_spec, parse_spec  # noqa: E402
 from node.train import trace  # noqa: E402
-from node.train.behavior import HonestBehavior  # noqa: E402
 from node.train.layout import expected_bytes  # noqa: E402
 from node.train.models import build_skeleton  # noqa: E402
 from node.train.sparse import fit_keep_every, kept_indices  # noqa: E402
-from node.train.step import TrainContext, TrainState  # noqa: E402
+from node.train.step import TrainContext  # noqa: E402
 from verifier.replay import verify_trace_segment  # noqa: E402
 
 K = 10
@@ -63,22 +63,6 @@ def spec_for(name: str, steps: int) -> JobSpec:
         d["resources"]["max_memory_mb"] = 8192
     d["total_steps"], d["checkpoint_interval"] = steps, K
     return parse_spec(d)
-
-
-class TimedHonest(HonestBehavior):
-    """Honest segments, timed on the training thread: the rest of the run is recording."""
-
-    def __init__(self) -> None:
-        self.wall = self.cpu = 0.0
-
-    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
-                    start_step: int, k: int) -> tuple[TrainState, float]:
-        w, c = time.perf_counter(), time.thread_time()
-        try:
-            return super().run_segment(ctx, state, segment_index, start_step, k)
-        finally:
-            self.wall += time.perf_counter() - w
-            self.cpu += time.thread_time() - c
 
 
 class Timed:

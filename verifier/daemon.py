@@ -152,7 +152,7 @@ class Verifier:
                 open_disputes=job.open_disputes,
                 attested=not done and needs_attest_check(disk) and await rt.chain(
                     c.market.has_attested, jid, rt.address),
-                credits=await self._credits() if done else 0)
+                credits=await self.rt.credits_owed() if done else 0)
             dec = decide_job(view, disk)
             taken.append(("job", jid, dec.action))
             self._record_phase(jid, dec.phase)
@@ -207,11 +207,6 @@ class Verifier:
     async def _withdraw(self) -> None:
         """The one place credits leave the contracts for this role."""
         await self.rt.withdraw_all()
-
-    async def _credits(self) -> int:
-        c = self.rt.chain_client
-        return await self.rt.chain(c.market.credits, self.rt.address) + \
-            await self.rt.chain(c.dispute.credits, self.rt.address)
 
     def _set(self, jid: int, **kw: Any) -> None:
         with self.state as st:
@@ -355,7 +350,7 @@ class Verifier:
             draw_block=d.draw_block, reveal_end=d.reveal_end, won=won,
             my_commitment=None if vote is None else vote.commitment,
             my_revealed=vote is not None and vote.revealed, round_settled=settled,
-            credits=await self._credits() if resolved and settled else 0)
+            credits=await self.rt.credits_owed() if resolved and settled else 0)
 
     async def _dispute_move(self, did: int) -> object:
         """Derive the dispute's phase from the chain and make the one move it calls for."""

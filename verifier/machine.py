@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus, Phase, Side
+from node.roles.actions import Done, DrawJury, Finalize, Wait, Withdraw
 
 NO_VOTE = bytes(32)
 
@@ -104,34 +105,14 @@ class Challenge:
     pass
 
 
-@dataclass(frozen=True)
-class Finalize:
-    pass
 
 
-@dataclass(frozen=True)
-class Withdraw:
-    pass
-
-
-@dataclass(frozen=True)
-class Wait:
-    pass
-
-
-@dataclass(frozen=True)
-class Done:
-    pass
 
 
 @dataclass(frozen=True)
 class SettleRound:
     """We won a dispute: the round's bond pays once ``finalize`` settles it."""
 
-
-@dataclass(frozen=True)
-class DrawJury:
-    pass
 
 
 @dataclass(frozen=True)

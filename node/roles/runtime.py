@@ -323,6 +323,12 @@ class Runtime:
         self.metrics.stake.labels("locked").set(await self.chain(c.registry.locked_stake,
                                                                  self.address))
 
+    async def credits_owed(self) -> int:
+        """What the market and the dispute game owe this account (pulled by withdraw_all)."""
+        c = self.chain_client
+        return await self.chain(c.market.credits, self.address) + \
+            await self.chain(c.dispute.credits, self.address)
+
     async def withdraw_all(self) -> int:
         """Pull every credit this account has in the market and the dispute game."""
         c = self.chain_client

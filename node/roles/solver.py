@@ -181,11 +181,6 @@ class Solver:
         """The one place credits leave the contracts for this role."""
         await self.rt.withdraw_all()
 
-    async def _credits(self) -> int:
-        c = self.rt.chain_client
-        return await self.rt.chain(c.market.credits, self.rt.address) + \
-            await self.rt.chain(c.dispute.credits, self.rt.address)
-
     async def _derive(self, jid: int) -> Decision:
         """Read the job from the chain, derive its phase and record it."""
         c = self.rt.chain_client
@@ -197,7 +192,7 @@ class Solver:
             with self.state as st:
                 st.jobs[jid] = rec = SolverJob(round=job.round, spec=rec.spec,
                                                dataset=rec.dataset)
-        credits = await self._credits() if mine and job.status == JobStatus.FINALIZED else 0
+        credits = await self.rt.credits_owed() if mine and job.status == JobStatus.FINALIZED else 0
         committed = mine and job.status == JobStatus.COMMITTED
         view = HeldJobView(status=job.status, mine=mine, round=job.round,
                            now=await self.rt.chain(c.timestamp) if committed else 0,
@@ -453,7 +448,7 @@ class Solver:
             phase=d.phase, turn=d.turn, challenger_clock_left=d.challenger_clock_left,
             mid_steps=tuple(d.mid_steps), draw_block=d.draw_block,
             block=await self.rt.chain(c.block_number) if d.phase == Phase.DRAWING else 0,
-            credits=await self._credits() if d.phase == Phase.RESOLVED else 0)
+            credits=await self.rt.credits_owed() if d.phase == Phase.RESOLVED else 0)
         act = decide_dispute(view, busy=f"d{did}" in self._busy)
         if isinstance(act, Done):
             with self.state as st:

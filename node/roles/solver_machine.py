@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus, Phase, Side
+from node.roles.actions import Done, DrawJury, Finalize, Wait, Withdraw
 
 
 class SolverPhase(enum.StrEnum):
@@ -113,24 +114,8 @@ class Publish:
     """Our commit is on chain but the record of its manifest was lost: publish again."""
 
 
-@dataclass(frozen=True)
-class Finalize:
-    pass
 
 
-@dataclass(frozen=True)
-class Withdraw:
-    pass
-
-
-@dataclass(frozen=True)
-class Wait:
-    pass
-
-
-@dataclass(frozen=True)
-class Done:
-    """Nothing more to do for it (paid and withdrawn, or lost)."""
 
 
 @dataclass(frozen=True)
@@ -148,10 +133,6 @@ class Consider:
 class Drop:
     pass
 
-
-@dataclass(frozen=True)
-class DrawJury:
-    pass
 
 
 @dataclass(frozen=True)
