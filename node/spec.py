@@ -380,6 +380,11 @@ class CollaborativeSpec(_Strict):
             raise SpecError(f"inner_steps {self.inner_steps} is not a multiple of "
                             f"inner.checkpoint_interval {self.inner.checkpoint_interval}",
                             field="inner_steps")
+        if self.inner.schedule.warmup_steps > self.inner_steps:
+            # Each round's inner run is its own trace of H steps (node.train.rounds).
+            raise SpecError(f"inner.schedule.warmup_steps {self.inner.schedule.warmup_steps} "
+                            f"must end within the first round ({self.inner_steps} steps)",
+                            field="inner.schedule.warmup_steps")
         return self
 
     def canonical_json(self) -> bytes:

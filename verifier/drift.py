@@ -39,7 +39,7 @@ from node.train.step import (
     batch,
     init_state,
     load_state,
-    lr_at,
+    lr_of,
     state_tensors,
     step_generator,
     train_step,
@@ -114,7 +114,7 @@ def variant_step(cfg: HonestConfig) -> StepFn:
         x, y = batch(ctx, step)
         rng = step_generator(ctx, step)
         for group in state.optimizer.param_groups:
-            group["lr"] = lr_at(ctx.spec, step)
+            group["lr"] = lr_of(ctx, step)
             group["foreach"] = cfg.optimizer_impl == "foreach"
             group["fused"] = cfg.optimizer_impl == "fused"
         state.optimizer.zero_grad(set_to_none=True)

@@ -117,7 +117,7 @@ class JobEvidence:
                      passed=False, reason=str(exc))
             return False
         verdict = compare_states(-1, lo_step, lo, replayed, hi, slots_from_names(replayed),
-                                 segment_context(self.ctx.spec, lo_step, n),
+                                 segment_context(self.ctx, lo_step, n),
                                  policy_from_spec(self.ctx.spec))
         log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
                  passed=verdict.passed, ratio=f"{verdict.ratio:.2e}")

@@ -32,7 +32,7 @@ from node.train.step import (
     TrainContext,
     TrainState,
     load_state,
-    lr_at,
+    lr_of,
     state_tensors,
     train_step,
 )
@@ -91,9 +91,9 @@ def policy_from_spec(spec: JobSpec) -> TolerancePolicy:
                            rho_loss=max(t.rho, 1e-3))
 
 
-def segment_context(spec: JobSpec, start_step: int, k: int) -> SegmentContext:
-    lr = max(lr_at(spec, s) for s in range(start_step + 1, start_step + k + 1))
-    o = spec.optimizer
+def segment_context(ctx: TrainContext, start_step: int, k: int) -> SegmentContext:
+    lr = max(lr_of(ctx, s) for s in range(start_step + 1, start_step + k + 1))
+    o = ctx.spec.optimizer
     if isinstance(o, AdamWConfig):
         return SegmentContext(k=k, lr=lr, beta1=o.beta1, beta2=o.beta2, end_step=start_step + k)
     return SegmentContext(k=k, lr=lr, end_step=start_step + k)
@@ -141,7 +141,7 @@ def judge(ctx: TrainContext, segment: int, start_step: int, start: Tensors,
     """Compare replayed with claimed under ``policy`` (no loss check)."""
     k = ctx.spec.checkpoint_interval
     return compare_states(segment, start_step, start, replayed, claimed,
-                          slots_from_names(replayed), segment_context(ctx.spec, start_step, k),
+                          slots_from_names(replayed), segment_context(ctx, start_step, k),
                           policy)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from node.errors import TrainingError
-from node.train.step import TrainContext, TrainState, batch, lr_at, step_generator
+from node.train.step import TrainContext, TrainState, batch, lr_of, step_generator
 
 
 def cheat_step(ctx: TrainContext, state: TrainState, step: int, *, data_step: int | None = None,
@@ -23,7 +23,7 @@ def cheat_step(ctx: TrainContext, state: TrainState, step: int, *, data_step: in
         x, y = x[:n], y[:n]
     rng = step_generator(ctx, step)
     for group in state.optimizer.param_groups:
-        group["lr"] = lr_at(ctx.spec, step) * lr_scale
+        group["lr"] = lr_of(ctx, step) * lr_scale
     state.optimizer.zero_grad(set_to_none=True)
     with torch.autocast(ctx.device.type, dtype=torch.bfloat16,
                         enabled=bf16 or ctx.spec.precision == "bf16"):

@@ -81,6 +81,11 @@ class TrainContext:
     micro_batches: int = 1
     optimizer_impl: OptimizerImpl = "single"
     compute_dtype: torch.dtype = torch.float32
+    # A collaborative round's inner run (node.train.rounds) numbers its trace 0..H but
+    # draws data, dropout and learning rate at the job-wide step t*H + h: ``step_offset``
+    # is t*H and ``schedule_steps`` the schedule's length (H x R; None: spec.total_steps).
+    step_offset: int = 0
+    schedule_steps: int | None = None
     _perm_cache: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -281,9 +286,10 @@ def load_state(ctx: TrainContext, tensors: Mapping[str, torch.Tensor],
 
 
 def batch_indices(ctx: TrainContext, step: int) -> torch.Tensor:
-    """Sample indices of step ``step`` (1-based)."""
+    """Sample indices of step ``step`` (1-based, of the context's own numbering)."""
     if step < 1:
         raise TrainingError(f"steps are 1-based, got {step}")
+    step += ctx.step_offset
     b = ctx.spec.batch_size
     epoch, within = divmod(step - 1, ctx.steps_per_epoch)
     return ctx.permutation(epoch)[within * b:(within + 1) * b]
@@ -291,7 +297,7 @@ def batch_indices(ctx: TrainContext, step: int) -> torch.Tensor:
 
 def step_generator(ctx: TrainContext, step: int) -> torch.Generator:
     gen = torch.Generator(device="cpu")
-    gen.manual_seed(derive_seed(ctx.spec.seed, "step", step))
+    gen.manual_seed(derive_seed(ctx.spec.seed, "step", step + ctx.step_offset))
     return gen
 
 
@@ -307,14 +313,20 @@ def batch(ctx: TrainContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x.to(ctx.device), y.to(ctx.device)
 
 
-def lr_at(spec: JobSpec, step: int) -> float:
+def lr_at(spec: JobSpec, step: int, total_steps: int | None = None) -> float:
     base, s = spec.optimizer.lr, spec.schedule
     if step <= s.warmup_steps:
         return base * step / s.warmup_steps
     if s.kind == "constant":
         return base
-    frac = (step - s.warmup_steps) / max(1, spec.total_steps - s.warmup_steps)
+    total = spec.total_steps if total_steps is None else total_steps
+    frac = (step - s.warmup_steps) / max(1, total - s.warmup_steps)
     return base * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def lr_of(ctx: TrainContext, step: int) -> float:
+    """The learning rate of the context's step ``step`` (its offset and schedule applied)."""
+    return lr_at(ctx.spec, step + ctx.step_offset, ctx.schedule_steps)
 
 
 def train_step(ctx: TrainContext, state: TrainState, step: int) -> float:
@@ -325,7 +337,7 @@ def train_step(ctx: TrainContext, state: TrainState, step: int) -> float:
     if x.is_floating_point():
         x = x.to(ctx.compute_dtype)
     rng = StepRandomness(step_generator(ctx, step), ctx.spec.batch_size)
-    lr = lr_at(ctx.spec, step)
+    lr = lr_of(ctx, step)
     for group in state.optimizer.param_groups:
         group["lr"] = lr
     state.optimizer.zero_grad(set_to_none=True)

@@ -477,8 +477,13 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec,
 def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
                  behavior: SegmentBehavior | None = None,
                  progress: Callable[[Progress], None] | None = None,
-                 keep_every: int = 1) -> TraceManifest:
+                 keep_every: int = 1,
+                 initial: Callable[[], TrainState] | None = None) -> TraceManifest:
     """Train ``ctx.spec`` recording its trace in ``out_dir``, resuming partial work.
+
+    ``initial`` builds S_0 when it is not the spec's seeded state (a collaborative
+    round starts from the shared weights: node.train.rounds); the chain checks leaf 0
+    against the S_0 hash it fixed either way.
 
     Every leaf's state is hashed; with ``keep_every = M`` only S_0, every M-th leaf
     state and the final one are kept as checkpoints (node.train.sparse).
@@ -501,7 +506,9 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
             state = load_state(ctx, last.tensors, step=last.step)
             del last
         else:
-            state = init_state(ctx)
+            state = init_state(ctx) if initial is None else initial()
+            if state.step != 0:
+                raise TrainingError(f"an initial state must be at step 0, not {state.step}")
             writer.submit(state, None)
         resumed_from = state.step
         for seg in range(state.step // k, segments):
