@@ -31,6 +31,7 @@ is accepted for cheap jobs where a weaker per-segment check is acceptable.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -488,3 +489,15 @@ def parse_collaborative_spec_json(raw: bytes | str) -> CollaborativeSpec:
 
 def load_collaborative_spec(path: str | Path) -> CollaborativeSpec:
     return _load_file(path, parse_collaborative_spec, parse_collaborative_spec_json)
+
+
+def is_collaborative_file(path: str | Path) -> bool:
+    """Does the spec file say ``kind = "collaborative"``? (False for anything that does
+    not parse: the single-solver loader then reports what is wrong with it.)"""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+        data = json.loads(raw) if p.suffix.lower() == ".json" else tomllib.loads(raw.decode())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "collaborative"

@@ -19,8 +19,8 @@ from verifier.replay import verify_trace_segment
 K, T = 5, 20  # 4 segments of 5 steps: tiny on a shared CPU
 CNN_CHEATS = ["skip", "fewer_steps", "bad_step", "more_steps", "other_data", "half_batch",
               "low_lr:0.9", "noise:0.01", "bf16", "stale:2", "spoof", "blindfold:0.25",
-              "lazy:0.5", "lazy:0.5,mode=spoof,salt=3", "poison", "poison:2,mode=shape"]
-LM_CHEATS = ["skip", "fewer_steps", "low_lr:0.9", "noise:0.01", "bf16", "spoof"]
+              "lazy:0.5", "lazy:0.5,mode=spoof,salt=3", "poison", "poison:2,mode=shape", "amplify"]
+LM_CHEATS = ["skip", "fewer_steps", "low_lr:0.9", "noise:0.01", "bf16", "spoof", "amplify"]
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
 from node.errors import PolnetError
 from node.logs import get_logger
+from node.roles.collab import CollabFollower, finalize_job
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
 from verifier.evidence import Evidence, judge_segment
@@ -82,6 +83,10 @@ class Verifier:
         self.malicious = malicious
         self.state = RoleState(rt.dir / "verifier.json", VerifierDisk, migrate)
         self.evidence = Evidence(rt)
+        # Collaborative jobs: recompute outer states, post / challenge them, sit on their
+        # juries, keep rounds moving (a verifier takes no slots).
+        self.collab = CollabFollower(rt, self.evidence)
+        self.evidence.collab = self.collab
         self._busy: set[str] = set()
         self._settled: set[int] = set()  # jobs derived Done in this process: not re-read
 
@@ -130,6 +135,10 @@ class Verifier:
         now = await rt.chain(c.timestamp)
         taken: list[tuple[str, int, object]] = []
         await self._fill_dispute_rounds()
+        try:
+            await self.collab.tick()
+        except PolnetError as exc:
+            log.warning("collab_tick_failed", error=str(exc))
         withdraw = False
         for jid in list(self.state.data.jobs):
             if jid in self._settled:
@@ -163,7 +172,7 @@ class Verifier:
                         Challenge: self._follow_up}[type(act)]
                 nursery.start_soon(guarded, task.__name__, task, jid)
             elif isinstance(act, Finalize):
-                await rt.transact_ok(c.market.finalize, jid, benign=FINALIZE_BENIGN)
+                await finalize_job(rt, self.collab, jid, FINALIZE_BENIGN)
             elif isinstance(act, Withdraw):
                 withdraw = True
             elif isinstance(act, Done):
@@ -207,6 +216,7 @@ class Verifier:
     async def _withdraw(self) -> None:
         """The one place credits leave the contracts for this role."""
         await self.rt.withdraw_all()
+        await self.collab.withdraw()
 
     def _set(self, jid: int, **kw: Any) -> None:
         with self.state as st:
@@ -401,7 +411,7 @@ class Verifier:
         rt, c = self.rt, self.rt.chain_client
         job = await rt.chain(c.market.get_job, d.job_id)
         if job.open_disputes == 0 and await rt.chain(c.timestamp) > job.window_end:
-            await rt.transact_ok(c.market.finalize, d.job_id, benign=FINALIZE_BENIGN)
+            await finalize_job(rt, self.collab, d.job_id, FINALIZE_BENIGN)
 
     async def _choose(self, d: Any) -> None:
         """Walk the round's parts from lo, replaying each from the solver's own state

@@ -24,6 +24,7 @@ from node.errors import (
     TrainingError,
 )
 from node.logs import get_logger
+from node.roles.collab import CollabFollower
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.runtime import Runtime
 from node.train.layout import max_file_bytes
@@ -168,6 +169,9 @@ class Evidence:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self._jobs: dict[tuple[int, bytes], JobEvidence] = {}
+        # Set by a daemon following collaborative jobs: a sub-job's context is its
+        # round's (node.train.rounds), not one built from the spec alone.
+        self.collab: CollabFollower | None = None
 
     async def for_job(self, job_id: int, job: Job | None = None) -> JobEvidence | None:
         rt = self.rt
@@ -179,9 +183,13 @@ class Evidence:
         manifest = await self._manifest(job_id, job)
         if manifest is None:
             return None
-        spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash,
-                                               (job.solver,))
-        ctx = TrainContext.create(spec, dataset, threads=rt.settings.threads)
+        if self.collab is not None and self.collab.is_sub_job(job):
+            ref = await rt.chain(rt.chain_client.collab.sub_job_of, job_id)
+            ctx = await self.collab.round_context(ref.collab_job_id, ref.round, ref.slot)
+        else:
+            spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash,
+                                                   (job.solver,))
+            ctx = TrainContext.create(spec, dataset, threads=rt.settings.threads)
         ev = JobEvidence(rt, job_id, job, ctx, manifest)
         self._jobs[key] = ev
         return ev

@@ -20,6 +20,8 @@ bench/verify_cost.py) and must never be a default. Names (kwargs):
     blindfold (q=0.25)           honest on the first q of segments, spoof after
     lazy (fraction=0.1, mode=skip|spoof, salt=0)   cheat on a fraction of segments
     poison (at=1, mode=nan|shape) commit a NaN / wrong-shape state at the end of segment at
+    amplify (factor=5)           the last segment at factor x the learning rate: a
+                                 byzantine collaborative worker's blown-up delta
 
 ``make_behavior("lazy:0.1,mode=spoof")`` parses a command-line string: the
 value after ':' is the first parameter, ``key=value`` pairs the others.
@@ -33,6 +35,7 @@ from typing import Any
 from node.behaviors.spoof import Blindfold, InfinitesimalSpoof, LazyFraction
 from node.behaviors.steps import (
     BF16,
+    Amplify,
     Cheat,
     FewerSteps,
     HalfBatch,
@@ -51,7 +54,7 @@ from node.train.behavior import SegmentBehavior, get_behavior, register_behavior
 
 CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, OneBadStep, MoreSteps, OtherData,
                                    HalfBatch, LowLR, Noise, BF16, Stale, InfinitesimalSpoof,
-                                   Blindfold, LazyFraction, WithholdStates, Poison)
+                                   Blindfold, LazyFraction, WithholdStates, Poison, Amplify)
 for _cls in CHEATS:
     register_behavior(_cls.name, _cls)
 

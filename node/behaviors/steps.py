@@ -144,6 +144,34 @@ class LowLR(_KnobCheat):
         return {"lr_scale": self.factor}
 
 
+class Amplify(Cheat):
+    """A byzantine collaborative worker: honest, except that the last segment's steps
+    take ``factor`` x the learning rate, so its delta (theta_t - final weights) is
+    blown up. It answers disputes along the same trajectory."""
+
+    name = "amplify"
+
+    def __init__(self, factor: float = 5.0) -> None:
+        self.factor = factor
+
+    def cheats_on(self, segment_index: int, segment_count: int) -> bool:
+        return segment_index == segment_count - 1
+
+    def _last(self, ctx: TrainContext, step: int) -> bool:
+        return step > ctx.spec.total_steps - ctx.spec.checkpoint_interval
+
+    def dispute_step(self, ctx: TrainContext, state: TrainState, step: int) -> float:
+        if self._last(ctx, step):
+            return cheat_step(ctx, state, step, lr_scale=self.factor)
+        return train_step(ctx, state, step)
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        total = sum(self.dispute_step(ctx, state, s)
+                    for s in range(start_step + 1, start_step + k + 1))
+        return state, total / k
+
+
 class BF16(_KnobCheat):
     """Compute in bf16 autocast (cheaper on accelerators) while the job says fp32."""
 

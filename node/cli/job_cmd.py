@@ -68,13 +68,25 @@ def submit(
     dry_run: bool = typer.Option(False, "--dry-run",
                                  help="Show what the job costs and the bond a solver locks; "
                                       "post nothing."),
+    round_duration: int = typer.Option(
+        300, "--round-duration",
+        help="Collaborative jobs: seconds a round's workers have to commit their inner run."),
 ) -> None:
     """Store SPEC and DATASET in this node's store, escrow the reward, post the job
-    and print its id. Solvers fetch the inputs from us over p2p, so keep it serving."""
+    and print its id. Solvers fetch the inputs from us over p2p, so keep it serving.
+    A spec with kind = "collaborative" posts a DiLoCo job to the CollabMarket: its
+    slots' workers train every round (--round-duration each) and are paid per
+    accepted inner run."""
     import trio
 
     from node.roles.runtime import Runtime
     from node.roles.submitter import JobRequest, check_request, post, serve_until_final
+    from node.spec import is_collaborative_file
+
+    if is_collaborative_file(spec):
+        _submit_collab(spec, dataset, reward, budget, round_duration, serve, config, name,
+                       dev_account, keystore, bootstrap, dry_run)
+        return
 
     req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
                      solve_duration)
@@ -93,6 +105,47 @@ def submit(
             typer.echo(f"job {job_id} posted; serving inputs at {rt.p2p.addrs[0]}")
             if serve:
                 await serve_until_final(rt, [job_id], None)
+
+    trio.run(main)
+
+
+def _submit_collab(spec: Path, dataset: Path, reward: str, budget: str, round_duration: int,
+                   serve: bool, config: Path | None, name: str | None,
+                   dev_account: int | None, keystore: Path | None,
+                   bootstrap: list[str] | None, dry_run: bool) -> None:
+    import trio
+
+    from node.roles.collab_submit import (
+        CollabRequest,
+        check_collab_request,
+        post_collab,
+        serve_collab_until_done,
+    )
+    from node.roles.runtime import Runtime
+
+    req = CollabRequest(spec, dataset, pol_to_wei(reward, "--reward"),
+                        pol_to_wei(budget, "--budget"), round_duration)
+    cspec = check_collab_request(req)
+    subs = cspec.outer_rounds * cspec.workers.max
+    if dry_run:
+        typer.echo("dry run: nothing stored, escrowed or posted")
+        typer.echo(f"collaborative job {cspec.name or '(unnamed)'}: {cspec.outer_rounds} rounds "
+                   f"x {cspec.workers.max} slots (at least {cspec.workers.min} per round) x "
+                   f"{cspec.inner_steps} inner steps; {round_duration} s per round")
+        typer.echo(f"you escrow {wei_to_pol(req.reward + req.budget)} POL; each of the {subs} "
+                   f"sub-jobs pays its worker {wei_to_pol(req.reward // subs)} POL")
+        return
+    settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
+                             keystore=keystore, bootstrap=bootstrap)
+    _check_balance(_client(config, dev_account, keystore), req.reward + req.budget)
+
+    async def main() -> None:
+        async with Runtime(settings, "submitter") as rt:
+            cid = await post_collab(rt, req)
+            typer.echo(f"collaborative job {cid} posted; serving inputs at {rt.p2p.addrs[0]}")
+            if serve:
+                end = await serve_collab_until_done(rt, cid, None)
+                typer.echo(f"collaborative job {cid} {end}")
 
     trio.run(main)
 
@@ -150,14 +203,20 @@ def status(
                                help="Print again whenever it changes, until the job is "
                                     "finalized or cancelled (Ctrl-C to stop watching)."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="--watch: poll period (s)."),
+    collab: bool = typer.Option(False, "--collab",
+                                help="JOB_ID is a collaborative job (CollabMarket)."),
 ) -> None:
-    """State, solver, sampled segments, verdicts (attestations, challenges) and payouts."""
+    """State, solver, sampled segments, verdicts (attestations, challenges) and payouts.
+    --collab: a collaborative job's rounds, slots, accepted and dropped inner runs."""
     import time
 
     from node.errors import ConfigError
     from node.roles.submitter import job_report
 
     c = _client(config)
+    if collab:
+        _collab_status(c, job_id, as_json)
+        return
     count = c.market.job_count()
     if not 1 <= job_id <= count:
         raise ConfigError(f"no job {job_id}: the market has {count} job(s) "
@@ -174,6 +233,28 @@ def status(
             time.sleep(interval)
     except KeyboardInterrupt:  # stopping a watch is not an error
         return
+
+
+def _collab_status(c: Any, cid: int, as_json: bool) -> None:
+    from node.errors import ConfigError
+    from node.roles.collab_submit import collab_report
+
+    if c.deployment is None or "CollabMarket" not in c.deployment.contracts:
+        raise ConfigError("this deployment has no CollabMarket: redeploy (`polnet devnet up`)")
+    count = c.collab.collab_count()
+    if not 1 <= cid <= count:
+        raise ConfigError(f"no collaborative job {cid}: the CollabMarket has {count}")
+    rep = collab_report(c, cid)
+    if as_json:
+        typer.echo(json.dumps(rep, indent=2, sort_keys=True))
+        return
+    typer.echo(f"collaborative job {cid}: {rep['status']} (round {rep['round']} of "
+               f"{rep['rounds']}, {rep['phase']}); {rep['per_sub_job_pol']} POL per inner run")
+    typer.echo("slots: " + ", ".join(f"{i}={a or 'free'}" for i, a in enumerate(rep["slots"])))
+    for r in rep["history"]:
+        typer.echo(f"  round {r['round']} (try {r['attempt']}): accepted {r['accepted']} "
+                   f"dropped {r['dropped']} sub-jobs {r['sub_jobs']} outer "
+                   f"{r['outer_hash'] or '-'} {r['outer_challenge']}")
 
 
 def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool) -> None:

@@ -34,6 +34,9 @@ def run(
     behavior: str = typer.Option("honest", "--behavior",
                                  help="Segment behaviour (demos/tests only: e.g. lazy:0.5)."),
     max_jobs: int = typer.Option(1, "--max-jobs", min=1, help="Jobs trained at once."),
+    collab_slots: int = typer.Option(
+        1, "--collab-slots", min=0, max=64,
+        help="Slots to take in each collaborative (DiLoCo) job (0: none)."),
     duration: float | None = typer.Option(None, "--duration",
                                           help="Stop after this many seconds."),
 ) -> None:
@@ -43,7 +46,8 @@ def run(
     settings = settings_from(config, name=name or "solver", dev_account=dev_account,
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
                              metrics_port=metrics_port, threads=threads)
-    run_daemon(settings, "solver", lambda rt: Solver(rt, behavior=behavior, max_jobs=max_jobs),
+    run_daemon(settings, "solver", lambda rt: Solver(rt, behavior=behavior, max_jobs=max_jobs,
+                                            collab_slots=collab_slots),
                duration)
 
 

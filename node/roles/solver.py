@@ -26,6 +26,7 @@ from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
+from node.roles.collab import CollabFollower, finalize_job
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
@@ -84,8 +85,9 @@ class Solver:
 
     def __init__(self, rt: Runtime, behavior: str = "honest", max_jobs: int = 1,
                  memory_mb: int | None = None,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S) -> None:
+                 probe_timeout_s: float = PROBE_TIMEOUT_S, collab_slots: int = 1) -> None:
         from node.behaviors import make_behavior  # noqa: PLC0415 - torch is heavy
+        from verifier.evidence import Evidence  # noqa: PLC0415 - sub-jobs' final states
 
         self.rt = rt
         self.behavior_name = behavior
@@ -98,7 +100,12 @@ class Solver:
         self._settled: set[int] = set()  # jobs derived Done in this process: not re-read
         self._looked_over = False  # every candidate checked once since the start
         self._contexts: dict[int, Any] = {}
+        self._initial: dict[int, Any] = {}  # sub-job -> its S_0 builder (theta_t)
         self._gflops: float | None = None
+        evidence = Evidence(rt)
+        # Collaborative jobs: slots, theta_t, the rounds' permissionless moves.
+        self.collab = CollabFollower(rt, evidence, want_slots=collab_slots)
+        evidence.collab = self.collab
 
     # --- events (worker thread; only note ids, persisted before the cursor moves) -------
 
@@ -145,6 +152,10 @@ class Solver:
         Returns what was decided: ("job" | "candidate" | "dispute", id, action)."""
         taken: list[tuple[str, int, object]] = []
         withdraw = False
+        try:
+            await self.collab.tick()
+        except PolnetError as exc:
+            log.warning("collab_tick_failed", error=str(exc))
         for jid in list(self.state.data.jobs):
             if jid in self._settled:
                 continue
@@ -180,6 +191,7 @@ class Solver:
     async def _withdraw(self) -> None:
         """The one place credits leave the contracts for this role."""
         await self.rt.withdraw_all()
+        await self.collab.withdraw()
 
     async def _derive(self, jid: int) -> Decision:
         """Read the job from the chain, derive its phase and record it."""
@@ -207,7 +219,6 @@ class Solver:
 
     async def _act(self, nursery: trio.Nursery, jid: int, dec: Decision) -> bool:
         """Do ``dec.action`` for job ``jid``; True when credits wait to be withdrawn."""
-        c = self.rt.chain_client
         act = dec.action
         if isinstance(act, Train):
             self._busy.add(str(jid))
@@ -219,7 +230,7 @@ class Solver:
             except (PolnetError, OSError) as exc:  # one job's files must not stall the pass
                 log.warning("trace_republish_failed", job=jid, error=str(exc))
         elif isinstance(act, Finalize):
-            await self.rt.transact_ok(c.market.finalize, jid, benign=FINALIZE_BENIGN)
+            await finalize_job(self.rt, self.collab, jid, FINALIZE_BENIGN)
         elif isinstance(act, Done):
             self._settled.add(jid)
         return isinstance(act, Withdraw)
@@ -246,9 +257,35 @@ class Solver:
             self._adopt(jid, job, "job_adopted")
         elif isinstance(act, Drop):
             self._drop(jid)
+        elif self.collab.is_sub_job(job):
+            if may_claim and await self._claim_sub_job(jid, job):
+                return Adopt()
         elif may_claim and await self._consider(jid, job):
             return Adopt()
         return act
+
+    async def _claim_sub_job(self, jid: int, job: Job) -> bool:
+        """A collaborative round's sub-job: ours only if reserved for us (our slot, whose
+        claim stated the probed throughput), claimed once we know its theta_t."""
+        rt, c = self.rt, self.rt.chain_client
+        if str(await rt.chain(c.market.reserved_solver_of, jid)).lower() != rt.address.lower():
+            self._drop(jid)  # another slot's: never ours
+            return False
+        start = await self.collab.start_state_factory(jid)
+        if start is None:
+            log.info("sub_job_waits_for_theta", job=jid)
+            return False  # stays a candidate: the next pass tries again
+        self._contexts[jid], self._initial[jid] = start
+        need = job.reward * (await rt.chain(c.market.market_params)).bond_factor_bps // 10_000
+        if await rt.chain(c.registry.free_stake, rt.address) < need:
+            await rt.chain(c.token.ensure_allowance, c.registry.address, need)
+            await rt.chain(c.registry.stake, need)
+        await rt.transact_ok(c.market.claim_job, jid, benign=CLAIM_BENIGN)
+        job = await rt.chain(c.market.get_job, jid)
+        if job.status != JobStatus.CLAIMED or job.solver.lower() != rt.address.lower():
+            return False
+        self._adopt(jid, job, "sub_job_claimed")
+        return True
 
     def _adopt(self, jid: int, job: Job, event: str, keep_every: int = 1) -> None:
         """Put a job the chain gives us on our books (kept if already there);
@@ -355,6 +392,13 @@ class Solver:
     async def _context(self, jid: int) -> Any:
         from node.train.step import TrainContext  # noqa: PLC0415
 
+        if jid not in self._contexts and self.collab.enabled and \
+                self.collab.is_sub_job(await self.rt.chain(self.rt.chain_client.market.get_job,
+                                                           jid)):
+            start = await self.collab.start_state_factory(jid)
+            if start is None:
+                raise PeerUnavailable(f"theta_t of sub-job {jid} cannot be recomputed yet")
+            self._contexts[jid], self._initial[jid] = start
         if jid not in self._contexts:
             rec = self.state.data.jobs[jid]
             spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(rec.spec),
@@ -382,7 +426,8 @@ class Solver:
 
             manifest = await trio.to_thread.run_sync(
                 lambda: run_training(ctx, out, jid, self.behavior, progress,
-                                     keep_every=self.state.data.jobs[jid].keep_every))
+                                     keep_every=self.state.data.jobs[jid].keep_every,
+                                     initial=self._initial.get(jid)))
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
             leaves, tree = build_trace_tree(jid, manifest.k,

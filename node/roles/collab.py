@@ -1,0 +1,427 @@
+"""Following collaborative (DiLoCo) jobs on chain: the outer-state chain every party
+recomputes, and the permissionless moves that keep a job going (issue 13).
+
+On chain (contracts/src/CollabMarket.sol) every (round, slot) inner run is a JobMarket
+sub-job reserved for the slot's worker, so training, committing, sampling, attesting,
+challenging and the bisection game are the solver's and verifier's ordinary work on
+it. This module adds what is particular to a collaborative job, for the solver and
+the verifier daemons alike:
+
+- **theta_t, recomputed.** Round 0 starts from the spec's seeded weights (checked
+  against the job's ``outerInitHash``); round ``r + 1`` from round ``r``'s outer step
+  over the deltas of its *accepted* sub-jobs, each delta taken from that sub-job's
+  committed final leaf (fetched over libp2p and checked against the chain like any
+  checkpoint: node.train.rounds.delta_from_final). A worker never sends a delta of
+  its own: a delta that does not match its trace cannot exist. Outer states are
+  cached on disk; a node that joins late (or restarts) catches up the same way.
+- **Moves anyone may make**, each benign when someone else made it first:
+  ``startRound`` once the previous outer state is accepted, ``settleRound`` once
+  the round's sub-jobs are final or late, ``postOuter`` (our recomputed hash) when
+  nothing is posted, ``challengeOuter`` when what is posted is not what we recompute,
+  ``acceptOuter`` after the window, ``drawOuterJury`` / ``resolveOuter`` for
+  challenges, and jury duty (commit, then reveal, "valid" iff the posted hash is our
+  recomputation).
+- **Slots** (solvers only): claim ``want_slots`` free slots with the throughput the
+  probe measured for the job's inner run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from node.errors import CheckpointError, ContractRevert, PolnetError, SpecError
+from node.logs import get_logger
+from node.roles.runtime import Runtime
+from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
+
+if TYPE_CHECKING:
+    from node.datasets import Dataset
+    from node.train.diloco import OuterState
+    from verifier.evidence import Evidence
+
+log = get_logger("polnet.collab")
+
+# CollabStatus / RoundPhase / ChallengePhase of ICollabMarket.
+OPEN, RUNNING, FINISHED, FAILED = 1, 2, 3, 4
+IDLE, ROUND_RUNNING, OUTER = 0, 1, 2
+NO_CHALLENGE, DRAWING, VOTING = 0, 1, 2
+
+# Benign reverts (someone else moved first); transact_ok checks each name against the
+# ABIs when it is used, so a deployment without a CollabMarket never needs them.
+START_BENIGN = ("WrongPhase", "WrongStatus", "TooFewWorkers")
+SETTLE_BENIGN = ("WrongPhase", "WrongStatus", "RoundNotSettled")
+POST_BENIGN = ("WrongPhase", "WrongStatus", "WrongRound", "AlreadyPosted")
+CHALLENGE_BENIGN = ("WrongPhase", "WrongRound", "OuterWindowClosed", "ChallengeLive",
+                    "NothingPosted", "AlreadyChallenged")
+ACCEPT_BENIGN = ("WrongPhase", "WrongRound", "OuterWindowOpen", "ChallengeLive",
+                 "NothingPosted")
+JURY_BENIGN = ("WrongPhase", "WrongRound", "NoChallenge", "JuryNotReady", "RevealNotOver")
+VOTE_BENIGN = ("NotJuror", "AlreadyCommitted", "AlreadyRevealed", "CommitClosed",
+               "RevealNotOpen", "BadReveal", "NoCommitment")
+SLOT_BENIGN = ("NotEnoughFreeSlots", "SlotCapExceeded", "WrongStatus", "ThroughputTooLow")
+
+
+@dataclass
+class _Vote:
+    valid: bool
+    salt: bytes
+    revealed: bool = False
+
+
+class CollabFollower:
+    """One per daemon. ``evidence`` fetches sub-jobs' committed states (verifier's
+    Evidence: manifests and checkpoints checked against the chain); ``want_slots``:
+    slots a solver claims per collaborative job (0: follow and vote only)."""
+
+    def __init__(self, rt: Runtime, evidence: Evidence, want_slots: int = 0) -> None:
+        self.rt = rt
+        self.evidence = evidence
+        self.want_slots = want_slots
+        self.dir = rt.dir / "collab"
+        self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
+        self._outer: dict[tuple[int, int], OuterState] = {}
+        self._votes: dict[tuple[int, int, int], _Vote] = {}
+        self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
+        self._claimed_rate: dict[int, int] = {}
+
+    # --- chain views ----------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        c = self.rt.chain_client
+        return c.deployment is not None and "CollabMarket" in c.deployment.contracts
+
+    def is_sub_job(self, market_job: Any) -> bool:
+        """Is this market job (a Job view) one of the CollabMarket's sub-jobs?"""
+        if not self.enabled:
+            return False
+        return str(market_job.submitter).lower() == self.rt.chain_client.collab.address.lower()
+
+    async def inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
+        """The job's collaborative spec and dataset, fetched over libp2p by their
+        on-chain hashes (the store checks the bytes; the spec must be canonical)."""
+        from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
+
+        if cid not in self._specs:
+            c = self.rt.chain_client
+            job = await self.rt.chain(c.collab.get_collab, cid)
+            path = await self.rt.fetch(job.spec_hash.hex(), (job.submitter,),
+                                       expected_size=MAX_SPEC_BYTES)
+            spec = parse_collaborative_spec_json(path.read_bytes())
+            if spec.spec_hash() != job.spec_hash:
+                raise SpecError("the served collaborative spec is not in canonical form",
+                                field="spec")
+            ds_path = await self.rt.fetch(job.dataset_hash.hex(), (job.submitter,))
+            ds = await trio.to_thread.run_sync(load_dataset, ds_path, job.dataset_hash.hex())
+            self._specs[cid] = (spec, ds)
+        return self._specs[cid]
+
+    async def round_context(self, cid: int, round_index: int, slot: int) -> Any:
+        from node.train.rounds import round_context  # noqa: PLC0415
+
+        spec, ds = await self.inputs(cid)
+        return round_context(spec, ds, round_index, slot, threads=self.rt.settings.threads)
+
+    # --- the outer-state chain --------------------------------------------------------
+
+    def _path(self, cid: int, r: int) -> Path:
+        return self.dir / str(cid) / f"outer-{r:06d}.safetensors"
+
+    async def outer_state(self, cid: int, r: int) -> OuterState | None:
+        """theta_r (and the outer momentum): round r's start. None while round r - 1 has
+        not settled or its accepted final states cannot be fetched yet."""
+        from node.train import diloco  # noqa: PLC0415
+
+        if (cid, r) in self._outer:
+            return self._outer[(cid, r)]
+        spec, _ = await self.inputs(cid)
+        state = await trio.to_thread.run_sync(self._load_cached, cid, r)
+        if state is None:
+            if r == 0:
+                state = diloco.initial_outer_state(spec)
+                job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+                if diloco.outer_hash(state) != job.outer_init_hash:
+                    raise SpecError(f"collaborative job {cid}: outerInitHash is not the spec's "
+                                    "seeded theta_0", field="outer_init_hash")
+            else:
+                state = await self._recompute(cid, r, spec)
+                if state is None:
+                    return None
+            await trio.to_thread.run_sync(self._save, cid, r, state)
+        self._outer[(cid, r)] = state
+        return state
+
+    async def _recompute(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
+        from node.train import diloco  # noqa: PLC0415
+        from node.train.rounds import delta_from_final  # noqa: PLC0415
+
+        prev = await self.outer_state(cid, r - 1)
+        if prev is None:
+            return None
+        c = self.rt.chain_client
+        rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
+        if not rnd.settled:
+            return None
+        deltas = {}
+        for slot, sub in enumerate(rnd.sub_jobs):
+            if not (rnd.accepted_mask >> slot) & 1:
+                continue
+            ev = await self.evidence.for_job(sub)
+            if ev is None:
+                log.info("collab_final_state_pending", job=cid, round=r - 1, sub_job=sub)
+                return None
+            final = await ev.committed(ev.manifest.segment_count)
+            deltas[slot] = await trio.to_thread.run_sync(delta_from_final, prev.theta,
+                                                         final.tensors)
+        state = await trio.to_thread.run_sync(diloco.outer_step, prev, deltas,
+                                              spec.outer_optimizer)
+        log.info("collab_outer_recomputed", job=cid, round=r, slots=sorted(deltas),
+                 outer_hash=diloco.outer_hash(state).hex())
+        return state
+
+    def _save(self, cid: int, r: int, state: OuterState) -> None:
+        from safetensors.torch import save  # noqa: PLC0415
+
+        from node.datasets import atomic_write  # noqa: PLC0415
+        from node.train.diloco import outer_tensors  # noqa: PLC0415
+
+        path = self._path(cid, r)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.contiguous() for k, v in outer_tensors(state).items()}
+        atomic_write(path, save(tensors))
+
+    def _load_cached(self, cid: int, r: int) -> OuterState | None:
+        from safetensors.torch import load_file  # noqa: PLC0415
+
+        from node.train.diloco import OuterState  # noqa: PLC0415
+
+        path = self._path(cid, r)
+        if not path.is_file():
+            return None
+        try:
+            t = load_file(str(path))
+            theta = {k.removeprefix("theta."): v for k, v in t.items() if k.startswith("theta.")}
+            mom = {k.removeprefix("momentum."): v for k, v in t.items()
+                   if k.startswith("momentum.")}
+            slots = tuple(int(s) for s in t["meta.slots"].tolist())
+            if int(t["meta.round"]) != r:
+                raise CheckpointError(f"{path} holds round {int(t['meta.round'])}")
+            return OuterState(r, theta, mom, slots)
+        except Exception as exc:  # noqa: BLE001 - a damaged cache is recomputed, not fatal
+            log.warning("collab_outer_cache_unusable", path=str(path), error=str(exc))
+            path.unlink(missing_ok=True)
+            return None
+
+    async def next_hashes(self, cid: int, r: int) -> tuple[bytes, bytes] | None:
+        """(outer hash of theta_{r+1}, S_0 hash of round r + 1's sub-jobs) as we
+        recompute them; the S_0 of a round past the last is zero."""
+        from node.train.diloco import outer_hash  # noqa: PLC0415
+        from node.train.rounds import round_initial_hash  # noqa: PLC0415
+
+        state = await self.outer_state(cid, r + 1)
+        if state is None:
+            return None
+        spec, _ = await self.inputs(cid)
+        nxt = bytes(32)
+        if r + 1 < spec.outer_rounds:
+            ctx = await self.round_context(cid, r + 1, 0)
+            nxt = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
+        return outer_hash(state), nxt
+
+    async def start_state_factory(self, market_job_id: int) -> Any:
+        """For the solver: (context, S_0 builder) of one of its sub-jobs, or None when
+        theta_t is not known yet."""
+        from node.train.rounds import round_start_state  # noqa: PLC0415
+
+        c = self.rt.chain_client
+        ref = await self.rt.chain(c.collab.sub_job_of, market_job_id)
+        cid, r, slot = ref.collab_job_id, ref.round, ref.slot
+        state = await self.outer_state(cid, r)
+        if state is None:
+            return None
+        ctx = await self.round_context(cid, r, slot)
+        theta = state.theta
+        return ctx, (lambda: round_start_state(ctx, theta))
+
+    # --- one pass -----------------------------------------------------------------------
+
+    async def tick(self) -> None:
+        if not self.enabled:
+            return
+        c = self.rt.chain_client
+        n = await self.rt.chain(c.collab.collab_count)
+        for cid in range(1, n + 1):
+            if cid in self._bad:
+                continue
+            try:
+                await self._follow(cid)
+            except (PolnetError, OSError) as exc:  # one job must not stall the others
+                log.warning("collab_follow_failed", job=cid, error=str(exc))
+                if isinstance(exc, SpecError):
+                    self._bad.add(cid)
+
+    async def _follow(self, cid: int) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        job = await rt.chain(c.collab.get_collab, cid)
+        if job.status in (FINISHED, FAILED) or job.status == 0:
+            return
+        if self.want_slots and job.phase in (IDLE, OUTER):
+            await self._maybe_claim_slots(cid, job)
+        r = job.round
+        if job.phase == IDLE:
+            await rt.transact_ok(c.collab.start_round, cid, benign=START_BENIGN)
+            return
+        if job.phase == ROUND_RUNNING:
+            rnd = await rt.chain(c.collab.get_round, cid, r)
+            if await self._round_may_settle(rnd):
+                await rt.transact_ok(c.collab.settle_round, cid, benign=SETTLE_BENIGN)
+            return
+        await self._outer_moves(cid, r)
+
+    async def _round_may_settle(self, rnd: Any) -> bool:
+        """Past the deadline, or every sub-job final (saves failing calls)."""
+        from node.chain.contracts import JobStatus  # noqa: PLC0415
+
+        c = self.rt.chain_client
+        if await self.rt.chain(c.timestamp) >= rnd.deadline:
+            return True
+        for sub in rnd.sub_jobs:
+            if sub == 0:
+                continue
+            job = await self.rt.chain(c.market.get_job, sub)
+            if job.status == JobStatus.COMMITTED and await self.rt.chain(c.timestamp) \
+                    >= job.window_end and job.open_disputes == 0:
+                continue
+            if job.status not in (JobStatus.FINALIZED, JobStatus.CANCELLED):
+                return False
+        return True
+
+    async def _outer_moves(self, cid: int, r: int) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        mine = await self.next_hashes(cid, r)
+        if mine is None:
+            return
+        rnd = await rt.chain(c.collab.get_round, cid, r)
+        now = await rt.chain(c.timestamp)
+        zero_addr = "0x" + "0" * 40
+        if str(rnd.poster).lower() == zero_addr:
+            await self._bond(c.collab.address)
+            if await rt.transact_ok(c.collab.post_outer, cid, r, mine[0], mine[1],
+                                    benign=POST_BENIGN):
+                log.info("collab_outer_posted", job=cid, round=r, outer_hash=mine[0].hex())
+            return
+        agrees = rnd.outer_hash == mine[0] and rnd.next_init_hash == mine[1]
+        if rnd.challenge_phase == NO_CHALLENGE:
+            if not agrees and now < rnd.window_end \
+                    and str(rnd.poster).lower() != rt.address.lower():
+                await self._bond(c.collab.address)
+                if await rt.transact_ok(c.collab.challenge_outer, cid, r,
+                                        benign=CHALLENGE_BENIGN):
+                    log.warning("collab_outer_challenged", job=cid, round=r,
+                                posted=rnd.outer_hash.hex(), recomputed=mine[0].hex())
+            elif agrees and now >= rnd.window_end:
+                await rt.transact_ok(c.collab.accept_outer, cid, r, benign=ACCEPT_BENIGN)
+            return
+        if rnd.challenge_phase == DRAWING:
+            if await rt.chain(c.block_number) > rnd.request_block + \
+                    (await rt.chain(c.collab.collab_params)).jury_lookahead:
+                await rt.transact_ok(c.collab.draw_outer_jury, cid, r, benign=JURY_BENIGN)
+            return
+        await self._jury_duty(cid, r, rnd, agrees, now)
+
+    async def _jury_duty(self, cid: int, r: int, rnd: Any, agrees: bool, now: int) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        me = rt.address.lower()
+        key = (cid, r, int(rnd.request_block))
+        if me in (str(a).lower() for a in rnd.jury):
+            vote = self._votes.get(key)
+            if vote is None and now < rnd.commit_end:
+                vote = self._votes[key] = _Vote(agrees, secrets.token_bytes(32))
+                await rt.transact_ok(c.collab.commit_outer_vote, cid, r, vote.valid, vote.salt,
+                                     benign=VOTE_BENIGN)
+                log.info("collab_outer_vote_committed", job=cid, round=r, valid=agrees)
+            elif vote is not None and not vote.revealed and rnd.commit_end <= now < rnd.reveal_end:
+                vote.revealed = True
+                await rt.transact_ok(c.collab.reveal_outer_vote, cid, r, vote.valid, vote.salt,
+                                     benign=VOTE_BENIGN)
+        if now >= rnd.reveal_end:
+            await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
+
+    async def _bond(self, spender: str) -> None:
+        c = self.rt.chain_client
+        bond = (await self.rt.chain(c.collab.collab_params)).outer_bond
+        await self.rt.chain(c.token.ensure_allowance, spender, bond)
+
+    async def _maybe_claim_slots(self, cid: int, job: Any) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        holders = await rt.chain(c.collab.slot_holders, cid)
+        held = sum(1 for h in holders if str(h).lower() == rt.address.lower())
+        free = sum(1 for h in holders if int(str(h), 16) == 0)
+        want = min(self.want_slots - held, free)
+        if want <= 0:
+            return
+        rate = await self._claimed_rate_for(cid)
+        if rate is None:
+            return
+        if await rt.transact_ok(c.collab.claim_slot, cid, want, rate, benign=SLOT_BENIGN):
+            log.info("collab_slot_claimed", job=cid, slots=want, milli_steps_per_s=rate)
+
+    async def _claimed_rate_for(self, cid: int) -> int | None:
+        """The inner run's measured speed (milli-steps per second), from the solver's
+        child-process probe of round 0's inner job: what the claim states."""
+        from node.train.probe import probe_job  # noqa: PLC0415
+
+        if cid in self._claimed_rate:
+            return self._claimed_rate[cid]
+        ctx = await self.round_context(cid, 0, 0)
+        job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+        spec_file = self.dir / str(cid) / "inner-spec.json"
+        spec_file.parent.mkdir(parents=True, exist_ok=True)
+        spec_file.write_bytes(ctx.spec.canonical_json())
+        ds_path = await self.rt.fetch(job.dataset_hash.hex())
+        try:
+            probe = await probe_job(spec_file, ds_path, ctx.spec.spec_hash_hex(),
+                                    job.dataset_hash.hex(), memory_mb=_memory_mb(),
+                                    max_seconds=float(job.round_duration),
+                                    gflops=0.0, threads=self.rt.settings.threads)
+        except Exception as exc:  # noqa: BLE001 - a job we cannot run: never claim it
+            log.warning("collab_job_rejected", job=cid, reason=str(exc))
+            self._bad.add(cid)
+            return None
+        rate = int(1000 / probe.per_step_s) if probe.per_step_s else 0
+        self._claimed_rate[cid] = rate
+        return rate
+
+    async def withdraw(self) -> int:
+        c = self.rt.chain_client
+        if not self.enabled or await self.rt.chain(c.collab.credits, self.rt.address) == 0:
+            return 0
+        try:
+            return int(await self.rt.chain(c.collab.withdraw))
+        except ContractRevert as exc:
+            log.info("tx_not_needed", call="collab.withdraw", error=exc.error)
+            return 0
+
+
+def _memory_mb() -> int:
+    from node.train.budget import machine_memory_mb  # noqa: PLC0415
+
+    return int(os.environ.get("POLNET_COLLAB_MEMORY_MB", machine_memory_mb() // 2))
+
+
+async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
+                       benign: tuple[str, ...]) -> bool:
+    """``market.finalize(jid)``, or for a collaborative sub-job (which only its
+    CollabMarket may finalize) ``settleRound`` of its job, which finalizes it."""
+    c = rt.chain_client
+    if follower.enabled and follower.is_sub_job(await rt.chain(c.market.get_job, jid)):
+        ref = await rt.chain(c.collab.sub_job_of, jid)
+        return await rt.transact_ok(c.collab.settle_round, ref.collab_job_id,
+                                    benign=SETTLE_BENIGN)
+    return await rt.transact_ok(c.market.finalize, jid, benign=benign)

@@ -1,0 +1,144 @@
+"""Posting a collaborative (DiLoCo) job and reporting on it (issue 13).
+
+``postCollabJob`` fixes what every round's sub-jobs are checked against: the spec
+and dataset hashes (the inputs workers fetch from us over libp2p), round 0's S_0
+(the spec's seeded weights with a zeroed inner optimizer: node.train.rounds) and
+the outer-state hash of theta_0 with zero momentum (node.train.diloco), so no
+worker or poster can start the job from weights of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.chain.client import ChainClient
+from node.chain.contracts import CollabTerms
+from node.datasets import dataset_hash
+from node.errors import ConfigError, SpecError
+from node.logs import get_logger
+from node.roles.runtime import Runtime
+from node.roles.submitter import MAX_AMOUNT
+from node.spec import CollaborativeSpec, load_collaborative_spec
+from node.units import wei_to_pol
+
+log = get_logger("polnet.submitter")
+
+
+@dataclass(frozen=True)
+class CollabRequest:
+    spec_path: Path
+    dataset_path: Path
+    reward: int
+    budget: int
+    round_duration: int
+
+
+def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
+    """Everything that can be checked before any token moves."""
+    spec = load_collaborative_spec(req.spec_path)
+    if not req.dataset_path.is_file():
+        raise ConfigError(f"dataset {req.dataset_path} does not exist; "
+                          "make one with `polnet dataset pack`")
+    got = dataset_hash(req.dataset_path)
+    if got != spec.inner.dataset_hash:
+        raise SpecError(f"the spec names dataset {spec.inner.dataset_hash} but "
+                        f"{req.dataset_path} hashes to {got}: set inner.dataset_hash = "
+                        f"\"{got}\" or pass the right file", field="inner.dataset_hash")
+    sub_jobs = spec.outer_rounds * spec.workers.max
+    if req.reward < sub_jobs:
+        raise ConfigError(f"--reward must pay each of the {sub_jobs} sub-jobs "
+                          f"({spec.outer_rounds} rounds x {spec.workers.max} slots) something")
+    if req.reward > MAX_AMOUNT // 100 or req.budget > MAX_AMOUNT:
+        raise ConfigError("--reward/--budget exceed the market's bounds: lower them")
+    if req.round_duration < 10:
+        raise ConfigError("--round-duration must be at least 10 seconds")
+    return spec
+
+
+def collab_initial_hashes(spec: CollaborativeSpec, dataset_path: Path) -> tuple[bytes, bytes]:
+    """(S_0 of round 0's sub-jobs, outer hash of theta_0 with zero momentum)."""
+    from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
+    from node.train.diloco import initial_outer_state, outer_hash  # noqa: PLC0415
+    from node.train.rounds import round_context, round_initial_hash  # noqa: PLC0415
+
+    ds = load_dataset(dataset_path, spec.inner.dataset_hash)
+    state = initial_outer_state(spec)
+    return round_initial_hash(round_context(spec, ds, 0, 0), state.theta), outer_hash(state)
+
+
+async def post_collab(rt: Runtime, req: CollabRequest) -> int:
+    """Store and serve the inputs, escrow reward + budget, post; returns the job id."""
+    spec = check_collab_request(req)
+    spec_id = await rt.p2p.publish_bytes(spec.canonical_json())
+    ds_id = await rt.p2p.publish_file(req.dataset_path)
+    assert spec_id == spec.spec_hash_hex().removeprefix("0x")
+    c = rt.chain_client
+    total = req.reward + req.budget
+    balance = await rt.chain(c.token.balance_of, rt.address)
+    if balance < total:
+        raise ConfigError(f"account {rt.address} holds {wei_to_pol(balance)} POL but the job "
+                          f"escrows {wei_to_pol(total)} POL: fund it or lower --reward")
+    await rt.chain(c.token.ensure_allowance, c.collab.address, total)
+    init_hash, outer0 = await trio.to_thread.run_sync(collab_initial_hashes, spec,
+                                                      req.dataset_path)
+    terms = CollabTerms(
+        spec_hash=spec.spec_hash(), dataset_hash=bytes.fromhex(ds_id), reward=req.reward,
+        verification_budget=req.budget, min_workers=spec.workers.min,
+        max_workers=spec.workers.max, inner_steps=spec.inner_steps,
+        steps_per_segment=spec.inner.checkpoint_interval, rounds=spec.outer_rounds,
+        round_duration=req.round_duration, init_state_hash=init_hash, outer_init_hash=outer0)
+    cid = await rt.chain(c.collab.post_collab_job, terms)
+    log.info("collab_job_posted", job=cid, spec=spec_id, dataset=ds_id,
+             reward_pol=wei_to_pol(req.reward), rounds=spec.outer_rounds,
+             slots=spec.workers.max)
+    return cid
+
+
+async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) -> str:
+    """Serve the inputs (the runtime does) until the job is Finished or Failed, then
+    withdraw what the CollabMarket owes us (the unspent escrow). Returns the status."""
+    c = rt.chain_client
+    with trio.move_on_after(timeout if timeout is not None else float("inf")):
+        while True:
+            job = await rt.chain(c.collab.get_collab, cid)
+            if job.status.name in ("FINISHED", "FAILED"):
+                break
+            await trio.sleep(rt.settings.poll_interval * 4)
+    job = await rt.chain(c.collab.get_collab, cid)
+    if await rt.chain(c.collab.credits, rt.address) > 0:
+        await rt.chain(c.collab.withdraw)
+    return job.status.name.lower()
+
+
+def collab_report(c: ChainClient, cid: int) -> dict[str, Any]:
+    """A collaborative job from the chain: status, slots, and per round its start,
+    accepted and dropped slots (with their sub-jobs) and the accepted outer hash."""
+    job = c.collab.get_collab(cid)
+    rounds = []
+    last = job.round if job.status.name in ("RUNNING", "OPEN") else job.rounds - 1
+    for r in range(0, min(last, job.rounds - 1) + 1):
+        rnd = c.collab.get_round(cid, r)
+        if rnd.start == 0:
+            continue
+        subs = {i: s for i, s in enumerate(rnd.sub_jobs) if s}
+        accepted = rnd.accepted_slots()
+        rounds.append({
+            "round": r, "attempt": rnd.attempt, "start": rnd.start, "deadline": rnd.deadline,
+            "settled": rnd.settled, "sub_jobs": subs, "accepted": accepted,
+            "dropped": sorted(i for i in subs if rnd.settled and i not in accepted),
+            "outer_hash": "0x" + rnd.outer_hash.hex() if rnd.accepted else None,
+            "outer_challenge": rnd.challenge_phase.name.lower(),
+            "last_verdict": rnd.last_verdict.name.lower()})
+    zero = "0x" + "0" * 40
+    return {
+        "job": cid, "status": job.status.name.lower(), "phase": job.phase.name.lower(),
+        "round": job.round, "rounds": job.rounds, "inner_steps": job.inner_steps,
+        "workers": {"min": job.min_workers, "max": job.max_workers},
+        "slots": [None if str(a).lower() == zero else a for a in c.collab.slot_holders(cid)],
+        "reward_pol": wei_to_pol(job.reward), "per_sub_job_pol": wei_to_pol(job.sub_reward),
+        "pool_pol": wei_to_pol(job.pool), "model_outer_hash": "0x" + job.outer_hash.hex(),
+        "history": rounds}
