@@ -6,7 +6,7 @@ VENV     := .venv
 BIN      := $(VENV)/bin
 PYTEST_ARGS ?= --durations=12
 
-.PHONY: demo test setup browser lint typecheck contracts bench clean devnet-up devnet-down
+.PHONY: demo demo-collab test setup browser lint typecheck contracts bench clean devnet-up devnet-down
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -25,6 +25,9 @@ node_modules/.installed: package.json package-lock.json
 
 demo: setup
 	$(BIN)/polnet demo
+
+demo-collab: setup
+	$(BIN)/polnet demo --collab
 
 test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

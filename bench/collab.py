@@ -38,8 +38,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -50,16 +48,16 @@ from node.spec import (  # noqa: E402
     parse_collaborative_spec,
 )
 from node.train.diloco import initial_outer_state, outer_hash, outer_step  # noqa: E402
-from node.train.inner import Params, inner_run, model_params, start_state  # noqa: E402
+from node.train.inner import Params, inner_run, model_params  # noqa: E402
+from node.train.rounds import heldout_loss as eval_loss  # noqa: E402
+from node.train.rounds import sequential as run_sequential  # noqa: E402
 from node.train.shards import (  # noqa: E402
     ShardContext,
     data_parallel_context,
     holdout_indices,
     worker_context,
 )
-from node.train.step import TrainState, train_step  # noqa: E402
-
-EVAL_BATCH = 64
+from node.train.step import TrainState  # noqa: E402
 
 
 def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 0.7,
@@ -72,25 +70,9 @@ def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float =
     return parse_collaborative_spec(d)
 
 
-def eval_loss(ctx: ShardContext, theta: Params, held: torch.Tensor) -> float:
-    state = start_state(ctx, theta, 0)
-    state.model.eval()
-    c = ctx.spec.model.context  # type: ignore[union-attr]
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, held.numel(), EVAL_BATCH):
-            idx = held[i:i + EVAL_BATCH]
-            seq = ctx.inputs[idx.unsqueeze(1) * c + torch.arange(c + 1)]
-            logits = state.model(seq[:, :-1])
-            total += float(state.model.loss(logits, seq[:, 1:])) * idx.numel()
-    return total / held.numel()
-
-
 def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainState, float]:
     t0 = time.perf_counter()
-    state = start_state(ctx, theta_0, 0)
-    for step in range(1, steps + 1):
-        train_step(ctx, state, step)
+    state = run_sequential(ctx, theta_0, steps)
     return state, time.perf_counter() - t0
 
 

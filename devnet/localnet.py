@@ -62,8 +62,10 @@ class LocalNet:
                                         block_time=self.block_time, params=self.params,
                                         home=self.home, evm=self.evm)
         self.chain = ChainClient.from_deployment(self.deployment, None)
-        self._watcher = EventWatcher(self.chain.w3, [self.chain.market, self.chain.dispute,
-                                                     self.chain.registry],
+        books = [self.chain.market, self.chain.dispute, self.chain.registry]
+        if "CollabMarket" in self.deployment.contracts:
+            books.append(self.chain.collab)
+        self._watcher = EventWatcher(self.chain.w3, books,
                                      start_block=self.deployment.deploy_block)
         return self
 
@@ -124,6 +126,23 @@ class LocalNet:
         end = time.monotonic() + 120
         while time.monotonic() < end:
             if self.c.market.job_count() > before:
+                return before + 1
+            self.check_alive()
+            time.sleep(0.5)
+        raise PolnetError(f"{name} did not post its job; see {self.home}/logs/{name}.log")
+
+    def submit_collab(self, name: str, dev_account: int, spec: Path, dataset: Path,
+                      reward: float = 100, budget: float = 12,
+                      round_duration: int = 120) -> int:
+        """Post a collaborative job from a serving submitter process; returns its id."""
+        before = self.c.collab.collab_count()
+        self.polnet(name, "job", "submit", str(spec), "--dataset", str(dataset),
+                    "--reward", str(reward), "--budget", str(budget),
+                    "--round-duration", str(round_duration),
+                    *self.node_args(name, dev_account))
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if self.c.collab.collab_count() > before:
                 return before + 1
             self.check_alive()
             time.sleep(0.5)
@@ -224,12 +243,19 @@ class LocalNet:
     def holdings(self, address: str) -> int:
         """Wallet + stake + unwithdrawn credits: everything an account owns."""
         c = self.c
+        collab = c.collab.credits(address) if self._has_collab else 0
         return (c.token.balance_of(address) + c.registry.free_stake(address)
                 + c.registry.locked_stake(address) + c.market.credits(address)
-                + c.dispute.credits(address))
+                + c.dispute.credits(address) + collab)
+
+    @property
+    def _has_collab(self) -> bool:
+        return self.deployment is not None and "CollabMarket" in self.deployment.contracts
 
     def conserved(self) -> bool:
         c = self.c
-        held = sum(c.token.balance_of(a) for a in
-                   (c.market.address, c.registry.address, c.dispute.address))
-        return held == c.market.total_owed() + c.registry.total_owed() + c.dispute.total_owed()
+        books: list[Any] = [c.market, c.registry, c.dispute]
+        if self._has_collab:
+            books.append(c.collab)
+        held = sum(c.token.balance_of(b.address) for b in books)
+        return held == sum(b.total_owed() for b in books)

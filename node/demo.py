@@ -28,7 +28,9 @@ NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "Committe
             "JuryDrawn", "VoteRevealed", "TimedOut", "DisputeResolved", "RoundCondemned",
             "RoundSettled", "RewardPaid", "Burned", "JobReopened", "JobFinalized",
             "AttestorSlashed", "Slashed", "JurorSlashed", "JobReclaimed"}
-ALARM = {"Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
+GOOD = {"JobFinalized", "SubJobAccepted", "OuterAccepted", "CollabFinished"}
+ALARM = {"SubJobDropped", "OuterChallenged", "CollabFailed",
+         "Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
          "RoundCondemned", "Burned"}
 
 
@@ -73,8 +75,10 @@ def pack_inputs(data: Path) -> dict[str, Path]:
 
 
 class Narrator:
-    def __init__(self, net: LocalNet, names: dict[str, str], console: Console) -> None:
+    def __init__(self, net: LocalNet, names: dict[str, str], console: Console,
+                 events: set[str] | None = None) -> None:
         self.net, self.names, self.con = net, names, console
+        self.events = NARRATED if events is None else events
 
     def who(self, v: Any) -> str:
         return self.names.get(str(v), str(v)[:10])
@@ -92,11 +96,11 @@ class Narrator:
 
     def __call__(self) -> None:
         for ev in self.net.new_events():
-            if ev.event not in NARRATED:
+            if ev.event not in self.events:
                 continue
             # escaped: a list like jury=[verifier-1, ...] is not rich markup
             parts = [escape(f"{k}={self.fmt(v)}") for k, v in ev.args.items()]
-            style = "red" if ev.event in ALARM else "green" if ev.event == "JobFinalized" \
+            style = "red" if ev.event in ALARM else "green" if ev.event in GOOD \
                 else "white"
             self.con.print(f"[dim]#{ev.block_number}[/] [{style}]{ev.contract}.{ev.event}[/] "
                            + " ".join(parts))

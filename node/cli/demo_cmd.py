@@ -11,13 +11,23 @@ def demo(
     home: Path = typer.Option(Path(".demo"), "--home",
                               help="Where the demo keeps chain, node state and logs "
                                    "(wiped at start)."),
-    timeout: float = typer.Option(900.0, "--timeout", help="Give up after this many seconds."),
+    timeout: float | None = typer.Option(
+        None, "--timeout", help="Give up after this many seconds (default 900; --collab 1500)."),
+    collab: bool = typer.Option(False, "--collab",
+                                help="Run a collaborative (DiLoCo) job instead: 4 workers, one "
+                                     "byzantine, one killed mid-round and restarted."),
+    rounds: int = typer.Option(5, "--rounds", min=3, max=50, help="--collab: outer rounds."),
 ) -> None:
     """Start a devnet, 3 verifiers, an honest and a cheating solver and a submitter; post
-    two jobs (CNN on digits, LM on text) and run them to settlement."""
+    two jobs (CNN on digits, LM on text) and run them to settlement. With --collab: one
+    collaborative job trained by 4 workers, its byzantine worker slashed and excluded."""
+    if collab:
+        from node.demo_collab import run_collab_demo
+
+        raise typer.Exit(run_collab_demo(home.resolve(), timeout or 1500.0, rounds))
     from node.demo import run_demo
 
-    raise typer.Exit(run_demo(home.resolve(), timeout))
+    raise typer.Exit(run_demo(home.resolve(), timeout or 900.0))
 
 
 def register(root: typer.Typer) -> None:

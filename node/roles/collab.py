@@ -197,22 +197,9 @@ class CollabFollower:
         atomic_write(path, save(tensors))
 
     def _load_cached(self, cid: int, r: int) -> OuterState | None:
-        from safetensors.torch import load_file  # noqa: PLC0415
-
-        from node.train.diloco import OuterState  # noqa: PLC0415
-
         path = self._path(cid, r)
-        if not path.is_file():
-            return None
         try:
-            t = load_file(str(path))
-            theta = {k.removeprefix("theta."): v for k, v in t.items() if k.startswith("theta.")}
-            mom = {k.removeprefix("momentum."): v for k, v in t.items()
-                   if k.startswith("momentum.")}
-            slots = tuple(int(s) for s in t["meta.slots"].tolist())
-            if int(t["meta.round"]) != r:
-                raise CheckpointError(f"{path} holds round {int(t['meta.round'])}")
-            return OuterState(r, theta, mom, slots)
+            return load_outer_file(path, r)
         except Exception as exc:  # noqa: BLE001 - a damaged cache is recomputed, not fatal
             log.warning("collab_outer_cache_unusable", path=str(path), error=str(exc))
             path.unlink(missing_ok=True)
@@ -425,3 +412,20 @@ async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
         return await rt.transact_ok(c.collab.settle_round, ref.collab_job_id,
                                     benign=SETTLE_BENIGN)
     return await rt.transact_ok(c.market.finalize, jid, benign=benign)
+
+
+def load_outer_file(path: Path, r: int) -> OuterState | None:
+    """An outer state cached by a follower (None if there is no file; CheckpointError
+    if it is not round ``r``'s)."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    from node.train.diloco import OuterState  # noqa: PLC0415
+
+    if not path.is_file():
+        return None
+    t = load_file(str(path))
+    theta = {k.removeprefix("theta."): v for k, v in t.items() if k.startswith("theta.")}
+    mom = {k.removeprefix("momentum."): v for k, v in t.items() if k.startswith("momentum.")}
+    if int(t["meta.round"]) != r:
+        raise CheckpointError(f"{path} holds round {int(t['meta.round'])}, not {r}")
+    return OuterState(r, theta, mom, tuple(int(s) for s in t["meta.slots"].tolist()))

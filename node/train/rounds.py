@@ -18,6 +18,8 @@ Public API::
     round_initial_hash(ctx, theta_t) -> bytes         # its state hash, fixed on chain
     final_weights(tensors) -> Params                  # theta_i from the final leaf's state
     delta_from_final(theta_t, tensors) -> Params      # theta_t - theta_i
+    heldout_loss(ctx, theta, held) -> float           # mean LM loss on held-out windows
+    sequential(ctx, theta_0, steps) -> TrainState     # one worker alone: the baseline
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from node.proof import state_hash
 from node.spec import CollaborativeSpec, parse_spec
 from node.train.inner import Params, start_state
 from node.train.shards import ShardContext, worker_context
-from node.train.step import OptimizerImpl, TrainState, state_tensors
+from node.train.step import OptimizerImpl, TrainState, state_tensors, train_step
 
 _MODEL = "model."
 
@@ -80,3 +82,33 @@ def delta_from_final(theta_t: Mapping[str, torch.Tensor],
     if theta_i.keys() != theta_t.keys():
         raise TrainingError("the final state's weights do not match theta_t's names")
     return {n: theta_t[n].to(torch.float32) - theta_i[n] for n in theta_i}
+
+
+EVAL_BATCH = 64
+
+
+def heldout_loss(ctx: ShardContext, theta: Mapping[str, torch.Tensor],
+                 held: torch.Tensor) -> float:
+    """Mean next-token loss of weights ``theta`` on the held-out windows ``held``
+    (node.train.shards.holdout_indices), dropout off."""
+    state = start_state(ctx, theta, 0)
+    state.model.eval()
+    c = ctx.spec.model.context  # type: ignore[union-attr]
+    total = 0.0
+    with torch.no_grad():
+        for i in range(0, held.numel(), EVAL_BATCH):
+            idx = held[i:i + EVAL_BATCH]
+            seq = ctx.inputs[idx.unsqueeze(1) * c + torch.arange(c + 1)]
+            logits = state.model(seq[:, :-1])
+            total += float(state.model.loss(logits, seq[:, 1:])) * idx.numel()
+    return total / held.numel()
+
+
+def sequential(ctx: ShardContext, theta_0: Mapping[str, torch.Tensor],
+               steps: int) -> TrainState:
+    """``steps`` steps of one context from ``theta_0`` (a fresh inner optimizer): one
+    worker training alone, or one solver with an N-times batch (data parallel)."""
+    state = start_state(ctx, theta_0, 0)
+    for step in range(1, steps + 1):
+        train_step(ctx, state, step)
+    return state
