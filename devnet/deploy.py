@@ -17,11 +17,12 @@ from node.chain.deployment import Deployment, DevAccount
 from node.errors import ConfigError
 
 # Deployment order; each may take the addresses of those before it.
-CONTRACTS = ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame")
+CONTRACTS = ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "CollabMarket")
 _ADDRESS_KEYS = {"token": "PolToken", "poltoken": "PolToken", "registry": "NodeRegistry",
                  "noderegistry": "NodeRegistry", "market": "JobMarket",
                  "jobmarket": "JobMarket", "dispute": "DisputeGame",
-                 "disputegame": "DisputeGame"}
+                 "disputegame": "DisputeGame", "collab": "CollabMarket",
+                 "collabmarket": "CollabMarket"}
 
 
 def _address_key(arg_name: str) -> str:
@@ -52,8 +53,9 @@ def constructor_args(name: str, addresses: Mapping[str, str], params: BaseModel 
 def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = None, *,
                fund: Sequence[LocalAccount] = (), rpc_url: str | None = None,
                artifacts: Path | None = None) -> Deployment:
-    """Deploy token, registry, market and dispute game; authorise market and dispute
-    on the registry; mint ``params.mint_per_account`` to every account in ``fund``.
+    """Deploy token, registry, market, dispute game and the collaborative-job market
+    (it needs no wiring: it is an ordinary submitter of the market); authorise market
+    and dispute on the registry; mint ``params.mint_per_account`` to every account in ``fund``.
     Returns the Deployment (not yet saved)."""
     params = params or DevnetParams()
     url = rpc_url or str(getattr(w3.provider, "endpoint_uri", ""))
@@ -61,7 +63,7 @@ def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = N
     start_block = client.block_number()
     per_contract: dict[str, BaseModel | None] = {
         "PolToken": None, "NodeRegistry": params.registry, "JobMarket": params.market,
-        "DisputeGame": params.dispute}
+        "DisputeGame": params.dispute, "CollabMarket": params.collab}
     addresses: dict[str, str] = {}
     for name in CONTRACTS:
         bound = client.deploy(name, *constructor_args(name, addresses, per_contract[name],

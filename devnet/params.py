@@ -121,11 +121,49 @@ class DisputeParams(BaseModel):
         return self
 
 
+class CollabParams(BaseModel):
+    """CollabMarket ``Params`` (see ICollabMarket.sol). A job picks its own round duration."""
+
+    model_config = ConfigDict(extra="forbid")
+    outer_window: int = Field(
+        default=20, ge=2,
+        description="seconds a posted outer state stays open to challenge (a challenge that "
+                    "ends leaves at least half of it)")
+    outer_bond: int = Field(
+        default=20 * TOKEN, ge=0, description="tokens a poster and a challenger each put up")
+    jury_lookahead: int = Field(
+        default=2, ge=1, le=128,
+        description="blocks between an outer challenge and the block whose hash seeds its jury")
+    jury_size: int = Field(default=JURY_SIZE, ge=1, le=15,
+                           description="jurors drawn (stake-weighted) per outer challenge")
+    quorum: int = Field(default=2, ge=1, description="reveals needed for an outer verdict")
+    commit_window: int = Field(default=30, ge=1,
+                               description="seconds from the outer jury draw to commit votes")
+    reveal_window: int = Field(default=30, ge=1, description="seconds after that to reveal")
+    max_slots: int = Field(default=16, ge=1, le=64, description="bound on a job's worker slots")
+    max_rounds: int = Field(default=1_000, ge=1, le=100_000,
+                            description="bound on a job's outer rounds")
+    max_round_retries: int = Field(
+        default=2, ge=0, le=100,
+        description="retries of a round that settled below min workers before the job fails")
+    throughput_tolerance_bps: int = Field(
+        default=2_000, ge=0, le=10_000,
+        description="how far a node's delivered rate may fall below its claim before its "
+                    "slots are capped at what it delivered")
+
+    @model_validator(mode="after")
+    def _quorum_fits(self) -> CollabParams:
+        if self.quorum > self.jury_size:
+            raise ValueError("quorum must not exceed jury_size")
+        return self
+
+
 class DevnetParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     registry: RegistryParams = Field(default_factory=RegistryParams)
     market: MarketParams = Field(default_factory=MarketParams)
     dispute: DisputeParams = Field(default_factory=DisputeParams)
+    collab: CollabParams = Field(default_factory=CollabParams)
     accounts: int = Field(default=10, ge=2, le=100, description="funded dev accounts")
     mint_per_account: int = Field(default=1_000_000 * TOKEN, ge=0)
 
@@ -177,7 +215,7 @@ def short_network_params() -> DevnetParams:
 
 
 def load_params(path: Path | None) -> DevnetParams:
-    """Contract parameters from a TOML file ([registry], [market], [dispute]); the
+    """Contract parameters from a TOML file ([registry], [market], [dispute], [collab]); the
     devnet's defaults for what it leaves out, or for no file at all."""
     import tomllib
 

@@ -140,10 +140,14 @@ class LocalChain:
         self.mine(blocks)
 
     def conservation(self) -> tuple[int, int]:
-        """(tokens held by registry + market + dispute game, what they say they owe)."""
+        """(tokens held by registry + market + dispute game (+ collab market, when
+        deployed), what they say they owe)."""
         r = self.reader
         held = owed = 0
-        for bound in (r.registry, r.market, r.dispute):
+        bounds = [r.registry, r.market, r.dispute]
+        if "CollabMarket" in self.deployment.contracts:
+            bounds.append(r.collab)
+        for bound in bounds:
             held += r.token.balance_of(bound.address)
             owed += int(bound.call("totalOwed"))
         return held, owed

@@ -38,7 +38,8 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert stat.S_IMODE(dep_file.stat().st_mode) == 0o600
         dep = Deployment.load(dep_file)
         assert dep.chain_id == 31337 and len(dep.accounts) == 3
-        assert set(dep.contracts) == {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame"}
+        assert set(dep.contracts) == {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame",
+                                      "CollabMarket"}
         client = ChainClient.from_deployment(dep, account=1)
         assert client.token.balance_of(client.address) == dep.params["mint_per_account"]
         assert client.registry.market() == dep.contracts["JobMarket"]

@@ -29,7 +29,7 @@ def _toolchain_missing() -> str | None:
 
 
 def test_artifacts_present_and_well_formed() -> None:
-    for name in ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame"):
+    for name in ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "CollabMarket"):
         art = json.loads((OUT / f"{name}.json").read_text())
         assert list(art) == ["contractName", "abi", "bytecode", "deployedBytecode", "compiler"]
         assert art["contractName"] == name
@@ -62,7 +62,8 @@ def test_deployed_bytecode_under_eip170(name: str) -> None:
 
 
 def test_size_check_covers_the_deployed_contracts() -> None:
-    assert {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame"} <= set(_with_code())
+    assert {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "CollabMarket"} <= \
+        set(_with_code())
 
 
 def test_build_check_matches_committed_artifacts() -> None:

@@ -108,6 +108,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     mapping(uint256 => mapping(uint32 => RoundInfo)) internal _rounds;
     /// @dev keccak256(jobId, round, segment, challenger) => lost a dispute on it
     mapping(bytes32 => bool) internal _barred;
+    /// @dev Reserved jobs only (`postReservedJob`): the one solver that may claim it. A
+    ///      separate mapping, so an ordinary job's post writes no extra word.
+    mapping(uint256 => address) internal _reservedSolver;
 
     constructor(IERC20 token_, INodeRegistry registry_, Params memory params_) Ownable(msg.sender) {
         if (address(token_) == address(0) || address(registry_) == address(0)) revert ZeroAddress();
@@ -148,6 +151,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- submitter ---
 
     function postJob(JobTerms calldata t) external nonReentrant returns (uint256 jobId) {
+        return _post(t);
+    }
+
+    function postReservedJob(JobTerms calldata t, address solver) external nonReentrant returns (uint256 jobId) {
+        if (solver == address(0)) revert ZeroAddress();
+        jobId = _post(t);
+        // INVARIANT: a reserved job stays reserved for its life (reopened rounds included).
+        _reservedSolver[jobId] = solver;
+        emit JobReserved(jobId, solver);
+    }
+
+    function _post(JobTerms calldata t) internal returns (uint256 jobId) {
         if (t.reward == 0) revert ZeroReward();
         if (t.solveDuration == 0) revert ZeroDuration();
         if (t.solveDuration > MAX_DURATION) revert DurationTooLong(t.solveDuration, MAX_DURATION);
@@ -184,6 +199,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function cancel(uint256 jobId) external nonReentrant {
         JobRec storage j = _job(jobId);
+        _onlySubmitterIfReserved(jobId, j);
         if (msg.sender != j.submitter) revert NotSubmitter(msg.sender);
         // INVARIANT: only an unclaimed job's escrow can go back to the submitter.
         _requireStatus(jobId, j, JobStatus.Open);
@@ -199,6 +215,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function claimJob(uint256 jobId) external nonReentrant {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
+        address reserved = _reservedSolver[jobId];
+        if (reserved != address(0) && reserved != msg.sender) revert NotReservedSolver(jobId, msg.sender);
         if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
         uint256 bond = j.reward * _bondFactorBps / BPS;
         j.status = JobStatus.Claimed;
@@ -262,6 +280,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function finalize(uint256 jobId) external nonReentrant {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
+        _onlySubmitterIfReserved(jobId, j);
         if (block.timestamp < j.windowEnd) revert WindowNotOver(j.windowEnd);
         // INVARIANT: the bond is settled once, after every dispute of the round has ended.
         if (j.openDisputes != 0) revert DisputesOpen(j.openDisputes);
@@ -288,6 +307,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function reclaim(uint256 jobId) external nonReentrant {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
+        _onlySubmitterIfReserved(jobId, j);
         if (block.timestamp <= j.deadline) revert DeadlineNotPassed(j.deadline);
         address solver = j.solver;
         uint256 penalty = j.bond * _missedDeadlineSlashBps / BPS;
@@ -504,6 +524,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return _isLive(_disputes[disputeId]);
     }
 
+    function reservedSolverOf(uint256 jobId) external view returns (address) {
+        return _reservedSolver[jobId];
+    }
+
     function token() external view returns (address) {
         return address(_token);
     }
@@ -521,6 +545,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function _job(uint256 jobId) internal view returns (JobRec storage j) {
         j = _jobs[jobId];
         if (j.submitter == address(0)) revert UnknownJob(jobId);
+    }
+
+    /// @dev A reserved job settles only through its submitter (who attributes the credits).
+    function _onlySubmitterIfReserved(uint256 jobId, JobRec storage j) internal view {
+        if (_reservedSolver[jobId] != address(0) && msg.sender != j.submitter) revert OnlySubmitter(jobId, msg.sender);
     }
 
     function _requireStatus(uint256 jobId, JobRec storage j, JobStatus s) internal view {

@@ -18,7 +18,7 @@ from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
-    from node.chain.contracts import Dispute, JobTerms, Market, Registry, Token
+    from node.chain.contracts import Collab, Dispute, JobTerms, Market, Registry, Token
 
 B = TypeVar("B", bound=Bound)
 
@@ -39,7 +39,7 @@ class ChainClient:
 
     ``ChainClient(rpc_url, account)`` connects (raising RpcUnavailable with the fix
     if the node is down). With a ``deployment`` the polnet contracts are reachable
-    as ``client.token``, ``.registry``, ``.market``, ``.dispute``.
+    as ``client.token``, ``.registry``, ``.market``, ``.dispute``, ``.collab``.
     """
 
     def __init__(self, rpc_url: str, account: LocalAccount | str | None = None,
@@ -130,6 +130,11 @@ class ChainClient:
     def dispute(self) -> Dispute:
         from node.chain.contracts import Dispute  # noqa: PLC0415
         return self.contract("DisputeGame", cls=Dispute)
+
+    @property
+    def collab(self) -> Collab:
+        from node.chain.contracts import Collab  # noqa: PLC0415
+        return self.contract("CollabMarket", cls=Collab)
 
     def deploy(self, name: str, *args: Any) -> Bound:
         """Deploy artifact ``name`` with constructor ``args``; returns its binding."""

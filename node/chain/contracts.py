@@ -257,6 +257,16 @@ class Market(Bound):
         r = self.transact("postJob", terms.as_tuple())
         return int(self.event_arg(r, "JobPosted", "jobId"))
 
+    def post_reserved_job(self, terms: JobTerms, solver: str) -> int:
+        """Like :meth:`post_job`, but only ``solver`` may claim it and only the caller
+        (its submitter) may finalize, reclaim or cancel it; returns the job id."""
+        r = self.transact("postReservedJob", terms.as_tuple(), solver)
+        return int(self.event_arg(r, "JobPosted", "jobId"))
+
+    def reserved_solver_of(self, job_id: int) -> ChecksumAddress:
+        """The only solver that may claim ``job_id``; the zero address for an ordinary job."""
+        return self.call("reservedSolverOf", job_id)  # type: ignore[no-any-return]
+
     def cancel(self, job_id: int) -> TxReceipt:
         return self.transact("cancel", job_id)
 
@@ -505,6 +515,237 @@ class Dispute(Bound):
 
     def is_juror(self, dispute_id: int, who: str) -> bool:
         return bool(self.call("isJuror", dispute_id, who))
+
+    def credits(self, who: str) -> int:
+        return int(self.call("credits", who))
+
+    def total_owed(self) -> int:
+        return int(self.call("totalOwed"))
+
+
+# --- collaborative jobs -------------------------------------------------------------------
+
+
+class CollabStatus(enum.IntEnum):
+    NONE = 0
+    OPEN = 1
+    RUNNING = 2
+    FINISHED = 3
+    FAILED = 4
+
+
+class RoundPhase(enum.IntEnum):
+    IDLE = 0
+    RUNNING = 1
+    OUTER = 2  # settled with >= minWorkers accepted: waiting for its outer state
+
+
+class ChallengePhase(enum.IntEnum):
+    NONE = 0
+    DRAWING = 1
+    VOTING = 2
+
+
+class OuterVerdict(enum.IntEnum):
+    NONE = 0
+    VALID = 1
+    INVALID = 2
+    VOID = 3
+
+
+@dataclass(frozen=True)
+class CollabTerms:
+    """What ``postCollabJob`` fixes (ICollabMarket.CollabTerms)."""
+
+    spec_hash: bytes
+    dataset_hash: bytes
+    reward: int
+    verification_budget: int
+    min_workers: int
+    max_workers: int
+    inner_steps: int
+    steps_per_segment: int
+    rounds: int
+    round_duration: int
+    init_state_hash: bytes
+    outer_init_hash: bytes
+
+    def as_tuple(self) -> tuple[Any, ...]:
+        return dataclasses.astuple(self)
+
+
+@dataclass(frozen=True)
+class CollabJob:
+    status: CollabStatus
+    phase: RoundPhase
+    submitter: ChecksumAddress
+    spec_hash: bytes
+    dataset_hash: bytes
+    reward: int
+    verification_budget: int
+    sub_reward: int
+    sub_budget: int
+    pool: int
+    min_workers: int
+    max_workers: int
+    inner_steps: int
+    steps_per_segment: int
+    rounds: int
+    round_duration: int
+    round: int
+    retries: int
+    init_state_hash: bytes
+    outer_hash: bytes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", CollabStatus(self.status))
+        object.__setattr__(self, "phase", RoundPhase(self.phase))
+
+
+@dataclass(frozen=True)
+class CollabRound:
+    start: int
+    deadline: int
+    attempt: int
+    sub_jobs: list[int]  # market job id per slot, 0 where the slot had none
+    accepted_mask: int
+    settled: bool
+    outer_hash: bytes
+    next_init_hash: bytes
+    poster: ChecksumAddress
+    posted_at: int
+    window_end: int
+    accepted: bool
+    challenge_phase: ChallengePhase
+    challenger: ChecksumAddress
+    request_block: int
+    commit_end: int
+    reveal_end: int
+    jury: list[ChecksumAddress]
+    last_verdict: OuterVerdict
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "challenge_phase", ChallengePhase(self.challenge_phase))
+        object.__setattr__(self, "last_verdict", OuterVerdict(self.last_verdict))
+        object.__setattr__(self, "sub_jobs", [int(x) for x in self.sub_jobs])
+        object.__setattr__(self, "jury", list(self.jury))
+
+    def accepted_slots(self) -> list[int]:
+        return [i for i in range(len(self.sub_jobs)) if self.accepted_mask >> i & 1]
+
+
+@dataclass(frozen=True)
+class SubJobRef:
+    collab_job_id: int  # 0: not a collaborative inner run
+    round: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class CollabParamsView:
+    outer_window: int
+    outer_bond: int
+    jury_lookahead: int
+    jury_size: int
+    quorum: int
+    commit_window: int
+    reveal_window: int
+    max_slots: int
+    max_rounds: int
+    max_round_retries: int
+    throughput_tolerance_bps: int
+
+
+def outer_vote_commitment(valid: bool, salt: bytes, juror: str, job_id: int,
+                          round_: int) -> bytes:
+    """``keccak256(abi.encode(valid, salt, juror, jobId, round))``, what
+    ``commitOuterVote`` takes."""
+    return keccak(abi_encode(["bool", "bytes32", "address", "uint256", "uint32"],
+                             [valid, salt, juror, job_id, round_]))
+
+
+class Collab(Bound):
+    """CollabMarket: collaborative jobs whose inner runs are reserved JobMarket jobs."""
+
+    # submitter
+    def post_collab_job(self, terms: CollabTerms) -> int:
+        """Escrows reward + budget (approve the CollabMarket first); returns the job id."""
+        r = self.transact("postCollabJob", terms.as_tuple())
+        return int(self.event_arg(r, "CollabPosted", "jobId"))
+
+    # workers
+    def claim_slot(self, job_id: int, count: int, claimed_milli_steps_per_sec: int) -> list[int]:
+        """Take ``count`` free slots (lowest first); returns their indices."""
+        r = self.transact("claimSlot", job_id, count, claimed_milli_steps_per_sec)
+        return [int(e["args"]["slot"]) for e in self.events(r, "SlotClaimed")]
+
+    def leave_slot(self, job_id: int, slot: int) -> TxReceipt:
+        return self.transact("leaveSlot", job_id, slot)
+
+    # rounds (anyone)
+    def start_round(self, job_id: int) -> TxReceipt:
+        return self.transact("startRound", job_id)
+
+    def settle_round(self, job_id: int) -> TxReceipt:
+        return self.transact("settleRound", job_id)
+
+    # outer state (anyone; jurors vote)
+    def post_outer(self, job_id: int, round_: int, outer_hash: bytes,
+                   next_init_hash: bytes) -> TxReceipt:
+        """Needs ``outerBond`` approved for the CollabMarket."""
+        return self.transact("postOuter", job_id, round_, outer_hash, next_init_hash)
+
+    def challenge_outer(self, job_id: int, round_: int) -> TxReceipt:
+        """Needs ``outerBond`` approved for the CollabMarket."""
+        return self.transact("challengeOuter", job_id, round_)
+
+    def draw_outer_jury(self, job_id: int, round_: int) -> TxReceipt:
+        return self.transact("drawOuterJury", job_id, round_)
+
+    def commit_outer_vote(self, job_id: int, round_: int, valid: bool, salt: bytes) -> TxReceipt:
+        assert self.sender is not None
+        return self.transact("commitOuterVote", job_id, round_,
+                             outer_vote_commitment(valid, salt, self.sender.address, job_id,
+                                                   round_))
+
+    def reveal_outer_vote(self, job_id: int, round_: int, valid: bool,
+                          salt: bytes) -> TxReceipt:
+        return self.transact("revealOuterVote", job_id, round_, valid, salt)
+
+    def resolve_outer(self, job_id: int, round_: int) -> TxReceipt:
+        return self.transact("resolveOuter", job_id, round_)
+
+    def accept_outer(self, job_id: int, round_: int) -> TxReceipt:
+        return self.transact("acceptOuter", job_id, round_)
+
+    def withdraw(self) -> int:
+        return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
+
+    # views
+    def get_collab(self, job_id: int) -> CollabJob:
+        return from_struct(CollabJob, self.call("getCollab", job_id))
+
+    def slot_holders(self, job_id: int) -> list[ChecksumAddress]:
+        return list(self.call("slotHolders", job_id))
+
+    def get_round(self, job_id: int, round_: int) -> CollabRound:
+        return from_struct(CollabRound, self.call("getRound", job_id, round_))
+
+    def sub_job_of(self, market_job_id: int) -> SubJobRef:
+        c, r, s = self.call("subJobOf", market_job_id)
+        return SubJobRef(int(c), int(r), int(s))
+
+    def delivered_of(self, node: str) -> int:
+        return int(self.call("deliveredOf", node))
+
+    def claimed_of(self, node: str) -> int:
+        return int(self.call("claimedOf", node))
+
+    def collab_params(self) -> CollabParamsView:
+        return from_struct(CollabParamsView, self.call("params"))
+
+    def collab_count(self) -> int:
+        return int(self.call("collabCount"))
 
     def credits(self, who: str) -> int:
         return int(self.call("credits", who))

@@ -13,6 +13,9 @@ pragma solidity ^0.8.24;
 ///      Open --cancel--> Cancelled
 ///      Claimed --reclaim (deadline missed)--> Open
 ///      Committed --finalize (round condemned: a dispute proved the solver wrong)--> Open
+///      Reserved jobs (`postReservedJob`): the same lifecycle, but only the reserved
+///      solver claims (every round, reopened ones included) and only the submitter
+///      finalizes, reclaims and cancels (the CollabMarket posts its inner runs so).
 ///      Each claim starts a new `round`; the committee, attestations, bars and disputes
 ///      belong to the round they were made in.
 ///
@@ -149,6 +152,7 @@ interface IJobMarket {
         uint256 verificationBudget,
         uint64 solveDuration
     );
+    event JobReserved(uint256 indexed jobId, address indexed solver);
     event JobTermsFixed(uint256 indexed jobId, uint64 totalSteps, uint32 stepsPerSegment, bytes32 initStateHash);
     event JobClaimed(uint256 indexed jobId, address indexed solver, uint32 round, uint256 bond, uint64 deadline);
     event ResultCommitted(
@@ -224,11 +228,19 @@ interface IJobMarket {
     error DisputeNotLive(uint256 disputeId);
     error DisputesOpen(uint32 openDisputes);
     error NothingToWithdraw();
+    error NotReservedSolver(uint256 jobId, address caller);
+    error OnlySubmitter(uint256 jobId, address caller);
 
     // --- submitter ---
 
     /// @notice Post a job, escrowing `reward + verificationBudget` (approve first). Ids start at 1.
     function postJob(JobTerms calldata terms) external returns (uint256 jobId);
+
+    /// @notice Like `postJob` (the caller is the submitter and escrows), but only `solver`
+    ///         may `claimJob` it, in every round (`NotReservedSolver`), and only the
+    ///         submitter may `finalize`, `reclaim` or `cancel` it (`OnlySubmitter`), so a
+    ///         contract submitter can attribute every credit the market gives it.
+    function postReservedJob(JobTerms calldata terms, address solver) external returns (uint256 jobId);
 
     /// @notice Submitter only, job Open: the escrow is credited back.
     function cancel(uint256 jobId) external;
@@ -271,6 +283,7 @@ interface IJobMarket {
 
     /// @notice After a claimed job's deadline with no commit: missedDeadlineSlashBps of the bond
     ///         goes to the submitter's credit, the rest is unlocked, the job reopens.
+    ///         Anyone, except for a reserved job: its submitter only (so is `finalize`).
     function reclaim(uint256 jobId) external;
 
     /// @notice Pay out the caller's credit.
@@ -323,6 +336,8 @@ interface IJobMarket {
     function isBarred(uint256 jobId, uint256 segment, address challenger) external view returns (bool);
     function disputeRef(uint256 disputeId) external view returns (DisputeRef memory);
     function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory);
+    /// @notice The only solver that may claim a reserved job; address(0) for an ordinary job.
+    function reservedSolverOf(uint256 jobId) external view returns (address);
     /// @notice The job's submitter and current solver bond.
     function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond);
     /// @notice A dispute still counts against its job: not settled, job Committed, same round.

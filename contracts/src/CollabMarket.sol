@@ -1,0 +1,873 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
+import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
+import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
+import {ICollabMarket} from "./interfaces/ICollabMarket.sol";
+import {IJobMarket} from "./interfaces/IJobMarket.sol";
+import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+
+/// @title CollabMarket
+/// @notice Collaborative (DiLoCo) jobs over the JobMarket. See {ICollabMarket}.
+/// @dev This contract is the submitter of every sub-job. The market credits it (never pays it
+///      directly); every credit arises inside one of its own calls (`finalize`, `reclaim`,
+///      `cancel` of a reserved job are submitter-only), so `settleRound` attributes each by
+///      the change of `market.credits(this)` around the call and withdraws them at once.
+contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
+    using SafeERC20 for IERC20;
+
+    uint256 internal constant BPS = 10_000;
+    uint256 internal constant MAX_DURATION = 365 days;
+    uint256 internal constant MAX_AMOUNT = type(uint96).max;
+    uint256 internal constant MAX_SLOTS = 64;
+    uint256 internal constant MAX_JURY = 15;
+
+    uint8 internal constant RELEASE_LEFT = 0;
+    uint8 internal constant RELEASE_DROPPED = 1;
+    uint8 internal constant RELEASE_THROUGHPUT = 2;
+    uint8 internal constant DROP_MISSED = 0;
+    uint8 internal constant DROP_CONDEMNED = 1;
+    uint8 internal constant DROP_UNCLAIMED = 2;
+
+    IERC20 internal immutable _token;
+    INodeRegistry internal immutable _registry;
+    IJobMarket internal immutable _market;
+
+    uint256 internal immutable _outerWindow;
+    uint256 internal immutable _outerBond;
+    uint256 internal immutable _juryLookahead;
+    uint256 internal immutable _jurySize;
+    uint256 internal immutable _quorum;
+    uint256 internal immutable _commitWindow;
+    uint256 internal immutable _revealWindow;
+    uint256 internal immutable _maxSlots;
+    uint256 internal immutable _maxRounds;
+    uint256 internal immutable _maxRoundRetries;
+    uint256 internal immutable _toleranceBps;
+
+    uint256 public override collabCount;
+    // INVARIANT: token.balanceOf(this) == totalPools + totalCredits + totalBonds.
+    uint256 public totalPools;
+    uint256 public totalCredits;
+    uint256 public totalBonds;
+
+    struct CollabRec {
+        CollabStatus status;
+        RoundPhase phase;
+        address submitter;
+        uint32 minWorkers;
+        uint32 maxWorkers;
+        uint32 stepsPerSegment;
+        uint32 rounds;
+        uint32 round;
+        uint32 retries;
+        uint64 innerSteps;
+        uint64 roundDuration;
+        uint128 reward;
+        uint128 verificationBudget;
+        uint128 subReward;
+        uint128 subBudget;
+        uint256 pool;
+        bytes32 specHash;
+        bytes32 datasetHash;
+        bytes32 initStateHash;
+        bytes32 outerHash;
+    }
+
+    struct RoundRec {
+        uint64 start;
+        uint64 deadline;
+        uint32 attempt;
+        uint64 postedMask;
+        uint64 acceptedMask;
+        bool settled;
+        bool accepted;
+        OuterVerdict lastVerdict;
+        ChallengePhase cPhase;
+        address poster;
+        uint64 postedAt;
+        uint64 windowEnd;
+        uint32 postNonce; // posts so far: bars are per post
+        uint32 challengeNonce; // challenges so far: votes are per challenge
+        address challenger;
+        uint64 requestBlock;
+        uint32 poolLen;
+        uint64 commitEnd;
+        uint64 revealEnd;
+        bytes32 outerHash;
+        bytes32 nextInitHash;
+        address[] jury;
+    }
+
+    mapping(uint256 => CollabRec) internal _collabs;
+    mapping(uint256 => mapping(uint256 => address)) internal _slots; // job => slot => holder
+    mapping(uint256 => mapping(uint32 => RoundRec)) internal _rounds;
+    mapping(uint256 => mapping(uint32 => mapping(uint256 => uint256))) internal _subJobs; // job => round => slot => market id
+    /// @dev market job id => collabJobId << 64 | round << 32 | slot
+    mapping(uint256 => uint256) internal _subJobOf;
+    mapping(address => uint64) internal _delivered;
+    mapping(address => uint64) internal _claimed;
+    mapping(address => uint256) internal _credits;
+    /// @dev keccak256(jobId, round, challengeNonce, juror) => commitment; votes: 1 valid, 2 invalid
+    mapping(bytes32 => bytes32) internal _commits;
+    mapping(bytes32 => uint8) internal _votes;
+    /// @dev keccak256(jobId, round, postNonce, challenger) => already challenged this post
+    mapping(bytes32 => bool) internal _challenged;
+
+    /// @dev What settleRound accumulates over a round's sub-jobs.
+    struct Tally {
+        uint256 poolGain;
+        uint256 pot;
+        uint32 accepted;
+        uint64 mask;
+        address[] workers; // accepted, one entry per accepted sub-job
+        address[] nodes; // distinct accepted nodes
+        uint256[] steps;
+        uint256[] elapsed;
+        uint256 nNodes;
+        uint256 jobId;
+        uint32 round;
+        uint64 start;
+        uint64 innerSteps;
+    }
+
+    constructor(IERC20 token_, INodeRegistry registry_, IJobMarket market_, Params memory params_) {
+        if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
+            revert ZeroAddress();
+        }
+        if (
+            params_.outerWindow < 2 || params_.outerWindow > MAX_DURATION || params_.outerBond > MAX_AMOUNT
+                || params_.juryLookahead == 0 || params_.juryLookahead > 128 || params_.jurySize == 0
+                || params_.jurySize > MAX_JURY || params_.quorum == 0 || params_.quorum > params_.jurySize
+                || params_.commitWindow == 0 || params_.commitWindow > MAX_DURATION || params_.revealWindow == 0
+                || params_.revealWindow > MAX_DURATION || params_.maxSlots == 0 || params_.maxSlots > MAX_SLOTS
+                || params_.maxRounds == 0 || params_.maxRounds > 100_000 || params_.maxRoundRetries > 100
+                || params_.throughputToleranceBps > BPS
+        ) revert InvalidParams();
+        _token = token_;
+        _registry = registry_;
+        _market = market_;
+        _outerWindow = params_.outerWindow;
+        _outerBond = params_.outerBond;
+        _juryLookahead = params_.juryLookahead;
+        _jurySize = params_.jurySize;
+        _quorum = params_.quorum;
+        _commitWindow = params_.commitWindow;
+        _revealWindow = params_.revealWindow;
+        _maxSlots = params_.maxSlots;
+        _maxRounds = params_.maxRounds;
+        _maxRoundRetries = params_.maxRoundRetries;
+        _toleranceBps = params_.throughputToleranceBps;
+    }
+
+    // --- submitter ---
+
+    function postCollabJob(CollabTerms calldata t) external nonReentrant returns (uint256 jobId) {
+        if (t.reward == 0) revert ZeroReward();
+        if (t.specHash == 0 || t.datasetHash == 0 || t.initStateHash == 0 || t.outerInitHash == 0) revert ZeroHash();
+        if (t.reward > MAX_AMOUNT / 100) revert AmountTooLarge(t.reward, MAX_AMOUNT / 100);
+        if (t.verificationBudget > MAX_AMOUNT) revert AmountTooLarge(t.verificationBudget, MAX_AMOUNT);
+        if (t.minWorkers == 0 || t.minWorkers > t.maxWorkers || t.maxWorkers > _maxSlots) {
+            revert InvalidWorkers(t.minWorkers, t.maxWorkers);
+        }
+        uint256 k = t.stepsPerSegment;
+        if (t.innerSteps == 0 || k == 0 || t.innerSteps % k != 0 || t.innerSteps / k > type(uint32).max) {
+            revert InvalidSteps(t.innerSteps, t.stepsPerSegment);
+        }
+        if (t.rounds == 0 || t.rounds > _maxRounds) revert InvalidRounds(t.rounds);
+        if (t.roundDuration == 0 || t.roundDuration > MAX_DURATION) revert InvalidDuration(t.roundDuration);
+        // The required rate H * 1000 / roundDuration must fit a uint64 claim.
+        if (uint256(t.innerSteps) * 1000 > type(uint64).max) revert InvalidSteps(t.innerSteps, t.stepsPerSegment);
+        uint256 subJobs = uint256(t.rounds) * t.maxWorkers;
+        uint256 subReward = t.reward / subJobs;
+        if (subReward == 0) revert SubJobTooSmall(subReward);
+        jobId = ++collabCount;
+        CollabRec storage c = _collabs[jobId];
+        c.status = CollabStatus.Open;
+        c.submitter = msg.sender;
+        c.minWorkers = t.minWorkers;
+        c.maxWorkers = t.maxWorkers;
+        c.stepsPerSegment = t.stepsPerSegment;
+        c.rounds = t.rounds;
+        c.innerSteps = t.innerSteps;
+        c.roundDuration = t.roundDuration;
+        c.reward = uint128(t.reward);
+        c.verificationBudget = uint128(t.verificationBudget);
+        c.subReward = uint128(subReward);
+        c.subBudget = uint128(t.verificationBudget / subJobs);
+        c.specHash = t.specHash;
+        c.datasetHash = t.datasetHash;
+        c.initStateHash = t.initStateHash;
+        c.outerHash = t.outerInitHash;
+        uint256 escrow = t.reward + t.verificationBudget;
+        c.pool = escrow;
+        totalPools += escrow;
+        _token.safeTransferFrom(msg.sender, address(this), escrow);
+        emit CollabPosted(jobId, msg.sender, t.specHash, t.reward, t.verificationBudget, t.maxWorkers, t.rounds);
+    }
+
+    // --- workers ---
+
+    function claimSlot(uint256 jobId, uint32 count, uint64 claimedRate) external {
+        CollabRec storage c = _live(jobId);
+        if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
+        if (count == 0) revert ZeroCount();
+        uint256 required = _required(c);
+        uint32 held;
+        uint32 free;
+        uint32 n = c.maxWorkers;
+        for (uint32 i; i < n; ++i) {
+            address h = _slots[jobId][i];
+            if (h == msg.sender) ++held;
+            else if (h == address(0)) ++free;
+        }
+        // The claim is the node's whole rate: it must cover every slot it would hold.
+        uint256 needed = uint256(held + count) * required;
+        if (claimedRate < needed) revert ThroughputTooLow(claimedRate, needed);
+        uint32 cap = _cap(msg.sender, claimedRate, required);
+        if (held + count > cap) revert SlotCapExceeded(held + count, cap);
+        if (free < count) revert NotEnoughFreeSlots(count, free);
+        _claimed[msg.sender] = claimedRate;
+        uint32 taken;
+        for (uint32 i; taken < count; ++i) {
+            if (_slots[jobId][i] != address(0)) continue;
+            _slots[jobId][i] = msg.sender;
+            ++taken;
+            emit SlotClaimed(jobId, i, msg.sender, claimedRate);
+        }
+    }
+
+    function leaveSlot(uint256 jobId, uint32 slot) external {
+        _collab(jobId);
+        if (_slots[jobId][slot] != msg.sender) revert NotSlotHolder(slot, msg.sender);
+        _slots[jobId][slot] = address(0);
+        emit SlotReleased(jobId, slot, msg.sender, RELEASE_LEFT);
+    }
+
+    // --- rounds ---
+
+    function startRound(uint256 jobId) external nonReentrant {
+        CollabRec storage c = _live(jobId);
+        if (c.phase != RoundPhase.Idle) revert WrongPhase(jobId, c.phase);
+        _enforceThroughput(jobId, c);
+        uint32 n = c.maxWorkers;
+        uint32 held;
+        for (uint32 i; i < n; ++i) {
+            if (_slots[jobId][i] != address(0)) ++held;
+        }
+        if (held < c.minWorkers) revert TooFewWorkers(held, c.minWorkers);
+        uint256 per = uint256(c.subReward) + c.subBudget;
+        uint256 need = per * held;
+        if (c.pool < need) return _fail(jobId, c); // retries spent what later rounds needed
+        c.pool -= need;
+        totalPools -= need;
+        _token.forceApprove(address(_market), need);
+
+        uint32 r = c.round;
+        RoundRec storage rr = _rounds[jobId][r];
+        rr.attempt = c.retries;
+        rr.start = uint64(block.timestamp);
+        rr.deadline = uint64(block.timestamp + c.roundDuration);
+        rr.acceptedMask = 0;
+        rr.settled = false;
+        (uint64 mask, uint256[] memory ids) = _postSubJobs(jobId, c, r);
+        rr.postedMask = mask;
+        c.phase = RoundPhase.Running;
+        c.status = CollabStatus.Running;
+        emit RoundStarted(jobId, r, rr.attempt, rr.deadline, ids);
+    }
+
+    function settleRound(uint256 jobId) external nonReentrant {
+        CollabRec storage c = _live(jobId);
+        if (c.phase != RoundPhase.Running) revert WrongPhase(jobId, c.phase);
+        uint32 r = c.round;
+        RoundRec storage rr = _rounds[jobId][r];
+        uint32 n = c.maxWorkers;
+        Tally memory t;
+        t.workers = new address[](n);
+        t.nodes = new address[](n);
+        t.steps = new uint256[](n);
+        t.elapsed = new uint256[](n);
+        t.jobId = jobId;
+        t.round = r;
+        t.start = rr.start;
+        t.innerSteps = c.innerSteps;
+        for (uint32 i; i < n; ++i) {
+            if (rr.postedMask & (uint64(1) << i) == 0) continue;
+            _settleOne(rr, i, t);
+        }
+        // INVARIANT: every credit the market gave this contract came from the calls above.
+        uint256 owed = _market.credits(address(this));
+        if (owed != 0) {
+            uint256 got = _market.withdraw();
+            // Whatever is not escrow coming back is a slash share: the others' to share.
+            t.pot = got - t.poolGain;
+        }
+        c.pool += t.poolGain;
+        totalPools += t.poolGain;
+        uint256 each;
+        if (t.accepted == 0) {
+            _credit(c.submitter, t.pot);
+        } else {
+            each = t.pot / t.accepted;
+            for (uint256 w; w < t.accepted; ++w) {
+                _credit(t.workers[w], each);
+            }
+            _credit(c.submitter, t.pot - each * t.accepted);
+        }
+        for (uint256 d; d < t.nNodes; ++d) {
+            uint256 el = t.elapsed[d] == 0 ? 1 : t.elapsed[d];
+            uint256 rate = t.steps[d] * 1000 / el;
+            if (rate > type(uint64).max) rate = type(uint64).max;
+            if (rate == 0) rate = 1; // 0 means "no record"
+            _delivered[t.nodes[d]] = uint64(rate);
+            emit DeliveredRecorded(t.nodes[d], uint64(rate));
+        }
+        rr.acceptedMask = t.mask;
+        rr.settled = true;
+        emit RoundSettled(jobId, r, t.mask, t.accepted, t.pot, each);
+        if (t.accepted >= c.minWorkers) {
+            c.phase = RoundPhase.Outer;
+        } else if (c.retries < _maxRoundRetries) {
+            c.retries += 1;
+            c.phase = RoundPhase.Idle;
+            emit RoundRetried(jobId, r, c.retries);
+        } else {
+            _fail(jobId, c);
+        }
+    }
+
+    // --- outer state ---
+
+    function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external nonReentrant {
+        RoundRec storage rr = _outerRound(jobId, round);
+        if (rr.poster != address(0)) revert AlreadyPosted(jobId, round);
+        if (outerHash == 0 || nextInitHash == 0) revert ZeroHash();
+        rr.poster = msg.sender;
+        rr.postedAt = uint64(block.timestamp);
+        rr.windowEnd = uint64(block.timestamp + _outerWindow);
+        rr.outerHash = outerHash;
+        rr.nextInitHash = nextInitHash;
+        rr.postNonce += 1;
+        _takeBond();
+        emit OuterPosted(jobId, round, msg.sender, outerHash, nextInitHash, rr.windowEnd);
+    }
+
+    function challengeOuter(uint256 jobId, uint32 round) external nonReentrant {
+        RoundRec storage rr = _posted(jobId, round);
+        if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, round);
+        if (block.timestamp >= rr.windowEnd) revert OuterWindowClosed(rr.windowEnd);
+        if (msg.sender == rr.poster) revert PosterCannotChallenge();
+        bytes32 key = keccak256(abi.encode(jobId, round, rr.postNonce, msg.sender));
+        // INVARIANT: one challenge per address per post: a Void cannot be replayed forever.
+        if (_challenged[key]) revert AlreadyChallenged(msg.sender);
+        _challenged[key] = true;
+        rr.challenger = msg.sender;
+        rr.challengeNonce += 1;
+        _requestJury(rr);
+        _takeBond();
+        emit OuterChallenged(jobId, round, msg.sender, uint64(block.number + _juryLookahead), rr.poolLen);
+    }
+
+    function drawOuterJury(uint256 jobId, uint32 round) external nonReentrant {
+        RoundRec storage rr = _posted(jobId, round);
+        if (rr.cPhase != ChallengePhase.Drawing) revert NoChallenge(jobId, round);
+        uint64 drawBlock = uint64(rr.requestBlock + _juryLookahead);
+        if (block.number <= drawBlock) revert JuryNotReady(drawBlock);
+        bytes32 bh = blockhash(drawBlock);
+        if (bh == 0) {
+            // Nobody drew while the hash was readable (256 blocks): ask again from now on.
+            _requestJury(rr);
+            emit OuterJuryRearmed(jobId, round, uint64(block.number + _juryLookahead));
+            return;
+        }
+        address[] memory exclude = new address[](2);
+        exclude[0] = rr.poster;
+        exclude[1] = rr.challenger;
+        address[] memory jury = _registry.sortition(
+            keccak256(abi.encode(bh, jobId, round)), _jurySize, rr.poolLen, rr.requestBlock, exclude
+        );
+        delete rr.jury;
+        for (uint256 i; i < jury.length; ++i) {
+            rr.jury.push(jury[i]);
+        }
+        if (jury.length < _quorum) {
+            emit OuterJuryDrawn(jobId, round, jury, 0, 0);
+            _resolve(jobId, round, rr, OuterVerdict.Void, 0, 0);
+            return;
+        }
+        rr.cPhase = ChallengePhase.Voting;
+        rr.commitEnd = uint64(block.timestamp + _commitWindow);
+        rr.revealEnd = uint64(rr.commitEnd + _revealWindow);
+        emit OuterJuryDrawn(jobId, round, jury, rr.commitEnd, rr.revealEnd);
+    }
+
+    function commitOuterVote(uint256 jobId, uint32 round, bytes32 commitment) external {
+        RoundRec storage rr = _voting(jobId, round);
+        if (block.timestamp >= rr.commitEnd) revert CommitClosed(rr.commitEnd);
+        if (commitment == 0) revert ZeroHash();
+        bytes32 key = _voteKey(jobId, round, rr.challengeNonce, msg.sender);
+        if (_commits[key] != 0) revert AlreadyCommitted();
+        _commits[key] = commitment;
+        emit OuterVoteCommitted(jobId, round, msg.sender);
+    }
+
+    function revealOuterVote(uint256 jobId, uint32 round, bool valid, bytes32 salt) external {
+        RoundRec storage rr = _voting(jobId, round);
+        if (block.timestamp < rr.commitEnd || block.timestamp >= rr.revealEnd) {
+            revert RevealNotOpen(rr.commitEnd, rr.revealEnd);
+        }
+        bytes32 key = _voteKey(jobId, round, rr.challengeNonce, msg.sender);
+        bytes32 commitment = _commits[key];
+        if (commitment == 0) revert NoCommitment();
+        if (_votes[key] != 0) revert AlreadyRevealed();
+        // INVARIANT: a reveal opens the commitment made before anyone could see votes.
+        if (keccak256(abi.encode(valid, salt, msg.sender, jobId, round)) != commitment) revert BadReveal();
+        _votes[key] = valid ? 1 : 2;
+        emit OuterVoteRevealed(jobId, round, msg.sender, valid);
+    }
+
+    function resolveOuter(uint256 jobId, uint32 round) external nonReentrant {
+        RoundRec storage rr = _posted(jobId, round);
+        if (rr.cPhase != ChallengePhase.Voting) revert NoChallenge(jobId, round);
+        if (block.timestamp < rr.revealEnd) revert RevealNotOver(rr.revealEnd);
+        uint32 validVotes;
+        uint32 invalidVotes;
+        uint32 nonce = rr.challengeNonce;
+        for (uint256 i; i < rr.jury.length; ++i) {
+            uint8 v = _votes[_voteKey(jobId, round, nonce, rr.jury[i])];
+            if (v == 1) ++validVotes;
+            else if (v == 2) ++invalidVotes;
+        }
+        OuterVerdict verdict;
+        // INVARIANT: no verdict without a quorum and a strict majority.
+        if (validVotes + invalidVotes < _quorum || validVotes == invalidVotes) verdict = OuterVerdict.Void;
+        else verdict = validVotes > invalidVotes ? OuterVerdict.Valid : OuterVerdict.Invalid;
+        _resolve(jobId, round, rr, verdict, validVotes, invalidVotes);
+    }
+
+    function acceptOuter(uint256 jobId, uint32 round) external nonReentrant {
+        RoundRec storage rr = _posted(jobId, round);
+        if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, round);
+        if (block.timestamp < rr.windowEnd) revert OuterWindowOpen(rr.windowEnd);
+        CollabRec storage c = _collabs[jobId];
+        rr.accepted = true;
+        totalBonds -= _outerBond;
+        _credit(rr.poster, _outerBond);
+        c.outerHash = rr.outerHash;
+        c.initStateHash = rr.nextInitHash;
+        emit OuterAccepted(jobId, round, rr.outerHash, rr.nextInitHash);
+        c.round = round + 1;
+        c.retries = 0;
+        c.phase = RoundPhase.Idle;
+        if (c.round == c.rounds) {
+            c.status = CollabStatus.Finished;
+            uint256 refund = _drainPool(c);
+            emit CollabFinished(jobId, rr.outerHash, refund);
+        }
+    }
+
+    function withdraw() external nonReentrant returns (uint256 amount) {
+        amount = _credits[msg.sender];
+        if (amount == 0) revert NothingToWithdraw();
+        _credits[msg.sender] = 0;
+        totalCredits -= amount;
+        _token.safeTransfer(msg.sender, amount);
+        emit Withdrawn(msg.sender, amount);
+    }
+
+    // --- views ---
+
+    function params() external view returns (Params memory) {
+        return Params({
+            outerWindow: _outerWindow,
+            outerBond: _outerBond,
+            juryLookahead: _juryLookahead,
+            jurySize: _jurySize,
+            quorum: _quorum,
+            commitWindow: _commitWindow,
+            revealWindow: _revealWindow,
+            maxSlots: _maxSlots,
+            maxRounds: _maxRounds,
+            maxRoundRetries: _maxRoundRetries,
+            throughputToleranceBps: _toleranceBps
+        });
+    }
+
+    function getCollab(uint256 jobId) external view returns (Collab memory v) {
+        CollabRec storage c = _collabs[jobId];
+        v.status = c.status;
+        v.phase = c.phase;
+        v.submitter = c.submitter;
+        v.specHash = c.specHash;
+        v.datasetHash = c.datasetHash;
+        v.reward = c.reward;
+        v.verificationBudget = c.verificationBudget;
+        v.subReward = c.subReward;
+        v.subBudget = c.subBudget;
+        v.pool = c.pool;
+        v.minWorkers = c.minWorkers;
+        v.maxWorkers = c.maxWorkers;
+        v.innerSteps = c.innerSteps;
+        v.stepsPerSegment = c.stepsPerSegment;
+        v.rounds = c.rounds;
+        v.roundDuration = c.roundDuration;
+        v.round = c.round;
+        v.retries = c.retries;
+        v.initStateHash = c.initStateHash;
+        v.outerHash = c.outerHash;
+    }
+
+    function slotHolders(uint256 jobId) external view returns (address[] memory holders) {
+        uint32 n = _collabs[jobId].maxWorkers;
+        holders = new address[](n);
+        for (uint32 i; i < n; ++i) {
+            holders[i] = _slots[jobId][i];
+        }
+    }
+
+    function getRound(uint256 jobId, uint32 round) external view returns (RoundView memory v) {
+        RoundRec storage rr = _rounds[jobId][round];
+        uint32 n = _collabs[jobId].maxWorkers;
+        v.start = rr.start;
+        v.deadline = rr.deadline;
+        v.attempt = rr.attempt;
+        v.subJobs = new uint256[](n);
+        for (uint32 i; i < n; ++i) {
+            if (rr.postedMask & (uint64(1) << i) != 0) v.subJobs[i] = _subJobs[jobId][round][i];
+        }
+        v.acceptedMask = rr.acceptedMask;
+        v.settled = rr.settled;
+        v.outerHash = rr.outerHash;
+        v.nextInitHash = rr.nextInitHash;
+        v.poster = rr.poster;
+        v.postedAt = rr.postedAt;
+        v.windowEnd = rr.windowEnd;
+        v.accepted = rr.accepted;
+        v.challengePhase = rr.cPhase;
+        v.challenger = rr.challenger;
+        v.requestBlock = rr.requestBlock;
+        v.commitEnd = rr.commitEnd;
+        v.revealEnd = rr.revealEnd;
+        v.jury = rr.jury;
+        v.lastVerdict = rr.lastVerdict;
+    }
+
+    function subJobOf(uint256 marketJobId) external view returns (uint256 collabJobId, uint32 round, uint32 slot) {
+        uint256 p = _subJobOf[marketJobId];
+        return (p >> 64, uint32(p >> 32), uint32(p));
+    }
+
+    function deliveredOf(address node) external view returns (uint64) {
+        return _delivered[node];
+    }
+
+    function claimedOf(address node) external view returns (uint64) {
+        return _claimed[node];
+    }
+
+    function credits(address account) external view returns (uint256) {
+        return _credits[account];
+    }
+
+    function token() external view returns (address) {
+        return address(_token);
+    }
+
+    function registry() external view returns (address) {
+        return address(_registry);
+    }
+
+    function market() external view returns (address) {
+        return address(_market);
+    }
+
+    function totalOwed() external view returns (uint256) {
+        return totalPools + totalCredits + totalBonds;
+    }
+
+    // --- internals ---
+
+    function _collab(uint256 jobId) internal view returns (CollabRec storage c) {
+        c = _collabs[jobId];
+        if (c.status == CollabStatus.None) revert UnknownCollab(jobId);
+    }
+
+    function _live(uint256 jobId) internal view returns (CollabRec storage c) {
+        c = _collab(jobId);
+        if (c.status != CollabStatus.Open && c.status != CollabStatus.Running) revert WrongStatus(jobId, c.status);
+    }
+
+    /// @dev The current round, settled and waiting for its outer state.
+    function _outerRound(uint256 jobId, uint32 round) internal view returns (RoundRec storage) {
+        CollabRec storage c = _live(jobId);
+        if (round != c.round) revert WrongRound(round, c.round);
+        if (c.phase != RoundPhase.Outer) revert WrongPhase(jobId, c.phase);
+        return _rounds[jobId][round];
+    }
+
+    function _posted(uint256 jobId, uint32 round) internal view returns (RoundRec storage rr) {
+        rr = _outerRound(jobId, round);
+        if (rr.poster == address(0)) revert NothingPosted(jobId, round);
+    }
+
+    function _voting(uint256 jobId, uint32 round) internal view returns (RoundRec storage rr) {
+        rr = _posted(jobId, round);
+        if (rr.cPhase != ChallengePhase.Voting) revert NoChallenge(jobId, round);
+        bool found;
+        for (uint256 i; i < rr.jury.length; ++i) {
+            if (rr.jury[i] == msg.sender) found = true;
+        }
+        if (!found) revert NotJuror(msg.sender);
+    }
+
+    function _voteKey(uint256 jobId, uint32 round, uint32 nonce, address juror) internal pure returns (bytes32) {
+        return keccak256(abi.encode(jobId, round, nonce, juror));
+    }
+
+    /// @dev Per-slot rate a round needs, in milli-steps per second, rounded up.
+    function _required(CollabRec storage c) internal view returns (uint256) {
+        return (uint256(c.innerSteps) * 1000 + c.roundDuration - 1) / c.roundDuration;
+    }
+
+    /// @dev Slots a node may hold: capped by what it delivered when that fell short of its claim.
+    function _cap(address node, uint256 claimedRate, uint256 required) internal view returns (uint32) {
+        uint256 d = _delivered[node];
+        if (d == 0 || d * BPS >= claimedRate * (BPS - _toleranceBps)) return type(uint32).max;
+        uint256 cap = d / required;
+        return cap == 0 ? 1 : (cap > MAX_SLOTS ? uint32(MAX_SLOTS) : uint32(cap));
+    }
+
+    /// @dev Before a round: nodes over their throughput cap keep their lowest slots only.
+    function _enforceThroughput(uint256 jobId, CollabRec storage c) internal {
+        uint32 n = c.maxWorkers;
+        uint256 required = _required(c);
+        address[] memory seen = new address[](n);
+        uint32[] memory kept = new uint32[](n);
+        uint256 m;
+        for (uint32 i; i < n; ++i) {
+            address h = _slots[jobId][i];
+            if (h == address(0)) continue;
+            uint256 s;
+            while (s < m && seen[s] != h) ++s;
+            if (s == m) seen[m++] = h;
+            if (kept[s] < _cap(h, _claimed[h], required)) {
+                ++kept[s];
+            } else {
+                _slots[jobId][i] = address(0);
+                emit SlotReleased(jobId, i, h, RELEASE_THROUGHPUT);
+            }
+        }
+    }
+
+    /// @dev One reserved sub-job per held slot, for the round's S_0.
+    function _postSubJobs(uint256 jobId, CollabRec storage c, uint32 r)
+        internal
+        returns (uint64 mask, uint256[] memory ids)
+    {
+        uint32 n = c.maxWorkers;
+        IJobMarket.JobTerms memory terms = IJobMarket.JobTerms({
+            specHash: c.specHash,
+            datasetHash: c.datasetHash,
+            reward: c.subReward,
+            verificationBudget: c.subBudget,
+            solveDuration: c.roundDuration,
+            totalSteps: c.innerSteps,
+            stepsPerSegment: c.stepsPerSegment,
+            initStateHash: c.initStateHash
+        });
+        ids = new uint256[](n);
+        for (uint32 i; i < n; ++i) {
+            address h = _slots[jobId][i];
+            if (h == address(0)) continue;
+            uint256 id = _market.postReservedJob(terms, h);
+            ids[i] = id;
+            mask |= uint64(1) << i;
+            _subJobs[jobId][r][i] = id;
+            _subJobOf[id] = (jobId << 64) | (uint256(r) << 32) | i;
+            emit SubJobPosted(jobId, r, i, id, h);
+        }
+    }
+
+    /// @dev One sub-job of the round being settled, through the market.
+    function _settleOne(RoundRec storage rr, uint32 slot, Tally memory t) internal {
+        uint256 jobId = t.jobId;
+        uint256 id = _subJobs[jobId][t.round][slot];
+        address worker = _market.reservedSolverOf(id);
+        JobFields memory j = _jobFields(id);
+        uint8 dropReason;
+        if (j.status == IJobMarket.JobStatus.Committed) {
+            if (block.timestamp < j.windowEnd || j.openDisputes != 0) revert RoundNotSettled(id);
+            uint256 before = _market.credits(address(this));
+            _market.finalize(id);
+            if (_jobFields(id).status == IJobMarket.JobStatus.Finalized) {
+                // Clean: the worker was paid; the unpaid verification budget came back.
+                t.poolGain += _market.credits(address(this)) - before;
+                return _accept(slot, id, worker, j.committedAt, t);
+            }
+            dropReason = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
+        } else if (j.status == IJobMarket.JobStatus.Claimed) {
+            if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
+            _market.reclaim(id);
+            dropReason = DROP_MISSED;
+        } else if (j.status == IJobMarket.JobStatus.Open) {
+            if (block.timestamp <= rr.deadline) revert RoundNotSettled(id);
+            dropReason = DROP_UNCLAIMED;
+        } else if (j.status == IJobMarket.JobStatus.Finalized) {
+            return _accept(slot, id, worker, j.committedAt, t);
+        } else {
+            revert RoundNotSettled(id); // Cancelled: never, only this contract cancels
+        }
+        uint256 pre = _market.credits(address(this));
+        _market.cancel(id);
+        t.poolGain += _market.credits(address(this)) - pre;
+        // A dropped worker loses its slot (unless it already changed hands).
+        if (_slots[jobId][slot] == worker) {
+            _slots[jobId][slot] = address(0);
+            emit SlotReleased(jobId, slot, worker, RELEASE_DROPPED);
+        }
+        emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
+    }
+
+    /// @dev The few fields of `market.getJob` settlement reads. IJobMarket.Job is all static
+    ///      types, so field i is word i of the return data; read without decoding 26 fields.
+    struct JobFields {
+        IJobMarket.JobStatus status;
+        uint64 deadline;
+        uint64 committedAt;
+        uint64 windowEnd;
+        uint32 openDisputes;
+    }
+
+    function _jobFields(uint256 id) internal view returns (JobFields memory f) {
+        (bool ok, bytes memory ret) = address(_market).staticcall(abi.encodeCall(IJobMarket.getJob, (id)));
+        if (!ok || ret.length < 20 * 32) revert RoundNotSettled(id);
+        uint256 status;
+        uint256 deadline;
+        uint256 committedAt;
+        uint256 windowEnd;
+        uint256 openDisputes;
+        assembly ("memory-safe") {
+            let p := add(ret, 32)
+            status := mload(p)
+            deadline := mload(add(p, 320)) // word 10
+            committedAt := mload(add(p, 352)) // word 11
+            windowEnd := mload(add(p, 384)) // word 12
+            openDisputes := mload(add(p, 608)) // word 19
+        }
+        f.status = IJobMarket.JobStatus(status);
+        f.deadline = uint64(deadline);
+        f.committedAt = uint64(committedAt);
+        f.windowEnd = uint64(windowEnd);
+        f.openDisputes = uint32(openDisputes);
+    }
+
+    function _accept(uint32 slot, uint256 id, address worker, uint64 committedAt, Tally memory t) internal {
+        uint256 elapsed = committedAt - t.start;
+        t.workers[t.accepted++] = worker;
+        t.mask |= uint64(1) << slot;
+        uint256 s;
+        while (s < t.nNodes && t.nodes[s] != worker) ++s;
+        if (s == t.nNodes) t.nodes[t.nNodes++] = worker;
+        t.steps[s] += t.innerSteps;
+        if (elapsed > t.elapsed[s]) t.elapsed[s] = elapsed;
+        emit SubJobAccepted(t.jobId, t.round, slot, id, worker);
+    }
+
+    function _requestJury(RoundRec storage rr) internal {
+        rr.cPhase = ChallengePhase.Drawing;
+        rr.requestBlock = uint64(block.number);
+        rr.poolLen = uint32(_registry.verifierCount());
+    }
+
+    /// @dev Settle a challenge of the posted outer state.
+    function _resolve(
+        uint256 jobId,
+        uint32 round,
+        RoundRec storage rr,
+        OuterVerdict verdict,
+        uint32 validVotes,
+        uint32 invalidVotes
+    ) internal {
+        uint256 bond = _outerBond;
+        address poster = rr.poster;
+        address challenger = rr.challenger;
+        rr.cPhase = ChallengePhase.None;
+        rr.challenger = address(0);
+        rr.lastVerdict = verdict;
+        if (verdict == OuterVerdict.Valid) {
+            // The challenger's bond: half to the majority jurors, the rest to the poster.
+            totalBonds -= bond;
+            uint256 toJury = _payMajority(jobId, round, rr, 1, bond / 2);
+            _credit(poster, bond - toJury);
+        } else if (verdict == OuterVerdict.Invalid) {
+            // The poster's bond: half to the majority jurors, the rest to the challenger,
+            // whose own bond comes back. The post is removed: anyone may post again.
+            totalBonds -= 2 * bond;
+            uint256 toJury = _payMajority(jobId, round, rr, 2, bond / 2);
+            _credit(challenger, 2 * bond - toJury);
+            rr.poster = address(0);
+            rr.outerHash = 0;
+            rr.nextInitHash = 0;
+            rr.postedAt = 0;
+            rr.windowEnd = 0;
+            emit OuterResolved(jobId, round, verdict, validVotes, invalidVotes, 0);
+            return;
+        } else {
+            totalBonds -= bond;
+            _credit(challenger, bond);
+        }
+        // Whatever the verdict, the post stays open to others for a while.
+        uint256 minEnd = block.timestamp + _outerWindow / 2;
+        if (rr.windowEnd < minEnd) rr.windowEnd = uint64(minEnd);
+        emit OuterResolved(jobId, round, verdict, validVotes, invalidVotes, rr.windowEnd);
+    }
+
+    /// @dev Split `amount` equally over the jurors who revealed `vote`; returns what was paid.
+    function _payMajority(uint256 jobId, uint32 round, RoundRec storage rr, uint8 vote, uint256 amount)
+        internal
+        returns (uint256 paid)
+    {
+        uint32 nonce = rr.challengeNonce;
+        uint256 len = rr.jury.length;
+        uint256 count;
+        for (uint256 i; i < len; ++i) {
+            if (_votes[_voteKey(jobId, round, nonce, rr.jury[i])] == vote) ++count;
+        }
+        if (count == 0) return 0;
+        uint256 each = amount / count;
+        for (uint256 i; i < len; ++i) {
+            address juror = rr.jury[i];
+            if (_votes[_voteKey(jobId, round, nonce, juror)] == vote) _credit(juror, each);
+        }
+        return each * count;
+    }
+
+    function _takeBond() internal {
+        uint256 bond = _outerBond;
+        totalBonds += bond;
+        if (bond != 0) _token.safeTransferFrom(msg.sender, address(this), bond);
+    }
+
+    function _fail(uint256 jobId, CollabRec storage c) internal {
+        c.status = CollabStatus.Failed;
+        c.phase = RoundPhase.Idle;
+        uint256 refund = _drainPool(c);
+        emit CollabFailed(jobId, c.round, refund);
+    }
+
+    function _drainPool(CollabRec storage c) internal returns (uint256 refund) {
+        refund = c.pool;
+        c.pool = 0;
+        totalPools -= refund;
+        _credit(c.submitter, refund);
+    }
+
+    function _credit(address account, uint256 amount) internal {
+        if (amount == 0) return;
+        _credits[account] += amount;
+        totalCredits += amount;
+        emit Credited(account, amount);
+    }
+}

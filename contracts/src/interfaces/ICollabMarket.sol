@@ -1,0 +1,304 @@
+// SPDX-License-Identifier: MIT
+pragma solidity ^0.8.24;
+
+/// @title ICollabMarket
+/// @notice The chain side of collaborative (DiLoCo) jobs. Every (round, slot) inner run is an
+///         ordinary JobMarket job (a "sub-job") that this contract posts as its submitter with
+///         `postReservedJob`, reserved for the slot holder: claim + bond, commit with the S_0 /
+///         final-leaf proofs, committee, challenges, bisection + jury, slashing and paying the
+///         worker are the market's, unchanged. This contract adds the slots, the rounds, their
+///         settlement and the outer state (first poster + challenge decided by a jury).
+/// @dev Lifecycle of a job (`CollabStatus`) and of its current round (`RoundPhase`):
+///      Open (round 0 Idle) --startRound--> Running: round r Running
+///      Running --settleRound, >= minWorkers accepted--> round r Outer (awaiting its outer state)
+///      Running --settleRound, fewer accepted--> round r Idle again (retry), or Failed
+///      Outer --postOuter, outerWindow without a live challenge, acceptOuter--> round r + 1 Idle,
+///            or Finished after the last round.
+///      Rounds are sequential: round r + 1 starts only after round r's sub-jobs are final and
+///      its outer state accepted, so no later round is ever built on a dropped delta.
+///
+///      Conservation: `token.balanceOf(this) == totalOwed()` == the jobs' pools (escrow not
+///      yet posted as sub-jobs, plus what came back) + unpaid credits + outer bonds held.
+///      Pull payments: every payout is a credit; `withdraw()` pays it.
+interface ICollabMarket {
+    enum CollabStatus {
+        None,
+        Open, // posted, round 0 not started
+        Running,
+        Finished, // the last round's outer state accepted: its outerHash is the model
+        Failed // a round stayed below minWorkers past maxRoundRetries, or could not be funded
+    }
+
+    enum RoundPhase {
+        Idle, // to be started (startRound)
+        Running, // sub-jobs posted
+        Outer // settled with >= minWorkers accepted: waiting for its outer state
+    }
+
+    enum ChallengePhase {
+        None,
+        Drawing, // jury requested at requestBlock; drawOuterJury after requestBlock + juryLookahead
+        Voting // jury drawn: commit before commitEnd, reveal in [commitEnd, revealEnd)
+    }
+
+    enum OuterVerdict {
+        None,
+        Valid, // the posted outer state recomputes: the challenger loses its bond
+        Invalid, // it does not: the poster loses its bond, the post is removed
+        Void // too few jurors drawn or revealed, or a tie: both bonds returned
+    }
+
+    /// @notice Deployment parameters, fixed for the contract's life.
+    struct Params {
+        uint256 outerWindow; // seconds a posted outer state stays open to challenge
+        uint256 outerBond; // tokens a poster and a challenger each put up
+        uint256 juryLookahead; // blocks from the jury request to the block whose hash seeds it
+        uint256 jurySize;
+        uint256 quorum; // reveals needed for a verdict (<= jurySize)
+        uint256 commitWindow; // seconds from the draw to commit votes
+        uint256 revealWindow; // seconds after that to reveal
+        uint256 maxSlots; // bound on a job's maxWorkers (<= 64)
+        uint256 maxRounds; // bound on a job's rounds
+        uint256 maxRoundRetries; // retries of a round that stayed below minWorkers
+        uint256 throughputToleranceBps; // delivered may fall this far below claimed
+    }
+
+    /// @notice What a submitter fixes when posting a collaborative job.
+    struct CollabTerms {
+        bytes32 specHash;
+        bytes32 datasetHash;
+        uint256 reward; // all rounds, all slots: reward / (rounds * maxWorkers) per sub-job
+        uint256 verificationBudget; // likewise per sub-job
+        uint32 minWorkers;
+        uint32 maxWorkers; // = slots
+        uint64 innerSteps; // H, the inner steps of one sub-job
+        uint32 stepsPerSegment; // k; H % k == 0
+        uint32 rounds; // R
+        uint64 roundDuration; // seconds from a round's start to its deadline
+        bytes32 initStateHash; // S_0 of round 0's inner runs
+        bytes32 outerInitHash; // outer-state hash of theta_0 with zero momentum
+    }
+
+    struct Collab {
+        CollabStatus status;
+        RoundPhase phase; // of the current round
+        address submitter;
+        bytes32 specHash;
+        bytes32 datasetHash;
+        uint256 reward;
+        uint256 verificationBudget;
+        uint256 subReward; // per sub-job
+        uint256 subBudget; // per sub-job
+        uint256 pool; // tokens held for the job: escrow not posted yet + what came back
+        uint32 minWorkers;
+        uint32 maxWorkers;
+        uint64 innerSteps;
+        uint32 stepsPerSegment;
+        uint32 rounds;
+        uint64 roundDuration;
+        uint32 round; // the current round
+        uint32 retries; // retries of the current round so far
+        bytes32 initStateHash; // S_0 of the current round's inner runs
+        bytes32 outerHash; // the last accepted outer state (outerInitHash before round 0)
+    }
+
+    /// @notice One round (its latest attempt) with its outer state and challenge.
+    struct RoundView {
+        uint64 start;
+        uint64 deadline;
+        uint32 attempt; // 0 for the first try, +1 per retry
+        uint256[] subJobs; // market job id per slot, 0 where the slot had no sub-job
+        uint64 acceptedMask; // bit i: slot i's sub-job was accepted
+        bool settled;
+        bytes32 outerHash;
+        bytes32 nextInitHash;
+        address poster; // 0 when nothing is posted
+        uint64 postedAt;
+        uint64 windowEnd; // postedAt + outerWindow, extended by challenges
+        bool accepted;
+        ChallengePhase challengePhase;
+        address challenger;
+        uint64 requestBlock;
+        uint64 commitEnd;
+        uint64 revealEnd;
+        address[] jury;
+        OuterVerdict lastVerdict;
+    }
+
+    // --- events ---
+    event CollabPosted(
+        uint256 indexed jobId,
+        address indexed submitter,
+        bytes32 specHash,
+        uint256 reward,
+        uint256 verificationBudget,
+        uint32 maxWorkers,
+        uint32 rounds
+    );
+    event SlotClaimed(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint64 claimedMilliStepsPerSec);
+    event SlotReleased(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint8 reason); // 0 left, 1 dropped, 2 throughput
+    event RoundStarted(uint256 indexed jobId, uint32 round, uint32 attempt, uint64 deadline, uint256[] subJobs);
+    event SubJobPosted(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker);
+    event SubJobAccepted(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker);
+    event SubJobDropped(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker, uint8 reason); // 0 missed, 1 condemned, 2 never claimed
+    event DeliveredRecorded(address indexed node, uint64 milliStepsPerSec);
+    event RoundSettled(uint256 indexed jobId, uint32 round, uint64 acceptedMask, uint32 accepted, uint256 sharedPot, uint256 perWorker);
+    event RoundRetried(uint256 indexed jobId, uint32 round, uint32 retries);
+    event CollabFailed(uint256 indexed jobId, uint32 round, uint256 refund);
+    event CollabFinished(uint256 indexed jobId, bytes32 outerHash, uint256 refund);
+    event OuterPosted(uint256 indexed jobId, uint32 round, address indexed poster, bytes32 outerHash, bytes32 nextInitHash, uint64 windowEnd);
+    event OuterChallenged(uint256 indexed jobId, uint32 round, address indexed challenger, uint64 drawBlock, uint32 poolLen);
+    event OuterJuryRearmed(uint256 indexed jobId, uint32 round, uint64 drawBlock);
+    event OuterJuryDrawn(uint256 indexed jobId, uint32 round, address[] jury, uint64 commitEnd, uint64 revealEnd);
+    event OuterVoteCommitted(uint256 indexed jobId, uint32 round, address indexed juror);
+    event OuterVoteRevealed(uint256 indexed jobId, uint32 round, address indexed juror, bool valid);
+    event OuterResolved(uint256 indexed jobId, uint32 round, OuterVerdict verdict, uint32 validVotes, uint32 invalidVotes, uint64 windowEnd);
+    event OuterAccepted(uint256 indexed jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash);
+    event Credited(address indexed account, uint256 amount);
+    event Withdrawn(address indexed account, uint256 amount);
+
+    // --- errors ---
+    error ZeroAddress();
+    error InvalidParams();
+    error ZeroReward();
+    error ZeroHash();
+    error AmountTooLarge(uint256 amount, uint256 max);
+    error InvalidWorkers(uint32 minWorkers, uint32 maxWorkers);
+    error InvalidSteps(uint64 innerSteps, uint32 stepsPerSegment);
+    error InvalidRounds(uint32 rounds);
+    error InvalidDuration(uint64 roundDuration);
+    error SubJobTooSmall(uint256 subReward);
+    error UnknownCollab(uint256 jobId);
+    error WrongStatus(uint256 jobId, CollabStatus status);
+    error WrongPhase(uint256 jobId, RoundPhase phase);
+    error WrongRound(uint32 round, uint32 current);
+    error NotRegisteredSolver(address caller);
+    error ZeroCount();
+    error NotEnoughFreeSlots(uint32 wanted, uint32 free);
+    error ThroughputTooLow(uint256 claimed, uint256 needed);
+    error SlotCapExceeded(uint32 wouldHold, uint32 cap);
+    error NotSlotHolder(uint32 slot, address caller);
+    error TooFewWorkers(uint32 held, uint32 minWorkers);
+    error RoundNotSettled(uint256 marketJobId);
+    error AlreadyPosted(uint256 jobId, uint32 round);
+    error NothingPosted(uint256 jobId, uint32 round);
+    error OuterWindowClosed(uint64 windowEnd);
+    error OuterWindowOpen(uint64 windowEnd);
+    error ChallengeLive(uint256 jobId, uint32 round);
+    error NoChallenge(uint256 jobId, uint32 round);
+    error PosterCannotChallenge();
+    error AlreadyChallenged(address challenger);
+    error JuryNotReady(uint64 drawBlock);
+    error NotJuror(address caller);
+    error CommitClosed(uint64 commitEnd);
+    error RevealNotOpen(uint64 commitEnd, uint64 revealEnd);
+    error RevealNotOver(uint64 revealEnd);
+    error AlreadyCommitted();
+    error NoCommitment();
+    error AlreadyRevealed();
+    error BadReveal();
+    error NothingToWithdraw();
+
+    // --- submitter ---
+
+    /// @notice Post a collaborative job, escrowing `reward + verificationBudget` (approve
+    ///         first). Ids start at 1. Each sub-job gets reward / (rounds * maxWorkers) and
+    ///         verificationBudget / (rounds * maxWorkers); what is left at the end (division
+    ///         remainders, cancelled sub-jobs, unpaid verification) is the submitter's.
+    function postCollabJob(CollabTerms calldata terms) external returns (uint256 jobId);
+
+    // --- workers ---
+
+    /// @notice A registered solver takes the `count` lowest free slots, effective from the
+    ///         next round started. `claimedMilliStepsPerSec` must cover count x the required
+    ///         per-slot rate (innerSteps * 1000 / roundDuration). A node whose delivered
+    ///         record (`deliveredOf`) is below its claim x (1 - throughputToleranceBps) may
+    ///         hold at most max(1, delivered / required) slots of the job.
+    function claimSlot(uint256 jobId, uint32 count, uint64 claimedMilliStepsPerSec) external;
+
+    /// @notice The holder frees `slot`; a sub-job already posted for it stays the holder's.
+    function leaveSlot(uint256 jobId, uint32 slot) external;
+
+    // --- anyone: rounds ---
+
+    /// @notice Start the current round: round 0 once >= minWorkers slots are held, round r > 0
+    ///         once round r - 1's outer state is accepted (accepting it here if it can be).
+    ///         First releases the excess slots of nodes that delivered less than they claimed.
+    ///         Posts one reserved sub-job per held slot (solveDuration = roundDuration, initial
+    ///         state = the round's S_0). Fails the job if its pool cannot fund them.
+    function startRound(uint256 jobId) external;
+
+    /// @notice Settle the current round's sub-jobs through the market: Finalized -> accepted;
+    ///         Committed, window over -> finalize (clean -> accepted; condemned -> cancelled,
+    ///         dropped, the worker slashed by the market); Claimed past its deadline ->
+    ///         reclaim + cancel, dropped; Open past the round deadline -> cancel, dropped.
+    ///         Anything still in progress reverts `RoundNotSettled`. Dropped workers lose their
+    ///         slot. What the market credits this contract for the round's slashes (missed-
+    ///         deadline share, submitter share of a condemned bond) is shared equally by the
+    ///         round's accepted workers (all of it to the submitter if none); cancelled escrow
+    ///         and unpaid verification budget go back to the pool.
+    function settleRound(uint256 jobId) external;
+
+    // --- anyone: outer state ---
+
+    /// @notice Post round `round`'s outer state (after its settlement, nothing posted), with
+    ///         `outerBond` (approve first). Accepted once `outerWindow` passed with no live
+    ///         challenge (`acceptOuter`).
+    function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external;
+
+    /// @notice Dispute the posted outer state within its window, with `outerBond`; a jury is
+    ///         requested now (block Q), drawn after Q + juryLookahead. Each address challenges
+    ///         a post once.
+    function challengeOuter(uint256 jobId, uint32 round) external;
+
+    /// @notice After block Q + juryLookahead: jurors = registry.sortition(keccak256(blockhash(Q +
+    ///         juryLookahead), jobId, round), jurySize, pool length at Q, Q, [poster,
+    ///         challenger]). Re-arms at the current block if that hash is no longer readable;
+    ///         fewer than quorum drawn resolves Void.
+    function drawOuterJury(uint256 jobId, uint32 round) external;
+
+    /// @notice Juror, before commitEnd: commitment = keccak256(abi.encode(valid, salt, juror,
+    ///         jobId, round)). A juror votes valid iff recomputing the outer step from the
+    ///         previous outer state and the round's accepted deltas yields the posted hash.
+    function commitOuterVote(uint256 jobId, uint32 round, bytes32 commitment) external;
+
+    /// @notice Juror, in [commitEnd, revealEnd).
+    function revealOuterVote(uint256 jobId, uint32 round, bool valid, bytes32 salt) external;
+
+    /// @notice Anyone, at or after revealEnd. Majority valid: the challenger's bond, half to the
+    ///         majority jurors, half to the poster. Majority invalid: the poster's bond, half to
+    ///         the majority jurors, half to the challenger (its own bond returned), the post
+    ///         removed. Fewer than quorum reveals or a tie: Void, both bonds returned. Valid and
+    ///         Void leave the post challengeable by others for >= outerWindow / 2. Jurors who
+    ///         stay silent or vote with the minority are NOT slashed here: this contract has
+    ///         no authority over registry stake; they only miss their share.
+    function resolveOuter(uint256 jobId, uint32 round) external;
+
+    /// @notice Anyone, once the window is over with no live challenge: the poster's bond is
+    ///         returned, the next round's S_0 is fixed, and after the last round the job is
+    ///         Finished (the pool credited to the submitter).
+    function acceptOuter(uint256 jobId, uint32 round) external;
+
+    /// @notice Pay out the caller's credit.
+    function withdraw() external returns (uint256 amount);
+
+    // --- views ---
+    function params() external view returns (Params memory);
+    function getCollab(uint256 jobId) external view returns (Collab memory);
+    function slotHolders(uint256 jobId) external view returns (address[] memory);
+    function getRound(uint256 jobId, uint32 round) external view returns (RoundView memory);
+    /// @notice A market job posted by this contract: its collaborative job, round and slot
+    ///         (collabJobId 0 for any other job).
+    function subJobOf(uint256 marketJobId) external view returns (uint256 collabJobId, uint32 round, uint32 slot);
+    /// @notice The node's latest delivered throughput (milli-steps/s; 0 = no record).
+    function deliveredOf(address node) external view returns (uint64);
+    /// @notice The node's latest claimed throughput (milli-steps/s).
+    function claimedOf(address node) external view returns (uint64);
+    function collabCount() external view returns (uint256);
+    function credits(address account) external view returns (uint256);
+    function token() external view returns (address);
+    function registry() external view returns (address);
+    function market() external view returns (address);
+    /// @notice Pools + credits + outer bonds held: what the contract owes.
+    function totalOwed() external view returns (uint256);
+}

@@ -1,0 +1,624 @@
+"""CollabMarket against anvil: collaborative jobs whose every (round, slot) inner run is a
+JobMarket job reserved for the slot holder. Real flows: slots, rounds, sub-jobs claimed and
+committed with real Merkle proofs, settlement through the market (accepted, missed,
+condemned), the outer state's first-poster + jury challenge, throughput caps, payments and
+conservation of both markets after every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from eth_utils import keccak
+
+from devnet.params import TOKEN
+from devnet.testing import FAKE_INIT, LocalChain, expect_revert, fake_trace, job_terms
+from node.chain.client import ChainClient
+from node.chain.contracts import (
+    SOLVER,
+    VERIFIER,
+    ChallengePhase,
+    CollabStatus,
+    CollabTerms,
+    JobStatus,
+    OuterVerdict,
+    RoundPhase,
+    Verdict,
+)
+
+revert = expect_revert
+
+SUB_REWARD, SUB_BUDGET = 10 * TOKEN, 3 * TOKEN
+H, K = 10, 5  # inner steps, checkpoint interval: 2 segments per inner run
+SEGS = H // K
+ROUND = 600  # seconds per round
+OUTER0 = keccak(b"outer0")
+VSTAKE = 200 * TOKEN  # = the devnet's sortition cap: every eligible draw is accepted
+RATE = 1_000  # claimed milli-steps/s, well above H * 1000 / ROUND = 17 per slot
+BPS = 10_000
+
+
+def outer(r: int) -> bytes:
+    return keccak(f"outer{r + 1}".encode())
+
+
+def init(r: int) -> bytes:
+    """S_0 of round r's inner runs."""
+    return FAKE_INIT if r == 0 else keccak(f"init{r}".encode())
+
+
+@dataclass
+class Net:
+    chain: LocalChain
+    submitter: ChainClient
+    workers: list[ChainClient]
+    verifiers: list[ChainClient]
+    outsider: ChainClient
+
+    def by_address(self, addr: str) -> ChainClient:
+        return next(c for c in [*self.workers, *self.verifiers] if c.address == addr)
+
+
+@pytest.fixture
+def net(chain: LocalChain) -> Net:
+    return Net(chain, submitter=chain[5],
+               workers=[chain.join(i, SOLVER, 500 * TOKEN) for i in (1, 2, 3)],
+               verifiers=[chain.join(i, VERIFIER, VSTAKE) for i in (4, 6, 7, 8)],
+               outsider=chain[9])
+
+
+def terms(rounds: int = 2, min_workers: int = 2, max_workers: int = 3, **kw: Any) -> CollabTerms:
+    n = rounds * max_workers
+    base = CollabTerms(spec_hash=keccak(b"spec"), dataset_hash=keccak(b"dataset"),
+                       reward=n * SUB_REWARD + 5, verification_budget=n * SUB_BUDGET + 1,
+                       min_workers=min_workers, max_workers=max_workers, inner_steps=H,
+                       steps_per_segment=K, rounds=rounds, round_duration=ROUND,
+                       init_state_hash=init(0), outer_init_hash=OUTER0)
+    return replace(base, **kw)
+
+
+def post(net: Net, t: CollabTerms) -> int:
+    sub = net.submitter
+    sub.token.approve(sub.collab.address, t.reward + t.verification_budget)
+    return sub.collab.post_collab_job(t)
+
+
+def conserved(net: Net) -> None:
+    r = net.chain.reader
+    for b in (r.registry, r.market, r.dispute, r.collab):
+        assert r.token.balance_of(b.address) == int(b.call("totalOwed")), b.name
+
+
+def sub_jobs(net: Net, job: int, r: int) -> list[int]:
+    return net.chain.reader.collab.get_round(job, r).sub_jobs
+
+
+def work(net: Net, job: int, r: int, slots: list[int] | None = None) -> None:
+    """Each chosen slot's holder claims its reserved sub-job and commits a trace from the
+    round's S_0 (real Merkle root and proofs)."""
+    ids = sub_jobs(net, job, r)
+    for slot, jid in enumerate(ids):
+        if jid == 0 or (slots is not None and slot not in slots):
+            continue
+        w = net.by_address(net.chain.reader.market.reserved_solver_of(jid))
+        w.market.claim_job(jid)
+        leaves, tree = fake_trace(jid, SEGS, K, tag=f"r{r}s{slot}", init=init(r))
+        w.market.commit_trace(jid, leaves, tree)
+
+
+def window(net: Net) -> int:
+    return net.chain.reader.market.market_params().verification_window
+
+
+def bond_of(net: Net) -> int:
+    return net.chain.reader.collab.collab_params().outer_bond
+
+
+def post_outer(net: Net, who: ChainClient, job: int, r: int, h: bytes | None = None) -> None:
+    who.token.approve(who.collab.address, bond_of(net))
+    who.collab.post_outer(job, r, h or outer(r), init(r + 1))
+
+
+def accept_outer(net: Net, job: int, r: int) -> None:
+    net.chain.advance(net.chain.reader.collab.collab_params().outer_window)
+    net.outsider.collab.accept_outer(job, r)
+
+
+def honest_round(net: Net, job: int, r: int) -> None:
+    c = net.outsider.collab
+    c.start_round(job)
+    work(net, job, r)
+    net.chain.advance(window(net))
+    c.settle_round(job)
+    post_outer(net, net.submitter, job, r)
+    accept_outer(net, job, r)
+
+
+def claim_all(net: Net, job: int) -> None:
+    for w in net.workers:
+        w.collab.claim_slot(job, 1, RATE)
+
+
+# --- (a) the honest job -----------------------------------------------------------------
+
+
+def test_honest_three_slot_two_round_job(net: Net) -> None:
+    chain, sub, c = net.chain, net.submitter, net.chain.reader.collab
+    m = chain.reader.market
+    t = terms()
+    before = sub.token.balance_of(sub.address)
+    job = post(net, t)
+    assert job == c.collab_count() == 1
+    j = c.get_collab(job)
+    assert (j.status, j.phase, j.sub_reward, j.sub_budget, j.pool) == \
+        (CollabStatus.OPEN, RoundPhase.IDLE, SUB_REWARD, SUB_BUDGET,
+         t.reward + t.verification_budget)
+    assert (j.outer_hash, j.init_state_hash) == (OUTER0, FAKE_INIT)
+    conserved(net)
+    assert revert(net.outsider.collab.start_round, job).error == "TooFewWorkers"
+    for i, w in enumerate(net.workers):
+        assert w.collab.claim_slot(job, 1, RATE) == [i]
+    assert c.slot_holders(job) == [w.address for w in net.workers]
+    assert c.claimed_of(net.workers[0].address) == RATE
+
+    for r in range(2):
+        r_start = net.outsider.collab.start_round(job)
+        ids = sub_jobs(net, job, r)
+        assert len(ids) == 3 and all(ids)
+        ev = c.events(r_start, "RoundStarted")[0]["args"]
+        assert (ev["round"], list(ev["subJobs"])) == (r, ids)
+        for slot, jid in enumerate(ids):
+            mj = m.get_job(jid)
+            assert (mj.submitter, mj.reward, mj.verification_budget, mj.total_steps,
+                    mj.steps_per_segment, mj.init_state_hash, mj.solve_duration) == \
+                (c.address, SUB_REWARD, SUB_BUDGET, H, K, init(r), ROUND)
+            assert m.reserved_solver_of(jid) == net.workers[slot].address
+            ref = c.sub_job_of(jid)
+            assert (ref.collab_job_id, ref.round, ref.slot) == (job, r, slot)
+        rd = c.get_round(job, r)
+        assert rd.deadline == rd.start + ROUND and c.get_collab(job).phase == RoundPhase.RUNNING
+        assert revert(net.outsider.collab.start_round, job).error == "WrongPhase"
+        conserved(net)
+        work(net, job, r)
+        e = revert(net.outsider.collab.settle_round, job)  # windows still open
+        assert (e.error, e.error_args) == ("RoundNotSettled", {"marketJobId": ids[0]})
+        assert revert(net.submitter.collab.post_outer, job, r, outer(r), init(r + 1)).error \
+            == "WrongPhase"
+        chain.advance(window(net))
+        rs = net.outsider.collab.settle_round(job)
+        st = c.events(rs, "RoundSettled")[0]["args"]
+        assert (st["acceptedMask"], st["accepted"], st["sharedPot"]) == (0b111, 3, 0)
+        for jid in ids:
+            assert m.get_job(jid).status == JobStatus.FINALIZED
+        for w in net.workers:
+            assert c.delivered_of(w.address) > 0
+        rd = c.get_round(job, r)
+        assert rd.settled and rd.accepted_slots() == [0, 1, 2]
+        assert c.get_collab(job).phase == RoundPhase.OUTER
+        conserved(net)
+        assert revert(net.outsider.collab.accept_outer, job, r).error == "NothingPosted"
+        post_outer(net, sub, job, r)
+        e = revert(net.outsider.collab.post_outer, job, r, outer(r), init(r + 1))
+        assert e.error == "AlreadyPosted"
+        assert revert(net.outsider.collab.accept_outer, job, r).error == "OuterWindowOpen"
+        conserved(net)
+        accept_outer(net, job, r)
+        rd = c.get_round(job, r)
+        assert rd.accepted and rd.outer_hash == outer(r)
+        conserved(net)
+    j = c.get_collab(job)
+    assert (j.status, j.round, j.outer_hash, j.pool) == (CollabStatus.FINISHED, 2, outer(1), 0)
+    assert revert(net.outsider.collab.start_round, job).error == "WrongStatus"
+    # each worker: two accepted inner runs, paid by the market; the submitter: the rest
+    for w in net.workers:
+        assert m.credits(w.address) == 2 * SUB_REWARD
+        assert w.market.withdraw() == 2 * SUB_REWARD
+        assert w.registry.locked_stake(w.address) == 0
+    refund = t.reward + t.verification_budget - 6 * SUB_REWARD  # nobody attested: budget back
+    assert c.credits(sub.address) == refund + 2 * bond_of(net)  # + its two outer bonds
+    assert sub.collab.withdraw() == refund + 2 * bond_of(net)
+    assert sub.token.balance_of(sub.address) == before - 6 * SUB_REWARD
+    assert c.total_owed() == 0 and m.credits(c.address) == 0
+    conserved(net)
+
+
+# --- (b) reserved sub-jobs --------------------------------------------------------------
+
+
+def test_strangers_cannot_claim_or_settle_a_reserved_sub_job(net: Net) -> None:
+    chain = net.chain
+    job = post(net, terms())
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 0)
+    w0, w1 = net.workers[0], net.workers[1]
+    e = revert(w1.market.claim_job, ids[0])
+    assert (e.error, e.error_args) == ("NotReservedSolver", {"jobId": ids[0],
+                                                             "caller": w1.address})
+    for who in (net.outsider, w0, net.submitter):
+        e = revert(who.market.cancel, ids[0])
+        assert (e.error, e.error_args) == ("OnlySubmitter", {"jobId": ids[0],
+                                                             "caller": who.address})
+    work(net, job, 0, slots=[0])
+    w1.market.claim_job(ids[1])
+    chain.advance(ROUND + window(net) + 5)
+    e = revert(net.outsider.market.finalize, ids[0])
+    assert e.error == "OnlySubmitter"
+    assert revert(w0.market.finalize, ids[0]).error == "OnlySubmitter"
+    assert revert(net.outsider.market.reclaim, ids[1]).error == "OnlySubmitter"
+    # ordinary jobs are untouched: anyone still claims, finalizes, reclaims them
+    sub = net.submitter
+    sub.token.approve(sub.market.address, 10**24)
+    plain = sub.market.post_job(job_terms(reward=SUB_REWARD, budget=0))
+    assert chain.reader.market.reserved_solver_of(plain) == "0x" + "00" * 20
+    w1.market.claim_job(plain)
+    chain.advance(3700)
+    net.outsider.market.reclaim(plain)
+    conserved(net)
+
+
+def test_reserved_job_reopens_reserved(net: Net) -> None:
+    """A reserved job posted directly (the contract is for any submitter) stays reserved
+    after a reclaim reopens it."""
+    sub, w0, w1 = net.submitter, net.workers[0], net.workers[1]
+    m = sub.market
+    sub.token.approve(m.address, 10**24)
+    jid = m.post_reserved_job(job_terms(reward=SUB_REWARD, budget=0), w0.address)
+    assert revert(m.post_reserved_job, job_terms(), "0x" + "00" * 20).error == "ZeroAddress"
+    w0.market.claim_job(jid)
+    net.chain.advance(3700)
+    assert revert(net.outsider.market.reclaim, jid).error == "OnlySubmitter"
+    m.reclaim(jid)
+    assert m.get_job(jid).status == JobStatus.OPEN
+    assert revert(w1.market.claim_job, jid).error == "NotReservedSolver"
+    w0.market.claim_job(jid)
+    conserved(net)
+
+
+# --- (c) a missed deadline ----------------------------------------------------------------
+
+
+def test_missed_deadline_drops_the_worker_and_shares_its_slash(net: Net) -> None:
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    job = post(net, terms())
+    claim_all(net, job)
+    late = net.workers[2]
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 0)
+    work(net, job, 0, slots=[0, 1])
+    late.market.claim_job(ids[2])  # ... and never commits
+    bond = SUB_REWARD * mp.bond_factor_bps // BPS
+    assert late.registry.locked_stake(late.address) == bond
+    chain.advance(ROUND // 2)
+    assert revert(net.outsider.collab.settle_round, job).error == "RoundNotSettled"
+    chain.advance(ROUND)
+    r = net.outsider.collab.settle_round(job)
+    slashed = bond * mp.missed_deadline_slash_bps // BPS
+    drop = c.events(r, "SubJobDropped")[0]["args"]
+    assert (drop["slot"], drop["worker"], drop["reason"]) == (2, late.address, 0)
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"], st["perWorker"]) == \
+        (0b011, slashed, slashed // 2)
+    for w in net.workers[:2]:  # part of its bond to the others
+        assert c.credits(w.address) == slashed // 2
+    assert late.registry.locked_stake(late.address) == 0
+    assert late.registry.free_stake(late.address) == 500 * TOKEN - slashed
+    assert c.slot_holders(job)[2] == "0x" + "00" * 20  # its slot is freed
+    assert m.get_job(ids[2]).status == JobStatus.CANCELLED
+    assert c.get_collab(job).phase == RoundPhase.OUTER  # 2 >= minWorkers: the round holds
+    conserved(net)
+    post_outer(net, net.submitter, job, 0)
+    accept_outer(net, job, 0)
+    # it claims a slot again and rejoins the next round
+    assert late.collab.claim_slot(job, 1, RATE) == [2]
+    honest_round(net, job, 1)
+    assert c.get_round(job, 1).accepted_slots() == [0, 1, 2]
+    assert c.get_collab(job).status == CollabStatus.FINISHED
+    assert m.credits(late.address) == SUB_REWARD
+    for w in net.workers[:2]:
+        assert w.collab.withdraw() == slashed // 2
+    conserved(net)
+
+
+# --- (d) quorum, retries, failure ------------------------------------------------------------
+
+
+def test_below_min_workers_retries_then_fails_and_refunds(net: Net) -> None:
+    chain, c = net.chain, net.chain.reader.collab
+    t = terms(max_workers=3, min_workers=2)
+    job = post(net, t)
+    w0, w1 = net.workers[0], net.workers[1]
+    w0.collab.claim_slot(job, 1, RATE)
+    w1.collab.claim_slot(job, 1, RATE)
+    retries = c.collab_params().max_round_retries
+    for attempt in range(retries + 1):
+        net.outsider.collab.start_round(job)
+        assert c.get_round(job, 0).attempt == attempt
+        work(net, job, 0, slots=[0])  # slot 1 never claims its sub-job
+        chain.advance(ROUND + 1)
+        r = net.outsider.collab.settle_round(job)
+        drop = c.events(r, "SubJobDropped")[0]["args"]
+        assert (drop["slot"], drop["reason"]) == (1, 2)
+        conserved(net)
+        j = c.get_collab(job)
+        if attempt < retries:
+            assert (j.status, j.phase, j.round, j.retries) == \
+                (CollabStatus.RUNNING, RoundPhase.IDLE, 0, attempt + 1)
+            assert c.events(r, "RoundRetried")
+            assert revert(net.outsider.collab.start_round, job).error == "TooFewWorkers"
+            w1.collab.claim_slot(job, 1, RATE)
+    j = c.get_collab(job)
+    assert j.status == CollabStatus.FAILED and j.pool == 0
+    ev = c.events(r, "CollabFailed")[0]["args"]
+    # the three accepted inner runs were paid (they did the work); the rest comes back
+    assert ev["refund"] == t.reward + t.verification_budget - 3 * SUB_REWARD
+    assert c.credits(net.submitter.address) == ev["refund"]
+    assert chain.reader.market.credits(w0.address) == 3 * SUB_REWARD
+    assert revert(w1.collab.claim_slot, job, 1, RATE).error == "WrongStatus"
+    assert revert(net.outsider.collab.settle_round, job).error == "WrongStatus"
+    assert revert(net.outsider.collab.post_outer, job, 0, outer(0), init(1)).error == \
+        "WrongStatus"
+    net.submitter.collab.withdraw()
+    conserved(net)
+
+
+# --- (e) the outer state: first poster + jury challenge ---------------------------------------
+
+
+def _jury_round(net: Net, job: int, r: int, challenger: ChainClient, vote: bool,
+                reveal: int | None = None) -> Any:
+    """Challenge the posted outer state, draw the jury, every juror votes ``vote`` (the
+    first ``reveal`` of them reveal), resolve. Returns (jury, the resolve receipt)."""
+    chain, c = net.chain, net.chain.reader.collab
+    cp = c.collab_params()
+    challenger.token.approve(c.address, cp.outer_bond)
+    challenger.collab.challenge_outer(job, r)
+    rd = c.get_round(job, r)
+    assert (rd.challenge_phase, rd.challenger) == (ChallengePhase.DRAWING, challenger.address)
+    e = revert(net.outsider.collab.draw_outer_jury, job, r)
+    assert e.error == "JuryNotReady"
+    chain.mine(cp.jury_lookahead + 1)
+    net.outsider.collab.draw_outer_jury(job, r)
+    rd = c.get_round(job, r)
+    jury = rd.jury
+    assert rd.challenge_phase == ChallengePhase.VOTING and len(jury) == cp.jury_size
+    assert rd.poster not in jury and challenger.address not in jury
+    assert set(jury) <= {v.address for v in net.verifiers}
+    salt = keccak(b"salt")
+    for a in jury:
+        net.by_address(a).collab.commit_outer_vote(job, r, vote, salt)
+    assert revert(net.by_address(jury[0]).collab.reveal_outer_vote, job, r, vote, salt).error \
+        == "RevealNotOpen"
+    assert revert(net.outsider.collab.commit_outer_vote, job, r, vote, salt).error == "NotJuror"
+    chain.advance(cp.commit_window)
+    assert revert(net.by_address(jury[0]).collab.reveal_outer_vote, job, r, not vote,
+                  salt).error == "BadReveal"
+    for a in jury[:reveal]:
+        net.by_address(a).collab.reveal_outer_vote(job, r, vote, salt)
+    assert revert(net.outsider.collab.resolve_outer, job, r).error == "RevealNotOver"
+    chain.advance(cp.reveal_window)
+    return jury, net.outsider.collab.resolve_outer(job, r)
+
+
+def test_outer_challenge_wrong_hash_and_griefer(net: Net) -> None:
+    chain, c = net.chain, net.chain.reader.collab
+    cp = c.collab_params()
+    bond = cp.outer_bond
+    job = post(net, terms(rounds=1))
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    work(net, job, 0)
+    chain.advance(window(net))
+    net.outsider.collab.settle_round(job)
+    cheat, sub = net.outsider, net.submitter
+    chain.set_balance(cheat.address, 10**20)
+    sub.token.transfer(cheat.address, 10 * bond)
+    post_outer(net, cheat, job, 0, keccak(b"wrong"))
+    assert revert(cheat.collab.challenge_outer, job, 0).error == "PosterCannotChallenge"
+    jury, r = _jury_round(net, job, 0, sub, vote=False)
+    ev = c.events(r, "OuterResolved")[0]["args"]
+    assert (ev["verdict"], ev["validVotes"], ev["invalidVotes"]) == (OuterVerdict.INVALID, 0, 3)
+    per = bond // 2 // 3
+    for a in jury:
+        assert c.credits(a) == per
+    assert c.credits(sub.address) == 2 * bond - 3 * per  # its bond back + the rest
+    rd = c.get_round(job, 0)
+    assert (rd.poster, rd.outer_hash, rd.last_verdict) == ("0x" + "00" * 20, bytes(32),
+                                                           OuterVerdict.INVALID)
+    assert revert(net.outsider.collab.accept_outer, job, 0).error == "NothingPosted"
+    conserved(net)
+
+    # the honest re-post; a griefer challenges it and loses its bond
+    post_outer(net, sub, job, 0)
+    posted = c.get_round(job, 0)
+    jury2, r = _jury_round(net, job, 0, cheat, vote=True)
+    ev = c.events(r, "OuterResolved")[0]["args"]
+    assert (ev["verdict"], ev["validVotes"]) == (OuterVerdict.VALID, 3)
+    credits = {a: c.credits(a) for a in jury2}
+    for a in jury2:
+        assert credits[a] == per + (per if a in jury else 0)
+    assert c.credits(sub.address) == 2 * bond - 3 * per + bond - 3 * per
+    rd = c.get_round(job, 0)
+    assert rd.poster == sub.address and rd.window_end >= chain.timestamp() + cp.outer_window // 2
+    assert rd.window_end >= posted.window_end
+    # the griefer cannot challenge the same post twice
+    cheat.token.approve(c.address, bond)
+    assert revert(cheat.collab.challenge_outer, job, 0).error == "AlreadyChallenged"
+    conserved(net)
+    accept_outer(net, job, 0)
+    assert c.get_collab(job).status == CollabStatus.FINISHED
+    assert c.get_collab(job).outer_hash == outer(0)
+    conserved(net)
+
+
+def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
+    chain, c = net.chain, net.chain.reader.collab
+    bond = c.collab_params().outer_bond
+    job = post(net, terms(rounds=1))
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    work(net, job, 0)
+    chain.advance(window(net))
+    net.outsider.collab.settle_round(job)
+    sub, w = net.submitter, net.workers[0]
+    post_outer(net, w, job, 0)
+    jury, r = _jury_round(net, job, 0, sub, vote=False, reveal=1)  # one reveal < quorum 2
+    ev = c.events(r, "OuterResolved")[0]["args"]
+    assert ev["verdict"] == OuterVerdict.VOID
+    assert c.credits(sub.address) == bond and c.credits(w.address) == 0
+    assert all(c.credits(a) == 0 for a in jury)  # silent jurors are not slashed here either
+    assert c.get_round(job, 0).poster == w.address  # the post stays, open to others
+    conserved(net)
+    accept_outer(net, job, 0)
+    assert c.credits(w.address) == bond
+    conserved(net)
+
+
+# --- (f) a condemned sub-job --------------------------------------------------------------
+
+
+def test_condemned_worker_is_dropped_and_its_slash_share_reaches_the_others(net: Net) -> None:
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    job = post(net, terms())
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 0)
+    work(net, job, 0, slots=[0, 1])
+    cheat = net.workers[2]
+    cheat.market.claim_job(ids[2])
+    leaves, tree = fake_trace(ids[2], SEGS, K, tag="cheat", init=init(0))
+    cheat.market.commit_trace(ids[2], leaves, tree)
+    v = net.verifiers[0]
+    did = v.market.challenge(ids[2], 0, leaves[0], tree.proof(0), leaves[1], tree.proof(1))
+    clock = int(chain.reader.dispute.call("params").clock)
+    chain.advance(clock + 1)
+    r = net.outsider.dispute.timeout(did)  # the cheat never answers: its clock runs out
+    assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.SOLVER_TIMED_OUT
+    assert revert(net.outsider.collab.settle_round, job).error == "RoundNotSettled"
+    chain.advance(window(net) + mp.dispute_grace)
+    r = net.outsider.collab.settle_round(job)
+    bond = SUB_REWARD * mp.bond_factor_bps // BPS
+    to_sub = bond * mp.submitter_share_bps // BPS
+    drop = c.events(r, "SubJobDropped")[0]["args"]
+    assert (drop["slot"], drop["worker"], drop["reason"]) == (2, cheat.address, 1)
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"]) == (0b011, to_sub)
+    for w in net.workers[:2]:
+        assert c.credits(w.address) == to_sub // 2
+    assert m.credits(v.address) == bond - to_sub  # the challenger, by the market
+    assert cheat.registry.free_stake(cheat.address) == 500 * TOKEN - bond
+    assert c.slot_holders(job)[2] == "0x" + "00" * 20
+    assert m.get_job(ids[2]).status == JobStatus.CANCELLED
+    assert c.delivered_of(cheat.address) == 0  # no record from a condemned run
+    conserved(net)
+
+
+# --- (g) throughput ---------------------------------------------------------------------------
+
+
+def test_a_node_that_under_delivers_cannot_keep_many_slots(net: Net) -> None:
+    chain, c = net.chain, net.chain.reader.collab
+    job = post(net, terms(rounds=2, max_workers=3, min_workers=1))
+    slow, other = net.workers[0], net.workers[1]
+    required = -(-H * 1000 // ROUND)  # 17 milli-steps/s per slot
+    e = revert(slow.collab.claim_slot, job, 2, 2 * required - 1)
+    assert (e.error, e.error_args) == ("ThroughputTooLow", {"claimed": 2 * required - 1,
+                                                            "needed": 2 * required})
+    claimed = 20_000  # claims far more than it delivers
+    assert slow.collab.claim_slot(job, 2, claimed) == [0, 1]
+    net.outsider.collab.start_round(job)
+    start = c.get_round(job, 0).start
+    chain.advance(ROUND - 10)  # it commits both inner runs just before the deadline
+    work(net, job, 0)
+    chain.advance(window(net))
+    r = net.outsider.collab.settle_round(job)
+    committed = chain.reader.market.get_job(sub_jobs(net, job, 0)[1]).committed_at
+    delivered = 2 * H * 1000 // (committed - start)
+    assert c.delivered_of(slow.address) == delivered
+    assert c.events(r, "DeliveredRecorded")[0]["args"]["milliStepsPerSec"] == delivered
+    assert delivered // required == 1  # it can run one slot's rate, not two
+    post_outer(net, net.submitter, job, 0)
+    accept_outer(net, job, 0)
+    # it may not take more slots while its claim outruns what it delivered ...
+    e = revert(slow.collab.claim_slot, job, 1, claimed)
+    assert (e.error, e.error_args) == ("SlotCapExceeded", {"wouldHold": 3, "cap": 1})
+    # ... nor claim an honest rate that does not cover them
+    e = revert(slow.collab.claim_slot, job, 1, delivered)
+    assert e.error == "ThroughputTooLow"
+    # and the next round releases its excess slot
+    r = net.outsider.collab.start_round(job)
+    rel = c.events(r, "SlotReleased")[0]["args"]
+    assert (rel["slot"], rel["node"], rel["reason"]) == (1, slow.address, 2)
+    assert c.slot_holders(job) == [slow.address, "0x" + "00" * 20, "0x" + "00" * 20]
+    ids = sub_jobs(net, job, 1)
+    assert ids[0] != 0 and ids[1] == 0
+    # another node takes the freed slot (from the next round on)
+    assert other.collab.claim_slot(job, 1, RATE) == [1]
+    conserved(net)
+
+
+# --- (h) bad inputs --------------------------------------------------------------------------
+
+
+def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
+    sub, c = net.submitter, net.submitter.collab
+    sub.token.approve(c.address, 10**27)
+    cp = c.collab_params()
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"reward": 0}, "ZeroReward"),
+        ({"spec_hash": bytes(32)}, "ZeroHash"),
+        ({"outer_init_hash": bytes(32)}, "ZeroHash"),
+        ({"init_state_hash": bytes(32)}, "ZeroHash"),
+        ({"reward": 2**96 // 100 + 1}, "AmountTooLarge"),
+        ({"verification_budget": 2**96}, "AmountTooLarge"),
+        ({"min_workers": 0}, "InvalidWorkers"),
+        ({"min_workers": 4}, "InvalidWorkers"),
+        ({"max_workers": cp.max_slots + 1}, "InvalidWorkers"),
+        ({"inner_steps": 0}, "InvalidSteps"),
+        ({"steps_per_segment": 0}, "InvalidSteps"),
+        ({"inner_steps": 11}, "InvalidSteps"),
+        ({"inner_steps": 5 * 2**32, "steps_per_segment": 1}, "InvalidSteps"),
+        ({"rounds": 0}, "InvalidRounds"),
+        ({"rounds": cp.max_rounds + 1}, "InvalidRounds"),
+        ({"round_duration": 0}, "InvalidDuration"),
+        ({"round_duration": 365 * 86400 + 1}, "InvalidDuration"),
+        ({"reward": 5}, "SubJobTooSmall"),
+    ]
+    for kw, err in cases:
+        assert revert(c.post_collab_job, terms(**kw)).error == err, kw
+    job = c.post_collab_job(terms())
+    w = net.workers[0]
+    assert revert(net.outsider.collab.claim_slot, job, 1, RATE).error == "NotRegisteredSolver"
+    assert revert(w.collab.claim_slot, job, 0, RATE).error == "ZeroCount"
+    e = revert(w.collab.claim_slot, job, 4, 10**6)
+    assert (e.error, e.error_args) == ("NotEnoughFreeSlots", {"wanted": 4, "free": 3})
+    assert revert(w.collab.claim_slot, 99, 1, RATE).error == "UnknownCollab"
+    assert revert(w.collab.leave_slot, job, 0).error == "NotSlotHolder"
+    w.collab.claim_slot(job, 1, RATE)
+    r = w.collab.leave_slot(job, 0)
+    assert net.chain.reader.collab.events(r, "SlotReleased")[0]["args"]["reason"] == 0
+    assert revert(net.outsider.collab.settle_round, job).error == "WrongPhase"
+    assert revert(net.outsider.collab.challenge_outer, job, 0).error == "WrongPhase"
+    assert revert(net.outsider.collab.post_outer, job, 1, outer(0), init(1)).error == \
+        "WrongRound"
+    assert revert(net.outsider.collab.withdraw).error == "NothingToWithdraw"
+    # deployment guards
+    addrs = {n: net.chain.deployment.address_of(n) for n in ("PolToken", "NodeRegistry",
+                                                             "JobMarket")}
+    base = net.chain.deployment.params["collab"]
+    from devnet.params import CollabParams
+
+    good = CollabParams.model_validate(base)
+    for update in ({"outer_window": 1}, {"jury_lookahead": 0}, {"jury_lookahead": 129},
+                   {"jury_size": 0}, {"quorum": 0}, {"max_slots": 0}, {"max_slots": 65},
+                   {"max_rounds": 0}, {"max_round_retries": 101},
+                   {"throughput_tolerance_bps": 10_001}, {"commit_window": 0},
+                   {"reveal_window": 0}):
+        p = good.model_copy(update=update)
+        e = revert(net.chain[0].deploy, "CollabMarket", addrs["PolToken"],
+                   addrs["NodeRegistry"], addrs["JobMarket"], tuple(p.model_dump().values()))
+        assert e.error == "InvalidParams", update
+    conserved(net)
