@@ -27,3 +27,18 @@ class StateServed(StrictPayload):
 
 
 register_kind("state_served", StateServed, "polnet/states/1")
+
+
+class OuterStateServed(StrictPayload):
+    """A collaborative job's outer state (theta_r, momentum) for round ``round``, stored
+    as an artifact: late joiners and restarted workers start from it instead of
+    recomputing every round. Anyone may announce one; the receiver checks its outer
+    hash against the one the CollabMarket accepted before using it."""
+
+    collab_job_id: int = Field(ge=1)
+    round: int = Field(ge=0)
+    outer_hash: Bytes32
+    artifact_id: Hex32
+
+
+register_kind("outer_state", OuterStateServed, "polnet/collab/1")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,9 @@ log = get_logger("polnet.collab")
 OPEN, RUNNING, FINISHED, FAILED = 1, 2, 3, 4
 IDLE, ROUND_RUNNING, OUTER = 0, 1, 2
 NO_CHALLENGE, DRAWING, VOTING = 0, 1, 2
+
+ANNOUNCE_EVERY_S = 5.0
+JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
 # ABIs when it is used, so a deployment without a CollabMarket never needs them.
@@ -89,6 +93,9 @@ class CollabFollower:
         self._votes: dict[tuple[int, int, int], _Vote] = {}
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
         self._claimed_rate: dict[int, int] = {}
+        self._first_seen: dict[int, float] = {}
+        self._published: dict[tuple[int, int], str] = {}
+        self._announced_at = 0.0
 
     # --- chain views ----------------------------------------------------------------
 
@@ -142,11 +149,15 @@ class CollabFollower:
             return self._outer[(cid, r)]
         spec, _ = await self.inputs(cid)
         state = await trio.to_thread.run_sync(self._load_cached, cid, r)
+        if state is None and r > 0:
+            state = await self._fetch_announced(cid, r)
         if state is None:
             if r == 0:
                 state = diloco.initial_outer_state(spec)
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
-                if diloco.outer_hash(state) != job.outer_init_hash:
+                # Before round 0's outer state is accepted the job's outerHash is its
+                # outerInitHash; later rounds are checked by their accepted hashes.
+                if job.round == 0 and diloco.outer_hash(state) != job.outer_hash:
                     raise SpecError(f"collaborative job {cid}: outerInitHash is not the spec's "
                                     "seeded theta_0", field="outer_init_hash")
             else:
@@ -185,6 +196,56 @@ class CollabFollower:
                  outer_hash=diloco.outer_hash(state).hex())
         return state
 
+    async def _fetch_announced(self, cid: int, r: int) -> OuterState | None:
+        """theta_r from a peer's ``outer_state`` announcement, used only if its outer
+        hash is the one the CollabMarket accepted for round r - 1 (a joiner or a
+        restarted worker need not recompute every round since the first)."""
+        from node.train.diloco import outer_hash  # noqa: PLC0415
+        from node.train.layout import max_file_bytes  # noqa: PLC0415
+
+        aids = list(self.rt.book.outer.get((cid, r), []))
+        if not aids:
+            return None
+        c = self.rt.chain_client
+        rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
+        if not rnd.accepted:
+            return None
+        spec, _ = await self.inputs(cid)
+        for aid in aids:
+            try:
+                path = await self.rt.fetch(aid, expected_size=max_file_bytes(spec.inner),
+                                           timeout=30)
+                state = await trio.to_thread.run_sync(load_outer_file, path, r)
+            except (PolnetError, OSError, ValueError) as exc:
+                log.warning("collab_outer_fetch_failed", job=cid, round=r, error=str(exc))
+                continue
+            if state is not None and outer_hash(state) == rnd.outer_hash:
+                log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
+                return state
+            log.warning("collab_outer_announcement_wrong", job=cid, round=r, artifact=aid)
+        return None
+
+    async def announce(self) -> None:
+        """Serve the newest accepted outer state of every live job we follow."""
+        from node.roles.announce_kinds import OuterStateServed  # noqa: PLC0415
+        from node.train.diloco import outer_hash  # noqa: PLC0415
+
+        latest: dict[int, int] = {}
+        for cid, r in self._outer:
+            latest[cid] = max(r, latest.get(cid, -1))
+        for cid, r in latest.items():
+            if r == 0:
+                continue
+            path = self._path(cid, r)
+            if not path.is_file():
+                continue
+            aid = self._published.get((cid, r))
+            if aid is None:
+                aid = self._published[(cid, r)] = await self.rt.p2p.publish_file(path)
+            h = outer_hash(self._outer[(cid, r)])
+            await self.rt.p2p.announce("outer_state", OuterStateServed(
+                collab_job_id=cid, round=r, outer_hash="0x" + h.hex(), artifact_id=aid))
+
     def _save(self, cid: int, r: int, state: OuterState) -> None:
         from safetensors.torch import save  # noqa: PLC0415
 
@@ -207,18 +268,17 @@ class CollabFollower:
 
     async def next_hashes(self, cid: int, r: int) -> tuple[bytes, bytes] | None:
         """(outer hash of theta_{r+1}, S_0 hash of round r + 1's sub-jobs) as we
-        recompute them; the S_0 of a round past the last is zero."""
+        recompute them."""
         from node.train.diloco import outer_hash  # noqa: PLC0415
         from node.train.rounds import round_initial_hash  # noqa: PLC0415
 
         state = await self.outer_state(cid, r + 1)
         if state is None:
             return None
-        spec, _ = await self.inputs(cid)
-        nxt = bytes(32)
-        if r + 1 < spec.outer_rounds:
-            ctx = await self.round_context(cid, r + 1, 0)
-            nxt = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
+        # S_0 of round r + 1's sub-jobs; after the last round, of the round that would
+        # follow (a state hash has no round in it, so round 0's context computes it).
+        ctx = await self.round_context(cid, 0, 0)
+        nxt = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
         return outer_hash(state), nxt
 
     async def start_state_factory(self, market_job_id: int) -> Any:
@@ -243,6 +303,12 @@ class CollabFollower:
             return
         c = self.rt.chain_client
         n = await self.rt.chain(c.collab.collab_count)
+        if time.monotonic() - self._announced_at > ANNOUNCE_EVERY_S:
+            self._announced_at = time.monotonic()
+            try:
+                await self.announce()
+            except (PolnetError, OSError) as exc:
+                log.warning("collab_announce_failed", error=str(exc))
         for cid in range(1, n + 1):
             if cid in self._bad:
                 continue
@@ -262,6 +328,8 @@ class CollabFollower:
             await self._maybe_claim_slots(cid, job)
         r = job.round
         if job.phase == IDLE:
+            if r == 0 and job.retries == 0 and not await self._join_window_over(cid):
+                return
             await rt.transact_ok(c.collab.start_round, cid, benign=START_BENIGN)
             return
         if job.phase == ROUND_RUNNING:
@@ -270,6 +338,16 @@ class CollabFollower:
                 await rt.transact_ok(c.collab.settle_round, cid, benign=SETTLE_BENIGN)
             return
         await self._outer_moves(cid, r)
+
+    async def _join_window_over(self, cid: int) -> bool:
+        """Round 0 waits for every slot to be taken, or JOIN_GRACE_S after we first saw
+        the job (workers probe the job before claiming): the contract lets anyone start
+        it with workers.min, which would leave late joiners idle for a whole round."""
+        holders = await self.rt.chain(self.rt.chain_client.collab.slot_holders, cid)
+        if all(int(str(h), 16) for h in holders):
+            return True
+        first = self._first_seen.setdefault(cid, time.monotonic())
+        return time.monotonic() - first >= JOIN_GRACE_S
 
     async def _round_may_settle(self, rnd: Any) -> bool:
         """Past the deadline, or every sub-job final (saves failing calls)."""

@@ -58,6 +58,9 @@ class AnnouncementBook:
         self.manifests: OrderedDict[int, list[str]] = OrderedDict()
         self.states: OrderedDict[tuple[int, str], str] = OrderedDict()
         self.specs: dict[str, list[str]] = {}  # spec artifact id -> announcer peers
+        # (collaborative job, round) -> outer-state artifacts, newest first: unchecked
+        # hints, each checked against the CollabMarket's accepted hash once fetched.
+        self.outer: OrderedDict[tuple[int, int], list[str]] = OrderedDict()
         self._jobs_of: OrderedDict[str, int] = OrderedDict()  # artifact id -> job
 
     def add(self, ann: Announcement) -> None:
@@ -73,6 +76,17 @@ class AnnouncementBook:
             while len(self.manifests) > self.MAX_JOBS:
                 self.manifests.popitem(last=False)
             self._note(aid, jid)
+        elif ann.kind == "outer_state":
+            key2 = (int(p["collab_job_id"]), int(p["round"]))
+            aids = self.outer.setdefault(key2, [])
+            self.outer.move_to_end(key2)
+            aid = str(p["artifact_id"])
+            if aid in aids:
+                aids.remove(aid)
+            aids.insert(0, aid)
+            del aids[self.MAX_MANIFESTS_PER_JOB:]
+            while len(self.outer) > self.MAX_JOBS:
+                self.outer.popitem(last=False)
         elif ann.kind == "state_served":
             jid, aid = int(p["job_id"]), str(p["artifact_id"])
             key = (jid, str(p["state_hash"]).lower())
@@ -157,7 +171,7 @@ class Runtime:
         self.intake = AnnouncementIntake(
             self.book, EntitledSenders(self._solver_peer_of, lambda: self.registered_peers),
             self._p2p.verifier.dropped)
-        for kind in ("result_committed", "state_served"):
+        for kind in ("result_committed", "state_served", "outer_state"):
             chan = await self._p2p.subscribe(kind)
             self._p2p.nursery.start_soon(self._pump, chan)
         self._p2p.nursery.start_soon(self._registry_peers_loop)

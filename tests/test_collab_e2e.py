@@ -1,0 +1,92 @@
+"""End-to-end collaborative (DiLoCo) job: real `polnet` daemons as OS processes, a real
+anvil devnet with the CollabMarket, loopback libp2p and real training of a small char LM.
+
+One job, 4 worker slots, 3 rounds: two honest workers, one byzantine (``amplify``: its
+last inner segment at 5x the learning rate, a blown-up delta) and one SIGKILLed while
+it trains round 1 and started again. Asserted: the byzantine inner run is condemned
+through the ordinary dispute game, its worker slashed and never in an accepted set;
+the killed worker's sub-job is dropped for its missed deadline and it rejoins later
+from theta_t it recomputes over libp2p; the job finishes; every honest worker is paid
+per accepted inner run; the contracts hold exactly what they owe; and the final outer
+state the chain committed is the one every honest node recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from devnet.localnet import LocalNet
+from node.chain.contracts import JobStatus
+from node.demo_collab import (
+    BYZANTINE,
+    KILLED,
+    WORKERS,
+    collab_demo_params,
+    final_and_solo_loss,
+    write_collab_inputs,
+)
+
+pytestmark = pytest.mark.timeout(900)
+
+SUBMITTER, VERIFIERS = 1, (4, 5, 6)
+ROUNDS = 3
+
+
+def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> None:
+    with LocalNet(tmp_path / "net", collab_demo_params()) as net:
+        c = net.c
+        spec, text = write_collab_inputs(tmp_path / "data", ROUNDS)
+        for i, v in enumerate(VERIFIERS, start=1):
+            net.start_verifier(f"v{i}", v)
+        for name, acct in WORKERS.items():
+            net.start_solver(name, acct, "amplify" if name == BYZANTINE else "honest")
+        before = {n: net.holdings(net.address(a)) for n, a in WORKERS.items()}
+        cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=120, budget=12,
+                                round_duration=90)
+        killed = restarted = False
+        end = time.monotonic() + 840
+        while time.monotonic() < end:
+            job = c.collab.get_collab(cid)
+            if job.status.name in ("FINISHED", "FAILED"):
+                break
+            if not killed and job.round == 1 and job.phase.name == "RUNNING":
+                rnd = c.collab.get_round(cid, 1)
+                mine = [s for s in rnd.sub_jobs if s and c.market.get_job(s).solver.lower()
+                        == net.address(WORKERS[KILLED]).lower()]
+                if mine and c.market.get_job(mine[0]).status == JobStatus.CLAIMED:
+                    net.kill(KILLED)
+                    killed = True
+            elif killed and not restarted and job.round >= 2:
+                net.start_solver(KILLED, WORKERS[KILLED])
+                restarted = True
+            net.check_alive()
+            time.sleep(1)
+        job = c.collab.get_collab(cid)
+        assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
+        time.sleep(6)  # the daemons withdraw what they were credited
+        events = net.events()
+        byz = net.address(WORKERS[BYZANTINE]).lower()
+        kill = net.address(WORKERS[KILLED]).lower()
+        dropped = [e.args for e in events if e.event == "SubJobDropped"]
+        accepted = [e.args for e in events if e.event == "SubJobAccepted"]
+        # The byzantine worker's run was condemned (reason 1) and none of its runs counted.
+        assert any(str(d["worker"]).lower() == byz and d["reason"] == 1 for d in dropped)
+        assert not any(str(a["worker"]).lower() == byz for a in accepted)
+        assert any(e.event == "DisputeResolved" and e.args.get("verdict") == 2 for e in events)
+        # The killed worker missed round 1's deadline (reason 0)...
+        assert killed and any(str(d["worker"]).lower() == kill and d["round"] == 1
+                              and d["reason"] == 0 for d in dropped)
+        # ... and the honest workers' runs were all accepted, each paid.
+        for name in ("worker-1", "worker-2"):
+            addr = net.address(WORKERS[name]).lower()
+            assert sum(1 for a in accepted if str(a["worker"]).lower() == addr) >= ROUNDS
+            assert net.holdings(net.address(WORKERS[name])) > before[name]
+        assert net.holdings(net.address(WORKERS[BYZANTINE])) < before[BYZANTINE]
+        assert net.conserved()
+        # The chain's final model is what the honest nodes recomputed, and it learned.
+        losses = final_and_solo_loss(net.home, spec, text, cid, job.outer_hash,
+                                     ["worker-1", "worker-2"])
+        assert losses["collab"] < losses["initial"]
