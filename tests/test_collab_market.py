@@ -178,13 +178,13 @@ def test_honest_three_slot_two_round_job(net: Net) -> None:
             assert (ref.collab_job_id, ref.round, ref.slot) == (job, r, slot)
         rd = c.get_round(job, r)
         assert rd.deadline == rd.start + ROUND and c.get_collab(job).phase == RoundPhase.RUNNING
-        assert revert(net.outsider.collab.start_round, job).error == "WrongPhase"
+        assert revert(net.outsider.collab.start_round, job).error == "WrongRoundPhase"
         conserved(net)
         work(net, job, r)
         e = revert(net.outsider.collab.settle_round, job)  # windows still open
         assert (e.error, e.error_args) == ("RoundNotSettled", {"marketJobId": ids[0]})
         assert revert(net.submitter.collab.post_outer, job, r, outer(r), init(r + 1)).error \
-            == "WrongPhase"
+            == "WrongRoundPhase"
         chain.advance(window(net))
         rs = net.outsider.collab.settle_round(job)
         st = c.events(rs, "RoundSettled")[0]["args"]
@@ -209,7 +209,7 @@ def test_honest_three_slot_two_round_job(net: Net) -> None:
         conserved(net)
     j = c.get_collab(job)
     assert (j.status, j.round, j.outer_hash, j.pool) == (CollabStatus.FINISHED, 2, outer(1), 0)
-    assert revert(net.outsider.collab.start_round, job).error == "WrongStatus"
+    assert revert(net.outsider.collab.start_round, job).error == "CollabNotLive"
     # each worker: two accepted inner runs, paid by the market; the submitter: the rest
     for w in net.workers:
         assert m.credits(w.address) == 2 * SUB_REWARD
@@ -356,10 +356,10 @@ def test_below_min_workers_retries_then_fails_and_refunds(net: Net) -> None:
     assert ev["refund"] == t.reward + t.verification_budget - 3 * SUB_REWARD
     assert c.credits(net.submitter.address) == ev["refund"]
     assert chain.reader.market.credits(w0.address) == 3 * SUB_REWARD
-    assert revert(w1.collab.claim_slot, job, 1, RATE).error == "WrongStatus"
-    assert revert(net.outsider.collab.settle_round, job).error == "WrongStatus"
+    assert revert(w1.collab.claim_slot, job, 1, RATE).error == "CollabNotLive"
+    assert revert(net.outsider.collab.settle_round, job).error == "CollabNotLive"
     assert revert(net.outsider.collab.post_outer, job, 0, outer(0), init(1)).error == \
-        "WrongStatus"
+        "CollabNotLive"
     net.submitter.collab.withdraw()
     conserved(net)
 
@@ -600,8 +600,8 @@ def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
     w.collab.claim_slot(job, 1, RATE)
     r = w.collab.leave_slot(job, 0)
     assert net.chain.reader.collab.events(r, "SlotReleased")[0]["args"]["reason"] == 0
-    assert revert(net.outsider.collab.settle_round, job).error == "WrongPhase"
-    assert revert(net.outsider.collab.challenge_outer, job, 0).error == "WrongPhase"
+    assert revert(net.outsider.collab.settle_round, job).error == "WrongRoundPhase"
+    assert revert(net.outsider.collab.challenge_outer, job, 0).error == "WrongRoundPhase"
     assert revert(net.outsider.collab.post_outer, job, 1, outer(0), init(1)).error == \
         "WrongRound"
     assert revert(net.outsider.collab.withdraw).error == "NothingToWithdraw"

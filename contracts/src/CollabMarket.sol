@@ -249,7 +249,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     function startRound(uint256 jobId) external nonReentrant {
         CollabRec storage c = _live(jobId);
-        if (c.phase != RoundPhase.Idle) revert WrongPhase(jobId, c.phase);
+        if (c.phase != RoundPhase.Idle) revert WrongRoundPhase(jobId, c.phase);
         _enforceThroughput(jobId, c);
         uint32 n = c.maxWorkers;
         uint32 held;
@@ -280,7 +280,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     function settleRound(uint256 jobId) external nonReentrant {
         CollabRec storage c = _live(jobId);
-        if (c.phase != RoundPhase.Running) revert WrongPhase(jobId, c.phase);
+        if (c.phase != RoundPhase.Running) revert WrongRoundPhase(jobId, c.phase);
         uint32 r = c.round;
         RoundRec storage rr = _rounds[jobId][r];
         uint32 n = c.maxWorkers;
@@ -596,14 +596,14 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     function _live(uint256 jobId) internal view returns (CollabRec storage c) {
         c = _collab(jobId);
-        if (c.status != CollabStatus.Open && c.status != CollabStatus.Running) revert WrongStatus(jobId, c.status);
+        if (c.status != CollabStatus.Open && c.status != CollabStatus.Running) revert CollabNotLive(jobId, c.status);
     }
 
     /// @dev The current round, settled and waiting for its outer state.
     function _outerRound(uint256 jobId, uint32 round) internal view returns (RoundRec storage) {
         CollabRec storage c = _live(jobId);
         if (round != c.round) revert WrongRound(round, c.round);
-        if (c.phase != RoundPhase.Outer) revert WrongPhase(jobId, c.phase);
+        if (c.phase != RoundPhase.Outer) revert WrongRoundPhase(jobId, c.phase);
         return _rounds[jobId][round];
     }
 
