@@ -613,6 +613,8 @@ def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
     assert revert(w.collab.claim_slot, job, 0, RATE).error == "ZeroCount"
     e = revert(w.collab.claim_slot, job, 4, 10**6)
     assert (e.error, e.error_args) == ("NotEnoughFreeSlots", {"wanted": 4, "free": 3})
+    e = revert(w.collab.claim_slot, job, 2**32 - 1, 2**64 - 1)  # no overflow panic
+    assert e.error == "NotEnoughFreeSlots"
     assert revert(w.collab.claim_slot, 99, 1, RATE).error == "UnknownCollab"
     assert revert(w.collab.leave_slot, job, 0).error == "NotSlotHolder"
     w.collab.claim_slot(job, 1, RATE)

@@ -222,12 +222,12 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             if (h == msg.sender) ++held;
             else if (h == address(0)) ++free;
         }
+        if (free < count) revert NotEnoughFreeSlots(count, free); // so count <= 64 below
         // The claim is the node's whole rate: it must cover every slot it would hold.
         uint256 needed = uint256(held + count) * required;
         if (claimedRate < needed) revert ThroughputTooLow(claimedRate, needed);
         uint32 cap = _cap(msg.sender, claimedRate, required);
         if (held + count > cap) revert SlotCapExceeded(held + count, cap);
-        if (free < count) revert NotEnoughFreeSlots(count, free);
         _claimed[msg.sender] = claimedRate;
         uint32 taken;
         for (uint32 i; taken < count; ++i) {
