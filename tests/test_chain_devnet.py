@@ -46,7 +46,7 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
 
         st = polnet(tmp_path, "devnet", "status")
         assert st.returncode == 0, st.stderr
-        assert st.stdout.count("code ok") == 4 and "block" in st.stdout
+        assert st.stdout.count("code ok") == 5 and "block" in st.stdout
 
         again = polnet(tmp_path, "devnet", "up", "--port", str(free_port()))
         assert again.returncode == 1 and "already running" in again.stderr

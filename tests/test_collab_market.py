@@ -79,9 +79,7 @@ def terms(rounds: int = 2, min_workers: int = 2, max_workers: int = 3, **kw: Any
 
 
 def post(net: Net, t: CollabTerms) -> int:
-    sub = net.submitter
-    sub.token.approve(sub.collab.address, t.reward + t.verification_budget)
-    return sub.collab.post_collab_job(t)
+    return net.submitter.post_collab_job(t)
 
 
 def conserved(net: Net) -> None:
@@ -178,13 +176,13 @@ def test_honest_three_slot_two_round_job(net: Net) -> None:
             assert (ref.collab_job_id, ref.round, ref.slot) == (job, r, slot)
         rd = c.get_round(job, r)
         assert rd.deadline == rd.start + ROUND and c.get_collab(job).phase == RoundPhase.RUNNING
-        assert revert(net.outsider.collab.start_round, job).error == "WrongPhase"
+        assert revert(net.outsider.collab.start_round, job).error == "WrongRoundPhase"
         conserved(net)
         work(net, job, r)
         e = revert(net.outsider.collab.settle_round, job)  # windows still open
         assert (e.error, e.error_args) == ("RoundNotSettled", {"marketJobId": ids[0]})
         assert revert(net.submitter.collab.post_outer, job, r, outer(r), init(r + 1)).error \
-            == "WrongPhase"
+            == "WrongRoundPhase"
         chain.advance(window(net))
         rs = net.outsider.collab.settle_round(job)
         st = c.events(rs, "RoundSettled")[0]["args"]
@@ -209,7 +207,7 @@ def test_honest_three_slot_two_round_job(net: Net) -> None:
         conserved(net)
     j = c.get_collab(job)
     assert (j.status, j.round, j.outer_hash, j.pool) == (CollabStatus.FINISHED, 2, outer(1), 0)
-    assert revert(net.outsider.collab.start_round, job).error == "WrongStatus"
+    assert revert(net.outsider.collab.start_round, job).error == "CollabNotLive"
     # each worker: two accepted inner runs, paid by the market; the submitter: the rest
     for w in net.workers:
         assert m.credits(w.address) == 2 * SUB_REWARD
@@ -252,6 +250,8 @@ def test_strangers_cannot_claim_or_settle_a_reserved_sub_job(net: Net) -> None:
     sub.token.approve(sub.market.address, 10**24)
     plain = sub.market.post_job(job_terms(reward=SUB_REWARD, budget=0))
     assert chain.reader.market.reserved_solver_of(plain) == "0x" + "00" * 20
+    ref = chain.reader.collab.sub_job_of(plain)
+    assert (ref.collab_job_id, ref.round, ref.slot) == (0, 0, 0)  # not an inner run
     w1.market.claim_job(plain)
     chain.advance(3700)
     net.outsider.market.reclaim(plain)
@@ -356,10 +356,10 @@ def test_below_min_workers_retries_then_fails_and_refunds(net: Net) -> None:
     assert ev["refund"] == t.reward + t.verification_budget - 3 * SUB_REWARD
     assert c.credits(net.submitter.address) == ev["refund"]
     assert chain.reader.market.credits(w0.address) == 3 * SUB_REWARD
-    assert revert(w1.collab.claim_slot, job, 1, RATE).error == "WrongStatus"
-    assert revert(net.outsider.collab.settle_round, job).error == "WrongStatus"
+    assert revert(w1.collab.claim_slot, job, 1, RATE).error == "CollabNotLive"
+    assert revert(net.outsider.collab.settle_round, job).error == "CollabNotLive"
     assert revert(net.outsider.collab.post_outer, job, 0, outer(0), init(1)).error == \
-        "WrongStatus"
+        "CollabNotLive"
     net.submitter.collab.withdraw()
     conserved(net)
 
@@ -470,6 +470,24 @@ def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
     assert c.credits(sub.address) == bond and c.credits(w.address) == 0
     assert all(c.credits(a) == 0 for a in jury)  # silent jurors are not slashed here either
     assert c.get_round(job, 0).poster == w.address  # the post stays, open to others
+    conserved(net)
+    # another challenger; nobody draws its jury for 256 blocks: the request re-arms
+    other = net.workers[1]
+    other.token.approve(c.address, bond)
+    other.collab.challenge_outer(job, 0)
+    chain.mine(300)
+    r = net.outsider.collab.draw_outer_jury(job, 0)
+    assert c.events(r, "OuterJuryRearmed")
+    rd = c.get_round(job, 0)
+    assert rd.challenge_phase == ChallengePhase.DRAWING and rd.request_block == r["blockNumber"]
+    assert revert(net.outsider.collab.accept_outer, job, 0).error == "ChallengeLive"
+    chain.mine(c.collab_params().jury_lookahead + 1)
+    net.outsider.collab.draw_outer_jury(job, 0)
+    assert c.get_round(job, 0).challenge_phase == ChallengePhase.VOTING
+    chain.advance(c.collab_params().commit_window + c.collab_params().reveal_window)
+    r = net.outsider.collab.resolve_outer(job, 0)  # nobody voted: Void
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VOID
+    assert c.credits(other.address) == bond
     conserved(net)
     accept_outer(net, job, 0)
     assert c.credits(w.address) == bond
@@ -595,13 +613,15 @@ def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
     assert revert(w.collab.claim_slot, job, 0, RATE).error == "ZeroCount"
     e = revert(w.collab.claim_slot, job, 4, 10**6)
     assert (e.error, e.error_args) == ("NotEnoughFreeSlots", {"wanted": 4, "free": 3})
+    e = revert(w.collab.claim_slot, job, 2**32 - 1, 2**64 - 1)  # no overflow panic
+    assert e.error == "NotEnoughFreeSlots"
     assert revert(w.collab.claim_slot, 99, 1, RATE).error == "UnknownCollab"
     assert revert(w.collab.leave_slot, job, 0).error == "NotSlotHolder"
     w.collab.claim_slot(job, 1, RATE)
     r = w.collab.leave_slot(job, 0)
     assert net.chain.reader.collab.events(r, "SlotReleased")[0]["args"]["reason"] == 0
-    assert revert(net.outsider.collab.settle_round, job).error == "WrongPhase"
-    assert revert(net.outsider.collab.challenge_outer, job, 0).error == "WrongPhase"
+    assert revert(net.outsider.collab.settle_round, job).error == "WrongRoundPhase"
+    assert revert(net.outsider.collab.challenge_outer, job, 0).error == "WrongRoundPhase"
     assert revert(net.outsider.collab.post_outer, job, 1, outer(0), init(1)).error == \
         "WrongRound"
     assert revert(net.outsider.collab.withdraw).error == "NothingToWithdraw"
@@ -621,4 +641,32 @@ def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
         e = revert(net.chain[0].deploy, "CollabMarket", addrs["PolToken"],
                    addrs["NodeRegistry"], addrs["JobMarket"], tuple(p.model_dump().values()))
         assert e.error == "InvalidParams", update
+    conserved(net)
+
+
+def test_a_slot_changing_hands_mid_round(net: Net) -> None:
+    """Churn: the holder leaves during a round; a newcomer takes the slot, effective from the
+    next round. The leaver's sub-job of this round stays its own (dropped when it does not
+    run it) and dropping it does not take the slot from the newcomer."""
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    job = post(net, terms())
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 0)
+    leaver = net.workers[2]
+    leaver.collab.leave_slot(job, 2)
+    newcomer = chain.join(9, SOLVER, 500 * TOKEN)
+    assert newcomer.collab.claim_slot(job, 1, RATE) == [2]
+    assert m.reserved_solver_of(ids[2]) == leaver.address  # this round's run is the leaver's
+    assert revert(newcomer.market.claim_job, ids[2]).error == "NotReservedSolver"
+    work(net, job, 0, slots=[0, 1])
+    chain.advance(ROUND + 1)
+    r = net.outsider.collab.settle_round(job)
+    assert c.events(r, "SubJobDropped")[0]["args"]["worker"] == leaver.address
+    assert not c.events(r, "SlotReleased")
+    assert c.slot_holders(job)[2] == newcomer.address
+    post_outer(net, net.submitter, job, 0)
+    accept_outer(net, job, 0)
+    net.outsider.collab.start_round(job)
+    assert m.reserved_solver_of(sub_jobs(net, job, 1)[2]) == newcomer.address
     conserved(net)

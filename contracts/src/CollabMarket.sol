@@ -222,12 +222,12 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             if (h == msg.sender) ++held;
             else if (h == address(0)) ++free;
         }
+        if (free < count) revert NotEnoughFreeSlots(count, free); // so count <= 64 below
         // The claim is the node's whole rate: it must cover every slot it would hold.
         uint256 needed = uint256(held + count) * required;
         if (claimedRate < needed) revert ThroughputTooLow(claimedRate, needed);
         uint32 cap = _cap(msg.sender, claimedRate, required);
         if (held + count > cap) revert SlotCapExceeded(held + count, cap);
-        if (free < count) revert NotEnoughFreeSlots(count, free);
         _claimed[msg.sender] = claimedRate;
         uint32 taken;
         for (uint32 i; taken < count; ++i) {
@@ -249,7 +249,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     function startRound(uint256 jobId) external nonReentrant {
         CollabRec storage c = _live(jobId);
-        if (c.phase != RoundPhase.Idle) revert WrongPhase(jobId, c.phase);
+        if (c.phase != RoundPhase.Idle) revert WrongRoundPhase(jobId, c.phase);
         _enforceThroughput(jobId, c);
         uint32 n = c.maxWorkers;
         uint32 held;
@@ -280,7 +280,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     function settleRound(uint256 jobId) external nonReentrant {
         CollabRec storage c = _live(jobId);
-        if (c.phase != RoundPhase.Running) revert WrongPhase(jobId, c.phase);
+        if (c.phase != RoundPhase.Running) revert WrongRoundPhase(jobId, c.phase);
         uint32 r = c.round;
         RoundRec storage rr = _rounds[jobId][r];
         uint32 n = c.maxWorkers;
@@ -596,14 +596,14 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     function _live(uint256 jobId) internal view returns (CollabRec storage c) {
         c = _collab(jobId);
-        if (c.status != CollabStatus.Open && c.status != CollabStatus.Running) revert WrongStatus(jobId, c.status);
+        if (c.status != CollabStatus.Open && c.status != CollabStatus.Running) revert CollabNotLive(jobId, c.status);
     }
 
     /// @dev The current round, settled and waiting for its outer state.
     function _outerRound(uint256 jobId, uint32 round) internal view returns (RoundRec storage) {
         CollabRec storage c = _live(jobId);
         if (round != c.round) revert WrongRound(round, c.round);
-        if (c.phase != RoundPhase.Outer) revert WrongPhase(jobId, c.phase);
+        if (c.phase != RoundPhase.Outer) revert WrongRoundPhase(jobId, c.phase);
         return _rounds[jobId][round];
     }
 

@@ -18,7 +18,15 @@ from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
-    from node.chain.contracts import Collab, Dispute, JobTerms, Market, Registry, Token
+    from node.chain.contracts import (
+        Collab,
+        CollabTerms,
+        Dispute,
+        JobTerms,
+        Market,
+        Registry,
+        Token,
+    )
 
 B = TypeVar("B", bound=Bound)
 
@@ -161,6 +169,12 @@ class ChainClient:
         self.token.ensure_allowance(self.market.address,
                                     terms.reward + terms.verification_budget)
         return self.market.post_job(terms)
+
+    def post_collab_job(self, terms: CollabTerms) -> int:
+        """Approve the CollabMarket for the escrow and post the collaborative job."""
+        self.token.ensure_allowance(self.collab.address,
+                                    terms.reward + terms.verification_budget)
+        return self.collab.post_collab_job(terms)
 
     # --- chain state ----------------------------------------------------------------
 

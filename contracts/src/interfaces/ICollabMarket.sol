@@ -169,8 +169,8 @@ interface ICollabMarket {
     error InvalidDuration(uint64 roundDuration);
     error SubJobTooSmall(uint256 subReward);
     error UnknownCollab(uint256 jobId);
-    error WrongStatus(uint256 jobId, CollabStatus status);
-    error WrongPhase(uint256 jobId, RoundPhase phase);
+    error CollabNotLive(uint256 jobId, CollabStatus status);
+    error WrongRoundPhase(uint256 jobId, RoundPhase phase);
     error WrongRound(uint32 round, uint32 current);
     error NotRegisteredSolver(address caller);
     error ZeroCount();

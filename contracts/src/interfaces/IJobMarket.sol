@@ -90,6 +90,9 @@ interface IJobMarket {
         bytes32 initStateHash; // hash of S_0, which follows from the spec's seed
     }
 
+    /// @dev All static types, in this order: CollabMarket reads fields 0 (status), 10
+    ///      (deadline), 11 (committedAt), 12 (windowEnd) and 19 (openDisputes) of `getJob`'s
+    ///      return data by position (tests/test_collab_market.py would catch a reorder).
     struct Job {
         JobStatus status;
         address submitter;
