@@ -59,7 +59,8 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
                 if mine and c.market.get_job(mine[0]).status == JobStatus.CLAIMED:
                     net.kill(KILLED)
                     killed = True
-            elif killed and not restarted and job.round >= 2:
+            elif killed and not restarted and (job.round >= 2 or job.phase.name == "OUTER"):
+                # Round 1 settled without it: back in time to take a slot for round 2.
                 net.start_solver(KILLED, WORKERS[KILLED])
                 restarted = True
             net.check_alive()
@@ -79,6 +80,11 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         # The killed worker missed round 1's deadline (reason 0)...
         assert killed and any(str(d["worker"]).lower() == kill and d["round"] == 1
                               and d["reason"] == 0 for d in dropped)
+        # ... rejoined round 2 from theta_2 (fetched or recomputed over libp2p) ...
+        assert any(str(a["worker"]).lower() == kill and a["round"] == 2 for a in accepted)
+        # ... the byzantine worker was excluded after its first condemned run ...
+        assert all(d["round"] == 0 for d in dropped if str(d["worker"]).lower() == byz)
+        assert c.collab.is_excluded(cid, net.address(WORKERS[BYZANTINE]))
         # ... and the honest workers' runs were all accepted, each paid.
         for name in ("worker-1", "worker-2"):
             addr = net.address(WORKERS[name]).lower()

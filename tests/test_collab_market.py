@@ -531,6 +531,9 @@ def test_condemned_worker_is_dropped_and_its_slash_share_reaches_the_others(net:
     assert c.slot_holders(job)[2] == "0x" + "00" * 20
     assert m.get_job(ids[2]).status == JobStatus.CANCELLED
     assert c.delivered_of(cheat.address) == 0  # no record from a condemned run
+    # ... and it is out of the job: the freed slot is not its to take again.
+    assert c.is_excluded(job, cheat.address) and not c.is_excluded(job, net.workers[0].address)
+    assert revert(cheat.collab.claim_slot, job, 1, 10**9).error == "ExcludedWorker"
     conserved(net)
 
 

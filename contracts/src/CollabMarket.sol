@@ -107,6 +107,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     /// @dev market job id => collabJobId << 64 | round << 32 | slot
     mapping(uint256 => uint256) internal _subJobOf;
     mapping(address => uint64) internal _delivered;
+    /// @dev job => worker => a sub-job of it was condemned: it never holds a slot again.
+    mapping(uint256 => mapping(address => bool)) internal _excluded;
     mapping(address => uint64) internal _claimed;
     mapping(address => uint256) internal _credits;
     /// @dev keccak256(jobId, round, challengeNonce, juror) => commitment; votes: 1 valid, 2 invalid
@@ -212,6 +214,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     function claimSlot(uint256 jobId, uint32 count, uint64 claimedRate) external {
         CollabRec storage c = _live(jobId);
         if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
+        // INVARIANT: a worker proven wrong in a job (its sub-job condemned) is out of it.
+        if (_excluded[jobId][msg.sender]) revert ExcludedWorker(jobId, msg.sender);
         if (count == 0) revert ZeroCount();
         uint256 required = _required(c);
         uint32 held;
@@ -559,6 +563,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return (p >> 64, uint32(p >> 32), uint32(p));
     }
 
+    function isExcluded(uint256 jobId, address node) external view returns (bool) {
+        return _excluded[jobId][node];
+    }
+
     function deliveredOf(address node) external view returns (uint64) {
         return _delivered[node];
     }
@@ -707,6 +715,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
                 return _accept(slot, id, worker, j.committedAt, t);
             }
             dropReason = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
+            _excluded[jobId][worker] = true;
         } else if (j.status == IJobMarket.JobStatus.Claimed) {
             if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
             _market.reclaim(id);

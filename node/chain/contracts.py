@@ -735,6 +735,10 @@ class Collab(Bound):
         c, r, s = self.call("subJobOf", market_job_id)
         return SubJobRef(int(c), int(r), int(s))
 
+    def is_excluded(self, job_id: int, node: str) -> bool:
+        """A sub-job of ``node`` in this job was condemned: it may not take a slot again."""
+        return bool(self.call("isExcluded", job_id, node))
+
     def delivered_of(self, node: str) -> int:
         return int(self.call("deliveredOf", node))
 

@@ -58,17 +58,18 @@ JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
 # ABIs when it is used, so a deployment without a CollabMarket never needs them.
-START_BENIGN = ("WrongPhase", "WrongStatus", "TooFewWorkers")
-SETTLE_BENIGN = ("WrongPhase", "WrongStatus", "RoundNotSettled")
-POST_BENIGN = ("WrongPhase", "WrongStatus", "WrongRound", "AlreadyPosted")
-CHALLENGE_BENIGN = ("WrongPhase", "WrongRound", "OuterWindowClosed", "ChallengeLive",
-                    "NothingPosted", "AlreadyChallenged")
-ACCEPT_BENIGN = ("WrongPhase", "WrongRound", "OuterWindowOpen", "ChallengeLive",
+START_BENIGN = ("WrongRoundPhase", "CollabNotLive", "TooFewWorkers")
+SETTLE_BENIGN = ("WrongRoundPhase", "CollabNotLive", "RoundNotSettled")
+POST_BENIGN = ("WrongRoundPhase", "CollabNotLive", "WrongRound", "AlreadyPosted")
+CHALLENGE_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowClosed", "ChallengeLive",
+                    "NothingPosted", "AlreadyChallenged", "PosterCannotChallenge")
+ACCEPT_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowOpen", "ChallengeLive",
                  "NothingPosted")
-JURY_BENIGN = ("WrongPhase", "WrongRound", "NoChallenge", "JuryNotReady", "RevealNotOver")
+JURY_BENIGN = ("WrongRoundPhase", "WrongRound", "NoChallenge", "JuryNotReady", "RevealNotOver")
 VOTE_BENIGN = ("NotJuror", "AlreadyCommitted", "AlreadyRevealed", "CommitClosed",
                "RevealNotOpen", "BadReveal", "NoCommitment")
-SLOT_BENIGN = ("NotEnoughFreeSlots", "SlotCapExceeded", "WrongStatus", "ThroughputTooLow")
+SLOT_BENIGN = ("NotEnoughFreeSlots", "SlotCapExceeded", "CollabNotLive", "ThroughputTooLow",
+               "ExcludedWorker")
 
 
 @dataclass
@@ -425,6 +426,8 @@ class CollabFollower:
 
     async def _maybe_claim_slots(self, cid: int, job: Any) -> None:
         rt, c = self.rt, self.rt.chain_client
+        if await rt.chain(c.collab.is_excluded, cid, rt.address):
+            return  # one of our inner runs here was condemned: we are out of this job
         holders = await rt.chain(c.collab.slot_holders, cid)
         held = sum(1 for h in holders if str(h).lower() == rt.address.lower())
         free = sum(1 for h in holders if int(str(h), 16) == 0)

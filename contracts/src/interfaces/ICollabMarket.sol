@@ -173,6 +173,7 @@ interface ICollabMarket {
     error WrongRoundPhase(uint256 jobId, RoundPhase phase);
     error WrongRound(uint32 round, uint32 current);
     error NotRegisteredSolver(address caller);
+    error ExcludedWorker(uint256 jobId, address node);
     error ZeroCount();
     error NotEnoughFreeSlots(uint32 wanted, uint32 free);
     error ThroughputTooLow(uint256 claimed, uint256 needed);
@@ -291,6 +292,9 @@ interface ICollabMarket {
     ///         (collabJobId 0 for any other job).
     function subJobOf(uint256 marketJobId) external view returns (uint256 collabJobId, uint32 round, uint32 slot);
     /// @notice The node's latest delivered throughput (milli-steps/s; 0 = no record).
+    /// @notice Was a sub-job of `node` in job `jobId` condemned? Then it may not claim a slot there again.
+    function isExcluded(uint256 jobId, address node) external view returns (bool);
+
     function deliveredOf(address node) external view returns (uint64);
     /// @notice The node's latest claimed throughput (milli-steps/s).
     function claimedOf(address node) external view returns (uint64);
