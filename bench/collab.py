@@ -3,8 +3,9 @@
 On examples/collab_lm_text.toml (lm_text.toml's char LM: d_model 96,
 2 layers, context 64, per-worker batch 16, AdamW lr 3e-3, dropout 0.1) on the
 bundled text, with ``--workers`` N slots, ``--inner-steps`` H, ``--rounds`` R and
-the outer Nesterov step (``--outer-lr`` 0.7, ``--outer-momentum`` 0.9), all through
-node.train.diloco:
+the outer Nesterov step (``--outer-lr`` 1.0, ``--outer-momentum`` 0.5 by default:
+OpenDiLoCo's 0.7 / 0.9 measured above one worker alone at this short-run size, see
+docs/protocol.md), all through node.train.diloco:
 
 - ``solo``: slot 0 alone for H x R sequential steps at batch B (its shards, one
   AdamW state throughout);
@@ -60,8 +61,8 @@ from node.train.shards import (  # noqa: E402
 from node.train.step import TrainState  # noqa: E402
 
 
-def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 0.7,
-              outer_momentum: float = 0.9) -> CollaborativeSpec:
+def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 1.0,
+              outer_momentum: float = 0.5) -> CollaborativeSpec:
     """examples/collab_lm_text.toml at the given size."""
     d = load_collaborative_spec(ROOT / "examples" / "collab_lm_text.toml").model_dump(mode="json")
     d["inner"].update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=h)
@@ -83,8 +84,8 @@ def main() -> None:
     ap.add_argument("--inner-steps", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--outer-lr", type=float, default=0.7)
-    ap.add_argument("--outer-momentum", type=float, default=0.9,
+    ap.add_argument("--outer-lr", type=float, default=1.0)
+    ap.add_argument("--outer-momentum", type=float, default=0.5,
                     help="0 with --outer-lr 1 is plain averaging of the workers' weights")
     args = ap.parse_args()
     n, h, r = args.workers, args.inner_steps, args.rounds
