@@ -120,3 +120,28 @@ def test_a_reward_beyond_the_market_bound_is_refused_in_pol(tmp_path: Path) -> N
               str(REPO / "examples" / "mlp_digits.toml"), "--dataset", str(data),
               "--reward", "800000000", "--dev-account", str(SUBMITTER))
     assert out.returncode == 1 and "at most 792281625.142643375935439503 POL" in out.stderr
+
+
+def test_collaborative_spec_dry_run_and_status(chain: LocalChain, tmp_path: Path) -> None:
+    """A kind = "collaborative" spec goes to the CollabMarket path: the dry run shows the
+    rounds, slots and per-inner-run pay; a wrong dataset is refused naming the field;
+    `status --collab` refuses an unknown collaborative job."""
+    from node.datasets import pack_text
+
+    env = polnet_env(tmp_path, chain)
+    text = tmp_path / "text.safetensors"
+    write_dataset(pack_text(), text)
+    spec = REPO / "examples" / "collab_lm_text.toml"
+    out = run(env, "job", "submit", str(spec), "--dataset", str(text), "--reward", "80",
+              "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "20 rounds x 4 slots (at least 4 per round) x 50 inner steps" in out.stdout
+    assert "each of the 80 sub-jobs pays its worker 1 POL" in out.stdout
+    digits = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), digits)
+    bad = run(env, "job", "submit", str(spec), "--dataset", str(digits), "--reward", "80",
+              "--dry-run")
+    assert bad.returncode == 1 and "inner.dataset_hash" in bad.stderr, bad.stderr
+    missing = run(env, "job", "status", "7", "--collab")
+    assert missing.returncode == 1 and "no collaborative job 7" in missing.stderr
+    assert "Traceback" not in missing.stderr + bad.stderr

@@ -26,6 +26,7 @@ from node.chain.contracts import (
     RoundPhase,
     Verdict,
 )
+from node.roles.collab_submit import collab_report
 
 revert = expect_revert
 
@@ -219,6 +220,13 @@ def test_honest_three_slot_two_round_job(net: Net) -> None:
     assert sub.token.balance_of(sub.address) == before - 6 * SUB_REWARD
     assert c.total_owed() == 0 and m.credits(c.address) == 0
     conserved(net)
+    # What `polnet job status --collab` prints, from the chain alone.
+    rep = collab_report(net.chain.reader, job)
+    assert (rep["status"], rep["rounds"]) == ("finished", 2)
+    assert [(h["round"], h["accepted"], h["dropped"]) for h in rep["history"]] == \
+        [(0, [0, 1, 2], []), (1, [0, 1, 2], [])]
+    assert rep["model_outer_hash"] == "0x" + outer(1).hex()
+    assert rep["history"][1]["outer_hash"] == "0x" + outer(1).hex()
 
 
 # --- (b) reserved sub-jobs --------------------------------------------------------------
