@@ -43,8 +43,8 @@ def collab_demo_params() -> Any:
 
     d = short_network_params().model_dump()
     d["market"].update(sample_count=2)  # both segments of every inner run
-    d["collab"] = {"outer_window": 30, "jury_lookahead": 2, "jury_size": 2, "quorum": 1,
-                   "commit_window": 20, "reveal_window": 20, "max_round_retries": 3}
+    d["collab"] = {"outer_window": 20, "jury_lookahead": 2, "jury_size": 2, "quorum": 1,
+                   "commit_window": 15, "reveal_window": 15, "max_round_retries": 3}
     return DevnetParams.model_validate(d)
 
 

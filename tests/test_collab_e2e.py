@@ -45,7 +45,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
             net.start_solver(name, acct, "amplify" if name == BYZANTINE else "honest")
         before = {n: net.holdings(net.address(a)) for n, a in WORKERS.items()}
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=120, budget=12,
-                                round_duration=60)
+                                round_duration=45)
         killed = restarted = False
         end = time.monotonic() + 840
         while time.monotonic() < end:
