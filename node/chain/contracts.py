@@ -214,8 +214,7 @@ class RoundInfo:
     jury_wins: int
     timeout_wins: int
     first_winner: int  # the earliest-opened dispute the solver lost: the one finalize pays
-    per_challenger: int
-    per_jury: int
+    # (what it paid is in the RoundSettled / RewardPaid events, not stored)
 
 
 @dataclass(frozen=True)

@@ -134,8 +134,6 @@ interface IJobMarket {
         uint32 juryWins; // disputes of the round that ended Invalid
         uint32 timeoutWins; // disputes of the round that ended SolverTimedOut
         uint64 firstWinner; // the earliest-opened dispute the solver lost: the one paid
-        uint128 perChallenger; // what firstWinner's challenger was credited
-        uint128 perJury; // what firstWinner's majority jurors were handed (through the game)
     }
 
     // --- events ---
