@@ -402,9 +402,9 @@ def expected_round(c: LocalChain, job: Job, by_jury: bool,
 def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: int,
                             exp: RoundSplit) -> dict[str, int]:
     """``rf`` (finalize of a condemned round) settled the round and paid ``winner`` there:
-    ``RewardPaid``, the market's credits (submitter, then the winner's challenger), the
-    round's record, and the jurors' share handed to the game for ``winner``'s majority
-    (credited there). Returns the game credits that finalize created."""
+    ``RewardPaid``, the round's record, and the market's credits: the submitter, the
+    winner's challenger, then the jurors' share split over ``winner``'s majority (the
+    game's ``majorityOf``). Returns the juror credits that finalize created."""
     m, g = c.reader.market, c.reader.dispute
     challenger = m.dispute_ref(winner).challenger
     assert challenger == g.challengerOf(winner) != ZERO_ADDR
@@ -414,17 +414,20 @@ def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: int,
     (rs,) = ev(c, rf, "RoundSettled", "market")
     assert (rs["slashedBond"], rs["toSubmitter"], rs["perChallenger"], rs["perJury"]) == (
         job.bond, exp.to_submitter, exp.per_challenger, exp.per_jury)
-    credited = [(e["account"], e["amount"]) for e in ev(c, rf, "Credited", "market")]
-    assert credited == [(a, v) for a, v in ((addr(c, SUBMITTER), exp.to_submitter),
-                                            (challenger, exp.per_challenger)) if v]
     ri = m.round_info(job.id, m.dispute_ref(winner).round)
     assert (ri.condemned, ri.settled, ri.first_winner) == (True, True, winner)
     jury_cred: Counter[str] = Counter()
     if exp.per_jury:
         majority = majority_invalid(state(c, winner))
-        assert majority  # the market only hands the jurors' share over when they exist
+        assert majority  # the market only pays the jurors' share when they exist
+        assert g.majorityOf(winner) == majority
         split(exp.per_jury, majority, jury_cred)
-    assert {e["account"]: e["amount"] for e in ev(c, rf, "Credited")} == dict(jury_cred)
+    # the market credits the submitter, the winner's challenger, then its majority jurors
+    credited = [(e["account"], e["amount"]) for e in ev(c, rf, "Credited", "market")]
+    assert credited == [(a, v) for a, v in ((addr(c, SUBMITTER), exp.to_submitter),
+                                            (challenger, exp.per_challenger),
+                                            *jury_cred.items()) if v]
+    assert not ev(c, rf, "Credited")  # nothing through the game
     assert not ev(c, rf, "Burned")
     assert m.totalOwed() == m.totalEscrow() + m.totalCredits()
     # settled once: the job is Open again, a second finalize has nothing to settle
@@ -500,8 +503,6 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
             lv[SEG].state_hash, lv[SEG + 1].state_hash)
     for who in (OUTSIDER, CHAL, SOLVER_I, 0):  # 0: the deployer / owner of everything
         e = revert(c[who].dispute.open, *args)
-        assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
-        e = revert(c[who].dispute.transact, "creditJury", 1, 1)
         assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
     assert int(r.dispute.call("disputeCount")) == 0
 
@@ -1129,7 +1130,7 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     jury_cred = assert_paid_in_finalize(c, job, rf, did, exp)
     assert majority_invalid(state(c, did)) == d.jury[:2]  # the minority juror gets none
     assert set(jury_cred) == set(d.jury[:2]) and sum(jury_cred.values()) == exp.per_jury
-    assert nonzero(Counter(game_credits(c)) - Counter(game_before)) == jury_cred
+    assert game_credits(c) == game_before  # the jurors' share is credited by the market
     moved: Counter[str] = Counter({d.solver: -job.bond, addr(c, SUBMITTER): exp.to_submitter,
                                    d.challenger: exp.per_challenger})
     moved.update({a: -exp.attestor_cut for a in atts})
@@ -1300,7 +1301,9 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
     moved.update(jury_cred)
     assert diff(before, worth(c)) == nonzero(moved)
     assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
-    assert m.credits(addr(c, CHAL2)) == 0  # the puppet's timeout win is paid nothing
-    assert m.credits(addr(c, third)) == 0
+    # the puppet's timeout win and the lost challenge are paid nothing (a seat on a's jury
+    # is paid as any juror's)
+    assert m.credits(addr(c, CHAL2)) == jury_cred.get(addr(c, CHAL2), 0)
+    assert m.credits(addr(c, third)) == jury_cred.get(addr(c, third), 0)
     check_books(c)
     withdraw_all(c)

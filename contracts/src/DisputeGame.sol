@@ -47,8 +47,8 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///        burned. INVARIANT: a losing challenger's bond never reaches the solver, so a
 ///        solver's puppet challenger cannot recycle it.
 ///      - Invalid / SolverTimedOut / Void: the challenger's bond is unlocked. The market
-///        settles the solver's bond once per round (`IJobMarket.finalize`) and later hands
-///        each Invalid dispute's majority jurors their share (`creditJury`).
+///        settles the solver's bond once per round (`IJobMarket.finalize`) and credits the
+///        winning Invalid dispute's majority jurors (`majorityOf`) their share there.
 ///      - jury pool (stake slashed from jurors) is split equally among the majority jurors
 ///        (on Void: those who revealed); division dust to the first of them; burned when
 ///        there are none.
@@ -516,17 +516,18 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IDisputeGame
-    function creditJury(uint256 id, uint256 amount) external nonReentrant {
-        if (msg.sender != address(market)) revert Unauthorized(msg.sender);
+    function majorityOf(uint256 id) external view returns (address[] memory majority) {
         State memory s = _load(id);
         if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) revert WrongPhase(id, s.phase);
         uint256[] memory entries = _juryEntries(id);
-        address[] memory majority = new address[](entries.length);
+        majority = new address[](entries.length);
         uint256 n;
         for (uint256 i; i < entries.length; ++i) {
             if (entries[i] & (REVEALED | VALID) == REVEALED) majority[n++] = address(uint160(entries[i]));
         }
-        _payOut(id, amount, majority, n);
+        assembly ("memory-safe") {
+            mstore(majority, n)
+        }
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {

@@ -591,15 +591,24 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
         uint256 winner = r.firstWinner;
-        uint256 perJury = _disputes[winner].verdict == Verdict.Invalid ? juryPot : 0;
+        // A jury win always has a majority (more invalid reveals than valid ones).
+        address[] memory jurors;
+        if (_disputes[winner].verdict == Verdict.Invalid) jurors = IDisputeGame(disputeGame).majorityOf(winner);
+        uint256 perJury = jurors.length == 0 ? 0 : juryPot;
         uint256 perCh = chPot + juryPot - perJury;
         _credit(j.submitter, toSubmitter);
         // One winner, so it is paid here: O(1) however many disputes the round had.
         address challenger = IDisputeGame(disputeGame).challengerOf(winner);
         _credit(challenger, perCh);
+        // The jurors' share split equally over the winner's majority jurors, division dust to
+        // the first of them; credited here (the tokens stay in the market until withdrawn).
         if (perJury != 0) {
-            _token.safeTransfer(disputeGame, perJury);
-            IDisputeGame(disputeGame).creditJury(winner, perJury);
+            uint256 n = jurors.length;
+            uint256 per = perJury / n;
+            _credit(jurors[0], perJury - per * (n - 1));
+            for (uint256 i = 1; i < n; ++i) {
+                _credit(jurors[i], per);
+            }
         }
         emit RewardPaid(jobId, winner, challenger, perCh, perJury);
         // What was paid is in RoundSettled / RewardPaid, not stored (one fresh word less).

@@ -19,7 +19,7 @@ interface IDisputeGame {
 
     function challengerOf(uint256 id) external view returns (address);
 
-    /// @notice Market only, after sending `amount` tokens to the game: split them over the
-    ///         majority jurors of dispute `id` (resolved Invalid by its jury).
-    function creditJury(uint256 id, uint256 amount) external;
+    /// @notice The majority jurors of dispute `id` (resolved Invalid by its jury), in jury
+    ///         order: the market credits them the jurors' share of the solver's bond.
+    function majorityOf(uint256 id) external view returns (address[] memory);
 }
