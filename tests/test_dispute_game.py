@@ -499,7 +499,7 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
                   *constructor_args("DisputeGame", zero, PARAMS.dispute)).error == "ZeroAddress"
 
     lv = job.leaves
-    args = (job.id, SEG, addr(c, SOLVER_I), addr(c, CHAL), SEG * K, (SEG + 1) * K,
+    args = (job.id, SEG, 1, addr(c, SOLVER_I), addr(c, CHAL), SEG * K, (SEG + 1) * K,
             lv[SEG].state_hash, lv[SEG + 1].state_hash)
     for who in (OUTSIDER, CHAL, SOLVER_I, 0):  # 0: the deployer / owner of everything
         e = revert(c[who].dispute.open, *args)

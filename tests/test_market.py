@@ -415,7 +415,7 @@ def test_challenge_with_python_merkle_proof(chain: LocalChain, roles: Roles) -> 
     assert v.market.get_job(job).open_disputes == 1
     chain.advance(v.market.market_params().verification_window)
     assert revert(v.market.finalize, job).error == "DisputesOpen"
-    e = revert(v.market.resolveDispute, job, dispute_id, int(Verdict.VALID))
+    e = revert(v.market.resolveDispute, job, dispute_id, seg, 1, v.address, int(Verdict.VALID))
     assert (e.error, e.error_args) == ("Unauthorized", {"caller": v.address})
     # the window is over, but a live dispute keeps the round open to other challengers
     w = roles.verifiers[1]

@@ -199,14 +199,15 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     error JuryNotReady(uint64 drawBlock);
     error NothingToWithdraw();
 
-    /// @dev Packed storage of a dispute: words 0 and 1.
+    /// @dev Packed storage of a dispute: words 0 and 1. startStep is segment * k (`open`
+    ///      checks it); the round is the job's at open (the market's records read it here).
     struct Core {
         address solver;
-        uint64 startStep;
+        uint32 segment;
         uint32 k; // endStep - startStep
+        uint32 round;
         address challenger;
         uint64 jobId;
-        uint32 segment;
     }
 
     /// @dev The word every move reads and writes (`_stateWord`, packed by `_store`).
@@ -312,6 +313,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     function open(
         uint256 jobId,
         uint256 segment,
+        uint32 round,
         address solver,
         address challenger,
         uint256 startStep,
@@ -324,10 +326,12 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (
             endStep <= startStep || endStep > type(uint64).max || endStep - startStep > type(uint32).max
                 || jobId > type(uint64).max || segment > type(uint32).max
+                || startStep != segment * (endStep - startStep)
         ) revert InvalidRange(startStep, endStep);
+        // INVARIANT: dispute ids are unique: never reused.
         id = _nextId++;
         uint256 k = endStep - startStep;
-        _core[id] = Core(solver, uint64(startStep), uint32(k), challenger, uint64(jobId), uint32(segment));
+        _core[id] = Core(solver, uint32(segment), uint32(k), round, challenger, uint64(jobId));
         bytes32[3] storage h = _hashes[id];
         h[0] = startHash;
         h[1] = endHash;
@@ -365,7 +369,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         // hashes back as calldata and checks them against it.
         _hashes[id][3 - s.loIdx - s.hiIdx] = keccak256(abi.encodePacked(hashes));
         _store(id, s);
-        emit MidsPosted(id, _midSteps(c.startStep, s, parts), hashes, left);
+        emit MidsPosted(id, _midSteps(_startOf(c), s, parts), hashes, left);
     }
 
     /// @notice Challenger: dispute part `part` of the range, [p_part, p_part+1]; `hashes`
@@ -406,7 +410,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.turn = Side.Solver;
         if (s.solverClock < _clockExtension) s.solverClock = uint48(_clockExtension);
         Core storage c = _core[id];
-        uint256 start = c.startStep;
+        uint256 start = _startOf(c);
         unchecked {
             emit RangeNarrowed(id, start + s.loOff, start + s.hiOff, h[s.loIdx], h[s.hiIdx], left);
         }
@@ -518,7 +522,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @inheritdoc IDisputeGame
     function majorityOf(uint256 id) external view returns (address[] memory majority) {
         State memory s = _load(id);
-        if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) revert WrongPhase(id, s.phase);
+        if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) return majority;
         uint256[] memory entries = _juryEntries(id);
         majority = new address[](entries.length);
         uint256 n;
@@ -582,16 +586,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         d.solver = c.solver;
         d.challenger = c.challenger;
         if (s.phase != Phase.None) d.challengeBond = _challengeBond;
-        d.startStep = c.startStep;
-        d.endStep = uint256(c.startStep) + c.k;
-        d.lo = uint256(c.startStep) + s.loOff;
-        d.hi = uint256(c.startStep) + s.hiOff;
+        uint256 start = uint256(c.segment) * c.k;
+        d.startStep = start;
+        d.endStep = start + c.k;
+        d.lo = start + s.loOff;
+        d.hi = start + s.hiOff;
         d.loHash = h[s.loIdx];
         d.hiHash = h[s.hiIdx];
         bytes32 third = s.phase == Phase.None ? bytes32(0) : h[3 - s.loIdx - s.hiIdx];
         if (s.phase == Phase.Bisection) {
             if (s.turn == Side.Challenger) d.midsRoot = third;
-            d.midSteps = _midSteps(c.startStep, s, _parts(s));
+            d.midSteps = _midSteps(start, s, _parts(s));
         }
         d.phase = s.phase;
         d.turn = s.turn;
@@ -636,6 +641,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return _core[id].challenger;
     }
 
+    /// @inheritdoc IDisputeGame
+    function refOf(uint256 id)
+        external
+        view
+        returns (uint256 jobId, uint256 segment, address challenger, uint32 round, bool resolved, IJobMarket.Verdict verdict)
+    {
+        Core storage c = _core[id];
+        State memory s = _load(id);
+        return (c.jobId, c.segment, c.challenger, c.round, s.phase == Phase.Resolved, s.verdict);
+    }
+
     function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
         (uint256 i, uint256 e) = _findJuror(id, juror);
         v.commitment = _commits[id][juror];
@@ -655,7 +671,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     function midSteps(uint256 id) external view returns (uint256[] memory) {
         State memory s = _load(id);
         if (s.phase != Phase.Bisection) return new uint256[](0);
-        return _midSteps(_core[id].startStep, s, _parts(s));
+        return _midSteps(_startOf(_core[id]), s, _parts(s));
     }
 
     /// @notice Unpaid credits: what the game owes.
@@ -685,6 +701,11 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             | (uint256(s.loIdx) << 24) | (uint256(s.hiIdx) << 32) | (uint256(uint8(s.verdict)) << 40)
             | (uint256(s.loOff) << 48) | (uint256(s.hiOff) << 80) | (uint256(s.lastMove) << 112)
             | (uint256(s.solverClock) << 160) | (uint256(s.challengerClock) << 208);
+    }
+
+    /// @dev The segment's first step: segment * k (`open` checked it).
+    function _startOf(Core storage c) internal view returns (uint256) {
+        return uint256(c.segment) * c.k;
     }
 
     function _parts(State memory s) internal view returns (uint256) {
@@ -865,7 +886,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.verdict = v;
         _store(id, s);
         Core memory c = _core[id];
-        market.resolveDispute(c.jobId, id, v);
+        market.resolveDispute(c.jobId, id, c.segment, c.round, c.challenger, v);
         if (v == IJobMarket.Verdict.Valid) {
             if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
             uint256 toJury = majority.length == 0 ? 0 : slashedBond * _jurorShareOfChallengerBondBps / BPS;

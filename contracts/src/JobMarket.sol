@@ -90,17 +90,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     mapping(uint256 => JobRec) internal _jobs;
-    /// @dev Packed storage of a DisputeRef (1 word); the challenger is the game's
-    ///      (`IDisputeGame.challengerOf`), not stored twice. `disputeRef` rebuilds the struct.
-    struct DisputeRec {
-        uint64 jobId; // the game rejects ids beyond uint64
-        uint32 segment; // < segmentCount (uint32)
-        uint32 round;
-        bool settled;
-        Verdict verdict;
-    }
-
-    mapping(uint256 => DisputeRec) internal _disputes;
+    // A dispute's job, segment, round, challenger and verdict are the game's
+    // (`IDisputeGame.refOf`), not stored twice: `disputeRef` reads them there.
 
     // per (job, round)
     /// @dev The committee as a bit stream over words 0, 1, ...: seat i (address | ATTESTED,
@@ -359,23 +350,26 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- dispute game only ---
 
-    function resolveDispute(uint256 jobId, uint256 disputeId, Verdict verdict) external nonReentrant {
-        // INVARIANT: only the dispute game settles disputes.
+    function resolveDispute(
+        uint256 jobId,
+        uint256 disputeId,
+        uint256 segment,
+        uint32 round,
+        address challenger,
+        Verdict verdict
+    ) external nonReentrant {
+        // INVARIANT: only the dispute game settles disputes (once each: it resolves a
+        // dispute once, with the job, segment, round and challenger the market opened it with).
         if (msg.sender != disputeGame) revert Unauthorized(msg.sender);
-        DisputeRec storage d = _disputes[disputeId];
-        if (d.jobId != jobId || jobId == 0) revert UnknownDispute(disputeId);
-        if (!_isLive(d)) revert DisputeNotLive(disputeId);
         JobRec storage j = _jobs[jobId];
-        uint32 round = d.round;
-        d.settled = true;
-        d.verdict = verdict;
+        if (j.submitter == address(0)) revert UnknownDispute(disputeId);
+        if (j.status != JobStatus.Committed || j.round != round) revert DisputeNotLive(disputeId);
         j.openDisputes -= 1;
-        emit DisputeResolved(jobId, disputeId, d.segment, verdict);
+        emit DisputeResolved(jobId, disputeId, segment, verdict);
         if (verdict == Verdict.Valid) {
             // INVARIANT: a lost challenge binds only the challenger who lost it.
-            address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
-            _barred[_barKey(jobId, round, d.segment, challenger)] = true;
-            emit ChallengerBarred(jobId, d.segment, challenger, round);
+            _barred[_barKey(jobId, round, segment, challenger)] = true;
+            emit ChallengerBarred(jobId, segment, challenger, round);
         } else if (verdict == Verdict.Invalid || verdict == Verdict.SolverTimedOut) {
             RoundInfo storage r = _rounds[jobId][round];
             if (!r.condemned) {
@@ -385,7 +379,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                if (j.seed != 0 && SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, d.segment)) {
+                if (j.seed != 0 && SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, segment)) {
                     r.sampledInvalid = true;
                 }
             } else {
@@ -498,10 +492,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return _barred[_barKey(jobId, _jobs[jobId].round, segment, challenger)];
     }
 
-    function disputeRef(uint256 disputeId) external view returns (DisputeRef memory) {
-        DisputeRec storage d = _disputes[disputeId];
-        address challenger = d.jobId == 0 ? address(0) : IDisputeGame(disputeGame).challengerOf(disputeId);
-        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled, d.verdict);
+    function disputeRef(uint256 disputeId) public view returns (DisputeRef memory ref) {
+        if (disputeGame == address(0)) return ref;
+        (ref.jobId, ref.segment, ref.challenger, ref.round, ref.settled, ref.verdict) =
+            IDisputeGame(disputeGame).refOf(disputeId);
     }
 
     function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
@@ -514,7 +508,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function isDisputeLive(uint256 disputeId) external view returns (bool) {
-        return _isLive(_disputes[disputeId]);
+        DisputeRef memory d = disputeRef(disputeId);
+        if (d.jobId == 0 || d.settled) return false;
+        JobRec storage j = _jobs[d.jobId];
+        return j.status == JobStatus.Committed && j.round == d.round;
     }
 
     function token() external view returns (address) {
@@ -538,12 +535,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function _requireStatus(uint256 jobId, JobRec storage j, JobStatus s) internal view {
         if (j.status != s) revert InvalidStatus(jobId, j.status);
-    }
-
-    function _isLive(DisputeRec storage d) internal view returns (bool) {
-        if (d.jobId == 0 || d.settled) return false;
-        JobRec storage j = _jobs[d.jobId];
-        return j.status == JobStatus.Committed && j.round == d.round;
     }
 
     function _credit(address account, uint256 amount) internal {
@@ -591,9 +582,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
         uint256 winner = r.firstWinner;
-        // A jury win always has a majority (more invalid reveals than valid ones).
-        address[] memory jurors;
-        if (_disputes[winner].verdict == Verdict.Invalid) jurors = IDisputeGame(disputeGame).majorityOf(winner);
+        // Empty unless a jury decided it (Invalid), which always has a majority.
+        address[] memory jurors = IDisputeGame(disputeGame).majorityOf(winner);
         uint256 perJury = jurors.length == 0 ? 0 : juryPot;
         uint256 perCh = chPot + juryPot - perJury;
         _credit(j.submitter, toSubmitter);
@@ -699,14 +689,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 bond = _challengeBond;
         if (bond != 0) _registry.lock(msg.sender, bond);
         j.openDisputes += 1;
-        disputeId = IDisputeGame(disputeGame).open(
-            jobId, segment, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
-        );
-        DisputeRec storage d = _disputes[disputeId];
-        // INVARIANT: dispute ids are unique (the game never reuses one).
-        if (d.jobId != 0) revert UnknownDispute(disputeId);
         uint32 round = j.round;
-        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false, Verdict.None);
+        // INVARIANT: dispute ids are unique (the game never reuses one: `_nextId++`).
+        disputeId = IDisputeGame(disputeGame).open(
+            jobId, segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
+        );
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 

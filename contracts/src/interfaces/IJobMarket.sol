@@ -303,7 +303,14 @@ interface IJobMarket {
     /// @notice Verdict of a dispute. Valid bars its challenger from the segment this round;
     ///         Invalid / SolverTimedOut condemn the round; every verdict extends the window
     ///         to at least now + disputeGrace. The dispute game moves the challenger's bond.
-    function resolveDispute(uint256 jobId, uint256 disputeId, Verdict verdict) external;
+    function resolveDispute(
+        uint256 jobId,
+        uint256 disputeId,
+        uint256 segment,
+        uint32 round,
+        address challenger,
+        Verdict verdict
+    ) external;
 
     // --- views ---
     function params() external view returns (Params memory);
