@@ -48,6 +48,8 @@ from node.chain.contracts import (
     Phase,
     Side,
     Verdict,
+    mids_commitment,
+    range_root,
 )
 from node.chain.rpc import make_web3
 from node.errors import ChainError
@@ -532,8 +534,10 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     assert (d.job_id, d.segment, d.solver, d.challenger, d.challenge_bond) == (
         job.id, SEG, addr(c, SOLVER_I), addr(c, CHAL), bond)
     assert (d.start_step, d.end_step, d.lo, d.hi) == (lo0, hi0, lo0, hi0)
-    assert (d.lo_hash, d.hi_hash, d.mids_root) == (job.leaves[SEG].state_hash,
-                                                   job.leaves[SEG + 1].state_hash, ZERO)
+    h0, h1 = job.leaves[SEG].state_hash, job.leaves[SEG + 1].state_hash
+    # only the range root is stored; the end states come from DisputeOpened
+    assert (d.lo_hash, d.hi_hash, d.mids_root) == (h0, h1, ZERO)
+    assert d.range_root == range_root(h0, h1) == keccak(h0 + h1)
     assert (d.phase, d.turn, d.rounds, d.jury, d.votes, d.verdict, d.draw_block) == (
         Phase.BISECTION, Side.SOLVER, 0, [], [], Verdict.NONE, 0)
     q = K // FANOUT
@@ -558,7 +562,9 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     (e,) = ev(c, r, "MidsPosted")
     assert (e["id"], e["steps"], [bytes(h) for h in e["hashes"]]) == (did, d.mid_steps, m1)
     d = state(c, did)
-    assert (d.turn, d.mids_root) == (Side.CHALLENGER, keccak(b"".join(m1)))
+    assert (d.turn, d.range_root) == (Side.CHALLENGER, ZERO)
+    assert d.mids_root == mids_commitment(h0, h1, m1) == keccak(keccak(h0 + h1)
+                                                                + keccak(b"".join(m1)))
     assert c.reader.dispute.posted_mids(did, d.mids_root) == m1
     with pytest.raises(ChainError, match="no MidsPosted log matches"):
         c.reader.dispute.posted_mids(did, keccak(b"not posted"))
@@ -572,6 +578,10 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     e = revert(chal.choose, did, 1, forged)
     assert e.error == "MidsMismatch" and e.error_args["posted"] == d.mids_root
     assert revert(chal.choose, did, 1, m1[:2]).error == "MidsMismatch"
+    # the range's ends are checked too (the game keeps only their commitment)
+    for lo_h, hi_h in ((keccak(b"forged"), h1), (h0, keccak(b"forged")), (h1, h0)):
+        e = revert(chal.transact, "choose", did, 0, m1, lo_h, hi_h)
+        assert e.error == "MidsMismatch" and e.error_args["posted"] == d.mids_root
 
     pts = d.points
     r = chal.choose(did, 1, m1)  # accepts the state at p1, disputes the one at p2
@@ -580,6 +590,7 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     d = state(c, did)
     assert (d.lo, d.hi, d.lo_hash, d.hi_hash, d.mids_root, d.turn, d.rounds) == (
         pts[1], pts[2], m1[0], m1[1], ZERO, Side.SOLVER, 1)
+    assert d.range_root == range_root(m1[0], m1[1])
     assert d.phase == Phase.BISECTION and not ev(c, r, "JuryRequested")
     assert d.mid_steps == [pts[1] + 1, pts[1] + 2, pts[1] + 3]
 
