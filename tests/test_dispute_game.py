@@ -48,6 +48,8 @@ from node.chain.contracts import (
     Phase,
     Side,
     Verdict,
+    mids_commitment,
+    range_root,
 )
 from node.chain.rpc import make_web3
 from node.errors import ChainError
@@ -402,9 +404,9 @@ def expected_round(c: LocalChain, job: Job, by_jury: bool,
 def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: int,
                             exp: RoundSplit) -> dict[str, int]:
     """``rf`` (finalize of a condemned round) settled the round and paid ``winner`` there:
-    ``RewardPaid``, the market's credits (submitter, then the winner's challenger), the
-    round's record, and the jurors' share handed to the game for ``winner``'s majority
-    (credited there). Returns the game credits that finalize created."""
+    ``RewardPaid``, the round's record, and the market's credits: the submitter, the
+    winner's challenger, then the jurors' share split over ``winner``'s majority (the
+    game's ``majorityOf``). Returns the juror credits that finalize created."""
     m, g = c.reader.market, c.reader.dispute
     challenger = m.dispute_ref(winner).challenger
     assert challenger == g.challengerOf(winner) != ZERO_ADDR
@@ -414,18 +416,20 @@ def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: int,
     (rs,) = ev(c, rf, "RoundSettled", "market")
     assert (rs["slashedBond"], rs["toSubmitter"], rs["perChallenger"], rs["perJury"]) == (
         job.bond, exp.to_submitter, exp.per_challenger, exp.per_jury)
-    credited = [(e["account"], e["amount"]) for e in ev(c, rf, "Credited", "market")]
-    assert credited == [(a, v) for a, v in ((addr(c, SUBMITTER), exp.to_submitter),
-                                            (challenger, exp.per_challenger)) if v]
     ri = m.round_info(job.id, m.dispute_ref(winner).round)
-    assert (ri.condemned, ri.settled, ri.first_winner, ri.per_challenger, ri.per_jury) == (
-        True, True, winner, exp.per_challenger, exp.per_jury)
+    assert (ri.condemned, ri.settled, ri.first_winner) == (True, True, winner)
     jury_cred: Counter[str] = Counter()
     if exp.per_jury:
         majority = majority_invalid(state(c, winner))
-        assert majority  # the market only hands the jurors' share over when they exist
+        assert majority  # the market only pays the jurors' share when they exist
+        assert g.majorityOf(winner) == majority
         split(exp.per_jury, majority, jury_cred)
-    assert {e["account"]: e["amount"] for e in ev(c, rf, "Credited")} == dict(jury_cred)
+    # the market credits the submitter, the winner's challenger, then its majority jurors
+    credited = [(e["account"], e["amount"]) for e in ev(c, rf, "Credited", "market")]
+    assert credited == [(a, v) for a, v in ((addr(c, SUBMITTER), exp.to_submitter),
+                                            (challenger, exp.per_challenger),
+                                            *jury_cred.items()) if v]
+    assert not ev(c, rf, "Credited")  # nothing through the game
     assert not ev(c, rf, "Burned")
     assert m.totalOwed() == m.totalEscrow() + m.totalCredits()
     # settled once: the job is Open again, a second finalize has nothing to settle
@@ -497,12 +501,10 @@ def test_constructor_guards_and_open_only_by_market(c: LocalChain) -> None:
                   *constructor_args("DisputeGame", zero, PARAMS.dispute)).error == "ZeroAddress"
 
     lv = job.leaves
-    args = (job.id, SEG, addr(c, SOLVER_I), addr(c, CHAL), SEG * K, (SEG + 1) * K,
+    args = (job.id, SEG, 1, addr(c, SOLVER_I), addr(c, CHAL), SEG * K, (SEG + 1) * K,
             lv[SEG].state_hash, lv[SEG + 1].state_hash)
     for who in (OUTSIDER, CHAL, SOLVER_I, 0):  # 0: the deployer / owner of everything
         e = revert(c[who].dispute.open, *args)
-        assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
-        e = revert(c[who].dispute.transact, "creditJury", 1, 1)
         assert (e.error, e.error_args) == ("Unauthorized", {"caller": addr(c, who)})
     assert int(r.dispute.call("disputeCount")) == 0
 
@@ -532,8 +534,10 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     assert (d.job_id, d.segment, d.solver, d.challenger, d.challenge_bond) == (
         job.id, SEG, addr(c, SOLVER_I), addr(c, CHAL), bond)
     assert (d.start_step, d.end_step, d.lo, d.hi) == (lo0, hi0, lo0, hi0)
-    assert (d.lo_hash, d.hi_hash, d.mids_root) == (job.leaves[SEG].state_hash,
-                                                   job.leaves[SEG + 1].state_hash, ZERO)
+    h0, h1 = job.leaves[SEG].state_hash, job.leaves[SEG + 1].state_hash
+    # only the range root is stored; the end states come from DisputeOpened
+    assert (d.lo_hash, d.hi_hash, d.mids_root) == (h0, h1, ZERO)
+    assert d.range_root == range_root(h0, h1) == keccak(h0 + h1)
     assert (d.phase, d.turn, d.rounds, d.jury, d.votes, d.verdict, d.draw_block) == (
         Phase.BISECTION, Side.SOLVER, 0, [], [], Verdict.NONE, 0)
     q = K // FANOUT
@@ -558,7 +562,9 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     (e,) = ev(c, r, "MidsPosted")
     assert (e["id"], e["steps"], [bytes(h) for h in e["hashes"]]) == (did, d.mid_steps, m1)
     d = state(c, did)
-    assert (d.turn, d.mids_root) == (Side.CHALLENGER, keccak(b"".join(m1)))
+    assert (d.turn, d.range_root) == (Side.CHALLENGER, ZERO)
+    assert d.mids_root == mids_commitment(h0, h1, m1) == keccak(keccak(h0 + h1)
+                                                                + keccak(b"".join(m1)))
     assert c.reader.dispute.posted_mids(did, d.mids_root) == m1
     with pytest.raises(ChainError, match="no MidsPosted log matches"):
         c.reader.dispute.posted_mids(did, keccak(b"not posted"))
@@ -572,6 +578,10 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     e = revert(chal.choose, did, 1, forged)
     assert e.error == "MidsMismatch" and e.error_args["posted"] == d.mids_root
     assert revert(chal.choose, did, 1, m1[:2]).error == "MidsMismatch"
+    # the range's ends are checked too (the game keeps only their commitment)
+    for lo_h, hi_h in ((keccak(b"forged"), h1), (h0, keccak(b"forged")), (h1, h0)):
+        e = revert(chal.transact, "choose", did, 0, m1, lo_h, hi_h)
+        assert e.error == "MidsMismatch" and e.error_args["posted"] == d.mids_root
 
     pts = d.points
     r = chal.choose(did, 1, m1)  # accepts the state at p1, disputes the one at p2
@@ -580,6 +590,7 @@ def test_bisection_turns_phases_and_narrowing(c: LocalChain) -> None:
     d = state(c, did)
     assert (d.lo, d.hi, d.lo_hash, d.hi_hash, d.mids_root, d.turn, d.rounds) == (
         pts[1], pts[2], m1[0], m1[1], ZERO, Side.SOLVER, 1)
+    assert d.range_root == range_root(m1[0], m1[1])
     assert d.phase == Phase.BISECTION and not ev(c, r, "JuryRequested")
     assert d.mid_steps == [pts[1] + 1, pts[1] + 2, pts[1] + 3]
 
@@ -799,7 +810,7 @@ def test_solver_out_of_time_condemns_the_round_without_a_jury(c: LocalChain) -> 
     assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
     assert not m.isDisputeLive(did)
     assert revert(out.timeout, did).error == "WrongPhase"
-    assert ri.first_winner == did and (ri.per_challenger, ri.per_jury) == (0, 0)
+    assert ri.first_winner == did and not ri.settled
     e = revert(c[OUTSIDER].market.finalize, job.id)
     assert e.error == "WindowNotOver"
     check_books(c)
@@ -865,7 +876,7 @@ def test_challenger_out_of_time_burns_its_bond_and_bars_only_it(c: LocalChain) -
     assert (e.error, e.error_args) == ("ChallengerBarredFrom", {"segment": SEG,
                                                                 "challenger": addr(c, CHAL)})
     ri = m.round_info(job.id, 1)  # a lost challenge wins nothing and settles nothing
-    assert (ri.condemned, ri.settled, ri.first_winner, ri.per_challenger) == (False, False, 0, 0)
+    assert (ri.condemned, ri.settled, ri.first_winner) == (False, False, 0)
     # no free uphold: anyone else may still dispute the same segment, and CHAL another one
     d2 = challenge(c, job, CHAL2)
     d3 = challenge(c, job, CHAL, SEG + 1)
@@ -1116,7 +1127,7 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
     assert_window_kept_open(c, job, r)
     assert not m.isDisputeLive(did) and m.dispute_ref(did).settled
-    assert ri.first_winner == did and (ri.per_challenger, ri.per_jury) == (0, 0)
+    assert ri.first_winner == did and not ri.settled
     check_books(c)
 
     before, game_before = worth(c), game_credits(c)
@@ -1130,7 +1141,7 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     jury_cred = assert_paid_in_finalize(c, job, rf, did, exp)
     assert majority_invalid(state(c, did)) == d.jury[:2]  # the minority juror gets none
     assert set(jury_cred) == set(d.jury[:2]) and sum(jury_cred.values()) == exp.per_jury
-    assert nonzero(Counter(game_credits(c)) - Counter(game_before)) == jury_cred
+    assert game_credits(c) == game_before  # the jurors' share is credited by the market
     moved: Counter[str] = Counter({d.solver: -job.bond, addr(c, SUBMITTER): exp.to_submitter,
                                    d.challenger: exp.per_challenger})
     moved.update({a: -exp.attestor_cut for a in atts})
@@ -1187,8 +1198,7 @@ def test_majority_valid_pays_the_jury_burns_the_rest_and_the_job_pays_out(
     # a clean round is never "settled" as a condemned one: a lost challenge is paid nothing
     assert not ev(c, rf, "RewardPaid", "market") and not ev(c, rf, "RoundSettled", "market")
     ri = m.round_info(job.id, 1)
-    assert (ri.condemned, ri.settled, ri.first_winner, ri.per_challenger, ri.per_jury) == (
-        False, False, 0, 0, 0)
+    assert (ri.condemned, ri.settled, ri.first_winner) == (False, False, 0)
     assert m.credits(addr(c, CHAL)) == 0 and not ev(c, rf, "Credited")
     check_books(c)
     withdraw_all(c)
@@ -1302,7 +1312,9 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
     moved.update(jury_cred)
     assert diff(before, worth(c)) == nonzero(moved)
     assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
-    assert m.credits(addr(c, CHAL2)) == 0  # the puppet's timeout win is paid nothing
-    assert m.credits(addr(c, third)) == 0
+    # the puppet's timeout win and the lost challenge are paid nothing (a seat on a's jury
+    # is paid as any juror's)
+    assert m.credits(addr(c, CHAL2)) == jury_cred.get(addr(c, CHAL2), 0)
+    assert m.credits(addr(c, third)) == jury_cred.get(addr(c, third), 0)
     check_books(c)
     withdraw_all(c)

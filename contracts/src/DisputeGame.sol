@@ -17,10 +17,11 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///         `parts = min(fanout, hi - lo)` parts at the points
 ///         `p_j = lo + (hi - lo) * j / parts` (j = 0..parts; `midSteps(id)` lists
 ///         p_1..p_{parts-1}). Solver to move: `postMids(id, hashes)`, the state hashes
-///         after steps p_1..p_{parts-1}; the game keeps only their keccak256 (`midsRoot`)
-///         and emits them in `MidsPosted`. Challenger to move: `choose(id, part, hashes)`
-///         with the same hashes: it disputes [p_part, p_part+1] (it accepts the state at
-///         p_part and disputes the one at p_part+1). fanout = 2 is plain bisection.
+///         after steps p_1..p_{parts-1}; the game keeps only a commitment to them and the
+///         range (`midsRoot`) and emits them in `MidsPosted`. Challenger to move:
+///         `choose(id, part, hashes, loHash, hiHash)` with the same hashes and the range's
+///         end states: it disputes [p_part, p_part+1] (it accepts the state at p_part and
+///         disputes the one at p_part+1). fanout = 2 is plain bisection.
 ///         Chess clock: each side has
 ///         `params.clock` seconds for all its moves together; time runs only for the
 ///         side to move. A move at or after the mover's clock ran out reverts
@@ -47,15 +48,15 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///        burned. INVARIANT: a losing challenger's bond never reaches the solver, so a
 ///        solver's puppet challenger cannot recycle it.
 ///      - Invalid / SolverTimedOut / Void: the challenger's bond is unlocked. The market
-///        settles the solver's bond once per round (`IJobMarket.finalize`) and later hands
-///        each Invalid dispute's majority jurors their share (`creditJury`).
+///        settles the solver's bond once per round (`IJobMarket.finalize`) and credits the
+///        winning Invalid dispute's majority jurors (`majorityOf`) their share there.
 ///      - jury pool (stake slashed from jurors) is split equally among the majority jurors
 ///        (on Void: those who revealed); division dust to the first of them; burned when
 ///        there are none.
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
-///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 3 rotating
-///      hash words (lo / hi / the third: the pending mids' commitment, then the jury seed
-///      once drawn); the jury is a bit stream of 162-bit entries (address | revealed |
+///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 1 hash word
+///      (`_word`: the range root, the pending mids' commitment, the jury request, then the
+///      jury seed once drawn; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 162-bit entries (address | revealed |
 ///      valid; 3 jurors in 2 words), commitments one word per committed juror; commitEnd / revealEnd / vote counts are
 ///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
 contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
@@ -103,9 +104,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 endStep;
         uint256 lo;
         uint256 hi;
-        bytes32 loHash;
-        bytes32 hiHash;
-        bytes32 midsRoot; // keccak256(abi.encodePacked(hashes)) of the solver's pending mids (0 when none)
+        // Not stored, so not here: loHash / hiHash, the states at lo and hi (in the newest
+        // RangeNarrowed, or DisputeOpened before any choose).
+        bytes32 rangeRoot; // solver to move: keccak256(abi.encode(loHash, hiHash)) (0 otherwise)
+        bytes32 midsRoot; // challenger to move: the pending mids' commitment (see postMids; 0 otherwise)
         Phase phase;
         Side turn;
         uint64 solverClock; // seconds left (as of lastMove)
@@ -199,14 +201,15 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     error JuryNotReady(uint64 drawBlock);
     error NothingToWithdraw();
 
-    /// @dev Packed storage of a dispute: words 0 and 1.
+    /// @dev Packed storage of a dispute: words 0 and 1. startStep is segment * k (`open`
+    ///      checks it); the round is the job's at open (the market's records read it here).
     struct Core {
         address solver;
-        uint64 startStep;
+        uint32 segment;
         uint32 k; // endStep - startStep
+        uint32 round;
         address challenger;
         uint64 jobId;
-        uint32 segment;
     }
 
     /// @dev The word every move reads and writes (`_stateWord`, packed by `_store`).
@@ -214,8 +217,6 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         Phase phase;
         Side turn;
         uint8 rounds; // bisection steps taken
-        uint8 loIdx; // index into _hashes of the state at lo
-        uint8 hiIdx; // index into _hashes of the state at hi (the third one: mid / jury seed)
         IJobMarket.Verdict verdict;
         uint32 loOff; // lo - startStep
         uint32 hiOff; // hi - startStep
@@ -265,7 +266,11 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     mapping(uint256 => Core) internal _core;
     mapping(uint256 => uint256) internal _stateWord; // State, packed: see _store
 
-    mapping(uint256 => bytes32[3]) internal _hashes;
+    /// @dev One word per dispute: while bisecting, solver to move, keccak256(abi.encode(loHash,
+    ///      hiHash)) (the range root); challenger to move, keccak256(abi.encode(rangeRoot,
+    ///      keccak256(abi.encodePacked(mids)))); then the jury request (block | poolLen << 64),
+    ///      then the jury seed. Moves pass the hashes back as calldata, checked against it.
+    mapping(uint256 => bytes32) internal _word;
     /// @dev The jury as a bit stream over words 0, 1, ...: entry i (address | REVEALED | VALID,
     ///      ENTRY_BITS wide) at bits [i * ENTRY_BITS, (i + 1) * ENTRY_BITS), so 3 jurors take
     ///      2 words. The jury ends at the first entry with a zero address.
@@ -312,6 +317,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     function open(
         uint256 jobId,
         uint256 segment,
+        uint32 round,
         address solver,
         address challenger,
         uint256 startStep,
@@ -324,16 +330,15 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (
             endStep <= startStep || endStep > type(uint64).max || endStep - startStep > type(uint32).max
                 || jobId > type(uint64).max || segment > type(uint32).max
+                || startStep != segment * (endStep - startStep)
         ) revert InvalidRange(startStep, endStep);
+        // INVARIANT: dispute ids are unique: never reused.
         id = _nextId++;
         uint256 k = endStep - startStep;
-        _core[id] = Core(solver, uint64(startStep), uint32(k), challenger, uint64(jobId), uint32(segment));
-        bytes32[3] storage h = _hashes[id];
-        h[0] = startHash;
-        h[1] = endHash;
+        _core[id] = Core(solver, uint32(segment), uint32(k), round, challenger, uint64(jobId));
+        _word[id] = keccak256(abi.encode(startHash, endHash));
         State memory s;
         s.phase = Phase.Bisection;
-        s.hiIdx = 1;
         s.hiOff = uint32(k);
         s.lastMove = uint48(block.timestamp);
         s.solverClock = uint48(_clock);
@@ -361,56 +366,52 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         // As Optimism's FaultDisputeGame: a move near the end never leaves the other side
         // less than the extension to answer it.
         if (s.challengerClock < _clockExtension) s.challengerClock = uint48(_clockExtension);
-        // Only the commitment is stored (one word, not parts - 1): `choose` gets the
-        // hashes back as calldata and checks them against it.
-        _hashes[id][3 - s.loIdx - s.hiIdx] = keccak256(abi.encodePacked(hashes));
+        // Only a commitment to the range and the mids is stored (over the range root, one
+        // word): `choose` gets the hashes back as calldata and checks them against it.
+        _word[id] = keccak256(abi.encode(_word[id], keccak256(abi.encodePacked(hashes))));
         _store(id, s);
-        emit MidsPosted(id, _midSteps(c.startStep, s, parts), hashes, left);
+        emit MidsPosted(id, _midSteps(_startOf(c), s, parts), hashes, left);
     }
 
     /// @notice Challenger: dispute part `part` of the range, [p_part, p_part+1]; `hashes`
-    ///         are the solver's posted mids (from `MidsPosted`).
-    function choose(uint256 id, uint256 part, bytes32[] calldata hashes) external {
+    ///         are the solver's posted mids (from `MidsPosted`), `loHash` / `hiHash` the
+    ///         states at the range's ends (from the last `RangeNarrowed`, or `DisputeOpened`).
+    function choose(uint256 id, uint256 part, bytes32[] calldata hashes, bytes32 loHash, bytes32 hiHash)
+        external
+    {
         State memory s = _bisecting(id);
         if (s.turn != Side.Challenger || msg.sender != _core[id].challenger) revert NotYourTurn(msg.sender);
         uint256 parts = _parts(s);
         if (part >= parts) revert NoSuchPart(part, parts);
-        bytes32[3] storage h = _hashes[id];
-        uint8 m = 3 - s.loIdx - s.hiIdx;
-        bytes32 root = keccak256(abi.encodePacked(hashes));
-        // INVARIANT: the new range's end states are exactly ones the solver posted.
-        if (root != h[m]) revert MidsMismatch(root, h[m]);
-        uint48 left = _charge(id, s, s.challengerClock);
-        s.challengerClock = left;
+        bytes32 posted = _word[id];
+        bytes32 root =
+            keccak256(abi.encode(keccak256(abi.encode(loHash, hiHash)), keccak256(abi.encodePacked(hashes))));
+        // INVARIANT: the new range's end states are exactly ones the solver posted (or the
+        // range's own ends, which the market proved or an earlier round posted).
+        if (root != posted) revert MidsMismatch(root, posted);
+        s.challengerClock = _charge(id, s, s.challengerClock);
         unchecked {
             uint256 span = s.hiOff - s.loOff;
             uint32 newLo = uint32(s.loOff + span * part / parts);
             uint32 newHi = uint32(s.loOff + span * (part + 1) / parts);
-            // Three rotating words: the commitment's word takes one new end state; when
-            // both ends move, the old hi word takes the other.
-            if (part == 0) {
-                h[m] = hashes[0];
-                s.hiIdx = m;
-            } else if (part == parts - 1) {
-                h[m] = hashes[part - 1];
-                s.loIdx = m;
-            } else {
-                h[m] = hashes[part - 1];
-                h[s.hiIdx] = hashes[part];
-                s.loIdx = m;
-            }
             s.loOff = newLo;
             s.hiOff = newHi;
             s.rounds += 1;
         }
         s.turn = Side.Solver;
         if (s.solverClock < _clockExtension) s.solverClock = uint48(_clockExtension);
-        Core storage c = _core[id];
-        uint256 start = c.startStep;
+        _narrowed(id, s, part == 0 ? loHash : hashes[part - 1], part == parts - 1 ? hiHash : hashes[part]);
+    }
+
+    /// @dev The end of `choose`: the new range's event and word (the jury request instead
+    ///      once one step is left), then `s`.
+    function _narrowed(uint256 id, State memory s, bytes32 newLoHash, bytes32 newHiHash) internal {
+        uint256 start = _startOf(_core[id]);
         unchecked {
-            emit RangeNarrowed(id, start + s.loOff, start + s.hiOff, h[s.loIdx], h[s.hiIdx], left);
+            emit RangeNarrowed(id, start + s.loOff, start + s.hiOff, newLoHash, newHiHash, s.challengerClock);
         }
         if (s.hiOff - s.loOff == 1) _requestJury(id, s);
+        else _word[id] = keccak256(abi.encode(newLoHash, newHiHash));
         _store(id, s);
     }
 
@@ -435,9 +436,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         State memory s = _load(id);
         if (s.phase == Phase.None) revert UnknownDispute(id);
         if (s.phase != Phase.Drawing) revert WrongPhase(id, s.phase);
-        bytes32[3] storage h = _hashes[id];
-        uint8 m = 3 - s.loIdx - s.hiIdx;
-        uint256 req = uint256(h[m]);
+        uint256 req = uint256(_word[id]);
         uint64 requestBlock = uint64(req);
         uint64 drawBlock = requestBlock + uint64(_juryLookahead);
         if (block.number <= drawBlock) revert JuryNotReady(drawBlock);
@@ -452,7 +451,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         bytes32 seed = keccak256(abi.encode(bh, id));
         address[] memory jury =
             registry.sortition(seed, _jurySize, uint32(req >> 64), requestBlock, _juryExclusions(c));
-        h[m] = seed;
+        _word[id] = seed;
         if (jury.length < _quorum) {
             // Too few eligible jurors: an explicit outcome, nobody wins or pays.
             emit JuryDrawn(id, seed, jury, 0, 0);
@@ -516,17 +515,18 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IDisputeGame
-    function creditJury(uint256 id, uint256 amount) external nonReentrant {
-        if (msg.sender != address(market)) revert Unauthorized(msg.sender);
+    function majorityOf(uint256 id) external view returns (address[] memory majority) {
         State memory s = _load(id);
-        if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) revert WrongPhase(id, s.phase);
+        if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) return majority;
         uint256[] memory entries = _juryEntries(id);
-        address[] memory majority = new address[](entries.length);
+        majority = new address[](entries.length);
         uint256 n;
         for (uint256 i; i < entries.length; ++i) {
             if (entries[i] & (REVEALED | VALID) == REVEALED) majority[n++] = address(uint160(entries[i]));
         }
-        _payOut(id, amount, majority, n);
+        assembly ("memory-safe") {
+            mstore(majority, n)
+        }
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {
@@ -574,23 +574,22 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     function getDispute(uint256 id) external view returns (DisputeView memory out) {
         State memory s = _load(id);
         Core memory c = _core[id];
-        bytes32[3] storage h = _hashes[id];
         Dispute memory d = out.dispute;
         d.jobId = c.jobId;
         d.segment = c.segment;
         d.solver = c.solver;
         d.challenger = c.challenger;
         if (s.phase != Phase.None) d.challengeBond = _challengeBond;
-        d.startStep = c.startStep;
-        d.endStep = uint256(c.startStep) + c.k;
-        d.lo = uint256(c.startStep) + s.loOff;
-        d.hi = uint256(c.startStep) + s.hiOff;
-        d.loHash = h[s.loIdx];
-        d.hiHash = h[s.hiIdx];
-        bytes32 third = s.phase == Phase.None ? bytes32(0) : h[3 - s.loIdx - s.hiIdx];
+        uint256 start = uint256(c.segment) * c.k;
+        d.startStep = start;
+        d.endStep = start + c.k;
+        d.lo = start + s.loOff;
+        d.hi = start + s.hiOff;
+        bytes32 third = _word[id];
         if (s.phase == Phase.Bisection) {
             if (s.turn == Side.Challenger) d.midsRoot = third;
-            d.midSteps = _midSteps(c.startStep, s, _parts(s));
+            else d.rangeRoot = third;
+            d.midSteps = _midSteps(start, s, _parts(s));
         }
         d.phase = s.phase;
         d.turn = s.turn;
@@ -635,6 +634,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return _core[id].challenger;
     }
 
+    /// @inheritdoc IDisputeGame
+    function refOf(uint256 id)
+        external
+        view
+        returns (uint256 jobId, uint256 segment, address challenger, uint32 round, bool resolved, IJobMarket.Verdict verdict)
+    {
+        Core storage c = _core[id];
+        State memory s = _load(id);
+        return (c.jobId, c.segment, c.challenger, c.round, s.phase == Phase.Resolved, s.verdict);
+    }
+
     function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
         (uint256 i, uint256 e) = _findJuror(id, juror);
         v.commitment = _commits[id][juror];
@@ -654,7 +664,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     function midSteps(uint256 id) external view returns (uint256[] memory) {
         State memory s = _load(id);
         if (s.phase != Phase.Bisection) return new uint256[](0);
-        return _midSteps(_core[id].startStep, s, _parts(s));
+        return _midSteps(_startOf(_core[id]), s, _parts(s));
     }
 
     /// @notice Unpaid credits: what the game owes.
@@ -669,8 +679,6 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.phase = Phase(uint8(w));
         s.turn = Side(uint8(w >> 8));
         s.rounds = uint8(w >> 16);
-        s.loIdx = uint8(w >> 24);
-        s.hiIdx = uint8(w >> 32);
         s.verdict = IJobMarket.Verdict(uint8(w >> 40));
         s.loOff = uint32(w >> 48);
         s.hiOff = uint32(w >> 80);
@@ -681,9 +689,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     function _store(uint256 id, State memory s) internal {
         _stateWord[id] = uint256(uint8(s.phase)) | (uint256(uint8(s.turn)) << 8) | (uint256(s.rounds) << 16)
-            | (uint256(s.loIdx) << 24) | (uint256(s.hiIdx) << 32) | (uint256(uint8(s.verdict)) << 40)
+            | (uint256(uint8(s.verdict)) << 40)
             | (uint256(s.loOff) << 48) | (uint256(s.hiOff) << 80) | (uint256(s.lastMove) << 112)
             | (uint256(s.solverClock) << 160) | (uint256(s.challengerClock) << 208);
+    }
+
+    /// @dev The segment's first step: segment * k (`open` checked it).
+    function _startOf(Core storage c) internal view returns (uint256) {
+        return uint256(c.segment) * c.k;
     }
 
     function _parts(State memory s) internal view returns (uint256) {
@@ -821,7 +834,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     ///      pool is snapshotted now: neither party's later move or timing can steer it.
     function _requestJury(uint256 id, State memory s) internal {
         uint32 poolLen = uint32(registry.verifierCount());
-        _hashes[id][3 - s.loIdx - s.hiIdx] = bytes32(uint256(block.number) | (uint256(poolLen) << 64));
+        _word[id] = bytes32(uint256(block.number) | (uint256(poolLen) << 64));
         s.phase = Phase.Drawing;
         s.lastMove = uint48(block.timestamp);
         emit JuryRequested(id, uint64(block.number + _juryLookahead), poolLen);
@@ -864,7 +877,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.verdict = v;
         _store(id, s);
         Core memory c = _core[id];
-        market.resolveDispute(c.jobId, id, v);
+        market.resolveDispute(c.jobId, id, c.segment, c.round, c.challenger, v);
         if (v == IJobMarket.Verdict.Valid) {
             if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
             uint256 toJury = majority.length == 0 ? 0 : slashedBond * _jurorShareOfChallengerBondBps / BPS;

@@ -43,8 +43,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal immutable _submitterShareBps;
 
     uint256 public override jobCount;
-    uint256 public override totalEscrow; // reward + budget of jobs not Finalized / Cancelled
-    uint256 public override totalCredits; // credited, not yet withdrawn
+    /// @dev totalEscrow + 1 and totalCredits + 1 (reward + budget of jobs not Finalized /
+    ///      Cancelled; credited, not yet withdrawn): never zero, so the write after the last
+    ///      job settled or the last credit was withdrawn rewrites a dirty word (2.9k gas)
+    ///      instead of starting a fresh one (20k). `totalEscrow` / `totalCredits` return
+    ///      the real amounts.
+    uint256 internal _escrowPlusOne = 1;
+    uint256 internal _creditsTotalPlusOne = 1;
     /// @dev Credit + 1 once an account was ever credited: a drained account stays at 1, so
     ///      its next credit rewrites a dirty word (2.9k gas) instead of a zero one (22.1k),
     ///      the trick of OZ's ReentrancyGuard. The 1 is no token: `credits` and
@@ -85,17 +90,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     mapping(uint256 => JobRec) internal _jobs;
-    /// @dev Packed storage of a DisputeRef (1 word); the challenger is the game's
-    ///      (`IDisputeGame.challengerOf`), not stored twice. `disputeRef` rebuilds the struct.
-    struct DisputeRec {
-        uint64 jobId; // the game rejects ids beyond uint64
-        uint32 segment; // < segmentCount (uint32)
-        uint32 round;
-        bool settled;
-        Verdict verdict;
-    }
-
-    mapping(uint256 => DisputeRec) internal _disputes;
+    // A dispute's job, segment, round, challenger and verdict are the game's
+    // (`IDisputeGame.refOf`), not stored twice: `disputeRef` reads them there.
 
     // per (job, round)
     /// @dev The committee as a bit stream over words 0, 1, ...: seat i (address | ATTESTED,
@@ -191,7 +187,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.stepsPerSegment = t.stepsPerSegment;
         j.initStateHash = t.initStateHash;
         uint256 escrow = t.reward + t.verificationBudget;
-        totalEscrow += escrow;
+        _escrowPlusOne += escrow;
         _token.safeTransferFrom(msg.sender, address(this), escrow);
         emit JobPosted(jobId, msg.sender, t.specHash, t.datasetHash, t.reward, t.verificationBudget, t.solveDuration);
         emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
@@ -205,7 +201,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _requireStatus(jobId, j, JobStatus.Open);
         j.status = JobStatus.Cancelled;
         uint256 refund = j.reward + j.verificationBudget;
-        totalEscrow -= refund;
+        _escrowPlusOne -= refund;
         _credit(j.submitter, refund);
         emit JobCancelled(jobId, refund);
     }
@@ -288,7 +284,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         RoundInfo storage r = _rounds[jobId][round];
         if (r.condemned) return _settleCondemned(jobId, j, round, r);
         j.status = JobStatus.Finalized;
-        totalEscrow -= j.reward + j.verificationBudget;
+        _escrowPlusOne -= j.reward + j.verificationBudget;
         _credit(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
 
@@ -325,7 +321,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (c <= 1) revert NothingToWithdraw();
         amount = c - 1;
         _creditsPlusOne[msg.sender] = 1;
-        totalCredits -= amount;
+        _creditsTotalPlusOne -= amount;
         _token.safeTransfer(msg.sender, amount);
         emit Withdrawn(msg.sender, amount);
     }
@@ -374,23 +370,26 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- dispute game only ---
 
-    function resolveDispute(uint256 jobId, uint256 disputeId, Verdict verdict) external nonReentrant {
-        // INVARIANT: only the dispute game settles disputes.
+    function resolveDispute(
+        uint256 jobId,
+        uint256 disputeId,
+        uint256 segment,
+        uint32 round,
+        address challenger,
+        Verdict verdict
+    ) external nonReentrant {
+        // INVARIANT: only the dispute game settles disputes (once each: it resolves a
+        // dispute once, with the job, segment, round and challenger the market opened it with).
         if (msg.sender != disputeGame) revert Unauthorized(msg.sender);
-        DisputeRec storage d = _disputes[disputeId];
-        if (d.jobId != jobId || jobId == 0) revert UnknownDispute(disputeId);
-        if (!_isLive(d)) revert DisputeNotLive(disputeId);
         JobRec storage j = _jobs[jobId];
-        uint32 round = d.round;
-        d.settled = true;
-        d.verdict = verdict;
+        if (j.submitter == address(0)) revert UnknownDispute(disputeId);
+        if (j.status != JobStatus.Committed || j.round != round) revert DisputeNotLive(disputeId);
         j.openDisputes -= 1;
-        emit DisputeResolved(jobId, disputeId, d.segment, verdict);
+        emit DisputeResolved(jobId, disputeId, segment, verdict);
         if (verdict == Verdict.Valid) {
             // INVARIANT: a lost challenge binds only the challenger who lost it.
-            address challenger = IDisputeGame(disputeGame).challengerOf(disputeId);
-            _barred[_barKey(jobId, round, d.segment, challenger)] = true;
-            emit ChallengerBarred(jobId, d.segment, challenger, round);
+            _barred[_barKey(jobId, round, segment, challenger)] = true;
+            emit ChallengerBarred(jobId, segment, challenger, round);
         } else if (verdict == Verdict.Invalid || verdict == Verdict.SolverTimedOut) {
             RoundInfo storage r = _rounds[jobId][round];
             if (!r.condemned) {
@@ -400,7 +399,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                if (j.seed != 0 && SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, d.segment)) {
+                if (j.seed != 0 && SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, segment)) {
                     r.sampledInvalid = true;
                 }
             } else {
@@ -464,6 +463,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         v.poolLen = j.poolLen;
     }
 
+    function totalEscrow() public view returns (uint256) {
+        return _escrowPlusOne - 1;
+    }
+
+    function totalCredits() public view returns (uint256) {
+        return _creditsTotalPlusOne - 1;
+    }
+
     function credits(address account) external view returns (uint256) {
         uint256 c = _creditsPlusOne[account];
         return c == 0 ? 0 : c - 1;
@@ -505,10 +512,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return _barred[_barKey(jobId, _jobs[jobId].round, segment, challenger)];
     }
 
-    function disputeRef(uint256 disputeId) external view returns (DisputeRef memory) {
-        DisputeRec storage d = _disputes[disputeId];
-        address challenger = d.jobId == 0 ? address(0) : IDisputeGame(disputeGame).challengerOf(disputeId);
-        return DisputeRef(d.jobId, d.segment, challenger, d.round, d.settled, d.verdict);
+    function disputeRef(uint256 disputeId) public view returns (DisputeRef memory ref) {
+        if (disputeGame == address(0)) return ref;
+        (ref.jobId, ref.segment, ref.challenger, ref.round, ref.settled, ref.verdict) =
+            IDisputeGame(disputeGame).refOf(disputeId);
     }
 
     function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
@@ -521,7 +528,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function isDisputeLive(uint256 disputeId) external view returns (bool) {
-        return _isLive(_disputes[disputeId]);
+        DisputeRef memory d = disputeRef(disputeId);
+        if (d.jobId == 0 || d.settled) return false;
+        JobRec storage j = _jobs[d.jobId];
+        return j.status == JobStatus.Committed && j.round == d.round;
     }
 
     function reservedSolverOf(uint256 jobId) external view returns (address) {
@@ -537,7 +547,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function totalOwed() external view returns (uint256) {
-        return totalEscrow + totalCredits;
+        return totalEscrow() + totalCredits();
     }
 
     // --- internals ---
@@ -556,17 +566,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (j.status != s) revert InvalidStatus(jobId, j.status);
     }
 
-    function _isLive(DisputeRec storage d) internal view returns (bool) {
-        if (d.jobId == 0 || d.settled) return false;
-        JobRec storage j = _jobs[d.jobId];
-        return j.status == JobStatus.Committed && j.round == d.round;
-    }
-
     function _credit(address account, uint256 amount) internal {
         if (amount == 0) return;
         uint256 c = _creditsPlusOne[account];
         _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
-        totalCredits += amount;
+        _creditsTotalPlusOne += amount;
         emit Credited(account, amount);
     }
 
@@ -607,20 +611,27 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
         uint256 winner = r.firstWinner;
-        uint256 perJury = _disputes[winner].verdict == Verdict.Invalid ? juryPot : 0;
+        // Empty unless a jury decided it (Invalid), which always has a majority.
+        address[] memory jurors = IDisputeGame(disputeGame).majorityOf(winner);
+        uint256 perJury = jurors.length == 0 ? 0 : juryPot;
         uint256 perCh = chPot + juryPot - perJury;
         _credit(j.submitter, toSubmitter);
         // One winner, so it is paid here: O(1) however many disputes the round had.
         address challenger = IDisputeGame(disputeGame).challengerOf(winner);
         _credit(challenger, perCh);
+        // The jurors' share split equally over the winner's majority jurors, division dust to
+        // the first of them; credited here (the tokens stay in the market until withdrawn).
         if (perJury != 0) {
-            _token.safeTransfer(disputeGame, perJury);
-            IDisputeGame(disputeGame).creditJury(winner, perJury);
+            uint256 n = jurors.length;
+            uint256 per = perJury / n;
+            _credit(jurors[0], perJury - per * (n - 1));
+            for (uint256 i = 1; i < n; ++i) {
+                _credit(jurors[i], per);
+            }
         }
         emit RewardPaid(jobId, winner, challenger, perCh, perJury);
+        // What was paid is in RoundSettled / RewardPaid, not stored (one fresh word less).
         r.settled = true;
-        r.perChallenger = uint128(perCh);
-        r.perJury = uint128(perJury);
         emit RoundSettled(jobId, round, slashed, toSubmitter, uint128(perCh), uint128(perJury));
         _reopen(jobId, j);
     }
@@ -707,14 +718,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 bond = _challengeBond;
         if (bond != 0) _registry.lock(msg.sender, bond);
         j.openDisputes += 1;
-        disputeId = IDisputeGame(disputeGame).open(
-            jobId, segment, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
-        );
-        DisputeRec storage d = _disputes[disputeId];
-        // INVARIANT: dispute ids are unique (the game never reuses one).
-        if (d.jobId != 0) revert UnknownDispute(disputeId);
         uint32 round = j.round;
-        _disputes[disputeId] = DisputeRec(uint64(jobId), uint32(segment), round, false, Verdict.None);
+        // INVARIANT: dispute ids are unique (the game never reuses one: `_nextId++`).
+        disputeId = IDisputeGame(disputeGame).open(
+            jobId, segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
+        );
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 

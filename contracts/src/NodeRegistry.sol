@@ -257,13 +257,15 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         for (uint256 i; i < tries && got < picked.length; ++i) {
             uint256 r = uint256(keccak256(abi.encode(seed, i)));
             address a = _pool[r % poolLen];
+            // The memory / calldata checks first: an excluded or already picked node is
+            // skipped before its record is read (the filters are the same, only cheaper).
+            if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
             Node storage n = _nodes[a];
             // INVARIANT: stake moved after the snapshot cannot steer a draw: such a node
             // is skipped, and the pool's first poolLen entries never move.
             if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
             uint256 w = n.freeStake < cap ? n.freeStake : cap;
             if ((r >> 128) % cap >= w) continue;
-            if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
             picked[got++] = a;
         }
         assembly ("memory-safe") {

@@ -214,8 +214,7 @@ class RoundInfo:
     jury_wins: int
     timeout_wins: int
     first_winner: int  # the earliest-opened dispute the solver lost: the one finalize pays
-    per_challenger: int
-    per_jury: int
+    # (what it paid is in the RoundSettled / RewardPaid events, not stored)
 
 
 @dataclass(frozen=True)
@@ -395,9 +394,10 @@ class DisputeState:
     end_step: int
     lo: int
     hi: int
-    lo_hash: bytes
+    lo_hash: bytes  # not stored by the game: from the newest RangeNarrowed / DisputeOpened
     hi_hash: bytes
-    mids_root: bytes  # keccak of the solver's pending mid hashes (zero when none)
+    range_root: bytes  # solver to move: keccak256(abi.encode(lo_hash, hi_hash)) (else zero)
+    mids_root: bytes  # challenger to move: mids_commitment of the pending mids (else zero)
     phase: Phase  # as of now (Reveal once the commit window is over)
     turn: Side
     solver_clock_left: int
@@ -430,9 +430,15 @@ class DisputeState:
                 Phase.RESOLVED: "nobody: resolved"}.get(self.phase, "-")
 
 
-def mids_root(hashes: list[bytes]) -> bytes:
-    """``keccak256(abi.encodePacked(hashes))``: what ``postMids`` stores."""
-    return keccak(b"".join(hashes))
+def range_root(lo_hash: bytes, hi_hash: bytes) -> bytes:
+    """``keccak256(abi.encode(loHash, hiHash))``: what the game stores for a range."""
+    return keccak(lo_hash + hi_hash)
+
+
+def mids_commitment(lo_hash: bytes, hi_hash: bytes, hashes: list[bytes]) -> bytes:
+    """``keccak256(abi.encode(rangeRoot, keccak256(abi.encodePacked(hashes))))``: what
+    ``postMids`` stores (the dispute's ``mids_root`` while the challenger is to move)."""
+    return keccak(range_root(lo_hash, hi_hash) + keccak(b"".join(hashes)))
 
 
 def vote_commitment(dispute_id: int, juror: str, valid: bool, salt: bytes) -> bytes:
@@ -449,14 +455,44 @@ class Dispute(Bound):
 
     def choose(self, dispute_id: int, part: int, hashes: list[bytes]) -> TxReceipt:
         """Challenger: dispute part ``part`` ([points[part], points[part + 1]]);
-        ``hashes`` are the solver's posted mids (:meth:`posted_mids`)."""
-        return self.transact("choose", dispute_id, part, hashes)
+        ``hashes`` are the solver's posted mids (:meth:`posted_mids`). The range's end
+        states, which the game checks but does not store, come from its logs."""
+        lo_hash, hi_hash = self.range_hashes(dispute_id)
+        return self.transact("choose", dispute_id, part, hashes, lo_hash, hi_hash)
+
+    def _newest_log(self, event: Any, dispute_id: int, earliest: int = 0,
+                    window: int = 5_000) -> Any:
+        """The newest ``event`` log of the dispute (None if none), searched backwards from
+        the head in ``window``-block ranges down to block ``earliest``."""
+        with rpc_guard(self._url):
+            hi = int(self.w3.eth.block_number)
+        while hi >= earliest:
+            lo = max(earliest, hi - window + 1)
+            with rpc_guard(self._url):
+                logs = list(event.get_logs(argument_filters={"id": dispute_id},
+                                           from_block=lo, to_block=hi))
+            if logs:
+                return logs[-1]
+            hi = lo - 1
+        return None
+
+    def range_hashes(self, dispute_id: int) -> tuple[bytes, bytes]:
+        """The states at the dispute's current lo and hi: the newest ``RangeNarrowed``,
+        or ``DisputeOpened`` before any (zeros for an unknown dispute)."""
+        log = self._newest_log(self.contract.events.RangeNarrowed, dispute_id)
+        if log is not None:
+            return bytes(log["args"]["loHash"]), bytes(log["args"]["hiHash"])
+        log = self._newest_log(self.contract.events.DisputeOpened, dispute_id)
+        if log is not None:
+            return bytes(log["args"]["startHash"]), bytes(log["args"]["endHash"])
+        return ZERO32, ZERO32
 
     def posted_mids(self, dispute_id: int, root: bytes, earliest: int = 0,
                     window: int = 5_000) -> list[bytes]:
         """The mid hashes behind ``root`` (the dispute's pending ``mids_root``), from
         the newest ``MidsPosted`` log of the dispute: searched backwards from the head
         in ``window``-block ranges down to block ``earliest``."""
+        lo_hash, hi_hash = self.range_hashes(dispute_id)
         event = self.contract.events.MidsPosted
         with rpc_guard(self._url):
             hi = int(self.w3.eth.block_number)
@@ -467,7 +503,7 @@ class Dispute(Bound):
                                            from_block=lo, to_block=hi))
             for log in reversed(logs):
                 hashes = [bytes(h) for h in log["args"]["hashes"]]
-                if mids_root(hashes) == root:
+                if mids_commitment(lo_hash, hi_hash, hashes) == root:
                     return hashes
             hi = lo - 1
         raise ChainError(f"dispute {dispute_id}: no MidsPosted log matches mids root "
@@ -507,8 +543,9 @@ class Dispute(Bound):
                    challenger_clock_left=int(view.challengerClockLeft),
                    votes=[from_struct(Vote, v) for v in view.votes],
                    verdict=Verdict(raw["verdict"]))
-        for k in ("lo_hash", "hi_hash", "mids_root", "jury_seed"):
+        for k in ("range_root", "mids_root", "jury_seed"):
             raw[k] = bytes(raw[k])
+        raw["lo_hash"], raw["hi_hash"] = self.range_hashes(dispute_id)
         raw["mid_steps"] = [int(x) for x in raw["mid_steps"]]
         known = {f.name for f in dataclasses.fields(DisputeState)}
         return DisputeState(**{k: v for k, v in raw.items() if k in known})

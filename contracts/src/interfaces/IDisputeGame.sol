@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 pragma solidity ^0.8.24;
 
+import {IJobMarket} from "./IJobMarket.sol";
+
 /// @title IDisputeGame
 /// @notice What the market needs of the dispute game.
 interface IDisputeGame {
@@ -9,6 +11,7 @@ interface IDisputeGame {
     function open(
         uint256 jobId,
         uint256 segment,
+        uint32 round,
         address solver,
         address challenger,
         uint256 startStep,
@@ -18,8 +21,15 @@ interface IDisputeGame {
     ) external returns (uint256 id);
 
     function challengerOf(uint256 id) external view returns (address);
+    /// @notice What the market's `disputeRef` reports: zeros for an unknown id; `resolved`
+    ///         once the game reported its verdict to the market.
+    function refOf(uint256 id)
+        external
+        view
+        returns (uint256 jobId, uint256 segment, address challenger, uint32 round, bool resolved, IJobMarket.Verdict verdict);
 
-    /// @notice Market only, after sending `amount` tokens to the game: split them over the
-    ///         majority jurors of dispute `id` (resolved Invalid by its jury).
-    function creditJury(uint256 id, uint256 amount) external;
+    /// @notice The majority jurors of dispute `id` when it was resolved Invalid by its jury
+    ///         (empty otherwise), in jury order: the market credits them the jurors' share
+    ///         of the solver's bond.
+    function majorityOf(uint256 id) external view returns (address[] memory);
 }

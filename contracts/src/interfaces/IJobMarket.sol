@@ -140,8 +140,6 @@ interface IJobMarket {
         uint32 juryWins; // disputes of the round that ended Invalid
         uint32 timeoutWins; // disputes of the round that ended SolverTimedOut
         uint64 firstWinner; // the earliest-opened dispute the solver lost: the one paid
-        uint128 perChallenger; // what firstWinner's challenger was credited
-        uint128 perJury; // what firstWinner's majority jurors were handed (through the game)
     }
 
     // --- events ---
@@ -321,7 +319,14 @@ interface IJobMarket {
     /// @notice Verdict of a dispute. Valid bars its challenger from the segment this round;
     ///         Invalid / SolverTimedOut condemn the round; every verdict extends the window
     ///         to at least now + disputeGrace. The dispute game moves the challenger's bond.
-    function resolveDispute(uint256 jobId, uint256 disputeId, Verdict verdict) external;
+    function resolveDispute(
+        uint256 jobId,
+        uint256 disputeId,
+        uint256 segment,
+        uint32 round,
+        address challenger,
+        Verdict verdict
+    ) external;
 
     // --- views ---
     function params() external view returns (Params memory);
