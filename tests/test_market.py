@@ -645,11 +645,14 @@ def test_jury_verdict_pays_the_provers_and_slashes_the_attestors(chain: LocalCha
              p["args"]["juryAmount"]) for p in paid] == [(did, chal.address, per_ch, per_jury)]
     assert m.get_job(job).status == JobStatus.OPEN
     assert m.credits(sub.address) == to_sub
-    assert m.credits(chal.address) == per_ch and m.credits(chal2.address) == 0
     # the majority jurors' share is credited by the market, split among them
     assert int(game.call("totalCredits")) == game_credits
-    shares = [m.credits(a) - c for a, c in zip(d.jury, juror_credits, strict=True)]
-    assert sum(shares) == per_jury and min(shares) >= per_jury // len(d.jury)
+    shares = {a: m.credits(a) - c for a, c in zip(d.jury, juror_credits, strict=True)}
+    assert sum(shares.values()) == per_jury and min(shares.values()) >= per_jury // len(d.jury)
+    # the challenger of the dispute won by the clock gets nothing for it (only a juror's
+    # share if the draw seated it on the winning dispute's jury)
+    assert m.credits(chal.address) == per_ch
+    assert m.credits(chal2.address) == shares.get(chal2.address, 0)
     check_conserved(chain)
 
 
