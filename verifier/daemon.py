@@ -425,8 +425,13 @@ class Verifier:
         hashes = await self.rt.chain(c.dispute.posted_mids, d.id, d.mids_root,
                                      dep.deploy_block if dep is not None else 0)
         points = d.points
+        cur = None
         try:
-            cur = await ev.state(d.lo, d.lo_hash)
+            # Wait for it a bounded share of our clock, as for the mids: a challenger
+            # restarted mid-dispute has not yet heard the solver re-announce its served
+            # states, and disputing part 0 for that would lose an honest challenge.
+            with trio.move_on_at(trio.current_time() + max(5.0, d.challenger_clock_left / 3)):
+                cur = await ev.state(d.lo, d.lo_hash, wait=True)
         except PolnetError as exc:  # e.g. a committed start state that cannot be loaded
             log.warning("low_state_unusable", dispute=d.id, step=d.lo, error=str(exc))
             cur = None
@@ -436,7 +441,7 @@ class Verifier:
             await self.rt.transact_ok(c.dispute.choose, d.id, 0, hashes,
                                       benign=MOVE_BENIGN)
             log.info("part_chosen", dispute=d.id, disputed=[points[0], points[1]],
-                     why=f"state {d.lo} unusable")
+                     why=f"state {d.lo} unusable or not served")
             return
         # Wait for the solver's mids a bounded share of our clock: a state the solver
         # does not serve counts against it, so then we dispute the part ending there.
