@@ -150,7 +150,7 @@ def run_demo(home: Path, timeout: float = 900.0) -> int:
     return 0 if ok and paid and conserved else 1
 
 
-def print_balances(before: dict[str, int], after: dict[str, int], con: Console) -> bool:
+def holdings_table(before: dict[str, int], after: dict[str, int]) -> Table:
     t = Table(title="holdings (wallet + stake + credits), POL")
     for col in ("account", "before", "after", "change"):
         t.add_column(col, justify="right" if col != "account" else "left")
@@ -158,7 +158,11 @@ def print_balances(before: dict[str, int], after: dict[str, int], con: Console) 
         d = after[name] - before[name]
         t.add_row(name, f"{before[name] / TOKEN:,.4f}", f"{after[name] / TOKEN:,.4f}",
                   f"[{'green' if d > 0 else 'red' if d < 0 else 'white'}]{d / TOKEN:+,.4f}")
-    con.print(t)
+    return t
+
+
+def print_balances(before: dict[str, int], after: dict[str, int], con: Console) -> bool:
+    con.print(holdings_table(before, after))
     ok = after["solver-honest"] > before["solver-honest"] and \
         after["solver-cheat"] < before["solver-cheat"]
     con.print("[green]the honest solver was paid and the cheater slashed" if ok else

@@ -25,8 +25,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from devnet.localnet import TOKEN, LocalNet
-from node.demo import Narrator
+from devnet.localnet import LocalNet
+from node.demo import Narrator, holdings_table
 
 SUBMITTER, VERIFIERS = 1, (4, 5, 6)
 WORKERS = {"worker-1": 2, "worker-2": 3, "worker-byz": 7, "worker-kill": 8}
@@ -211,14 +211,7 @@ def _history(net: LocalNet, cid: int) -> Table:
 
 
 def print_collab_balances(before: dict[str, int], after: dict[str, int], con: Console) -> bool:
-    t = Table(title="holdings (wallet + stake + credits), POL")
-    for col in ("account", "before", "after", "change"):
-        t.add_column(col, justify="right" if col != "account" else "left")
-    for name in before:
-        d = after[name] - before[name]
-        t.add_row(name, f"{before[name] / TOKEN:,.4f}", f"{after[name] / TOKEN:,.4f}",
-                  f"[{'green' if d > 0 else 'red' if d < 0 else 'white'}]{d / TOKEN:+,.4f}")
-    con.print(t)
+    con.print(holdings_table(before, after))
     honest = [n for n in WORKERS if n not in (BYZANTINE, KILLED)]
     ok = all(after[n] > before[n] for n in honest) and after[BYZANTINE] < before[BYZANTINE]
     con.print("[green]the honest workers were paid and the byzantine worker slashed" if ok else

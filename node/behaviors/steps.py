@@ -67,7 +67,18 @@ class MoreSteps(Cheat):
         return set_step(state, start_step + k), sum(losses[:k]) / k
 
 
-class OneBadStep(Cheat):
+class _ConsistentLiar(Cheat):
+    """Trains every step through its own ``dispute_step``, so it answers disputes along
+    the very trajectory it committed."""
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        total = sum(self.dispute_step(ctx, state, s)
+                    for s in range(start_step + 1, start_step + k + 1))
+        return state, total / k
+
+
+class OneBadStep(_ConsistentLiar):
     """Honest but for one step per segment, the ``at``-th (1-based; 0 = the middle one,
     k // 2 + 1), trained on the batch of step + ``offset``. It answers disputes along
     this same trajectory (a consistent liar), so bisection must find that very step."""
@@ -86,12 +97,6 @@ class OneBadStep(Cheat):
         if self.is_bad(ctx, step):
             return cheat_step(ctx, state, step, data_step=step + self.offset)
         return train_step(ctx, state, step)
-
-    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
-                    start_step: int, k: int) -> tuple[TrainState, float]:
-        total = sum(self.dispute_step(ctx, state, s)
-                    for s in range(start_step + 1, start_step + k + 1))
-        return state, total / k
 
 
 class _KnobCheat(Cheat):
@@ -144,7 +149,7 @@ class LowLR(_KnobCheat):
         return {"lr_scale": self.factor}
 
 
-class Amplify(Cheat):
+class Amplify(_ConsistentLiar):
     """A byzantine collaborative worker: honest, except that the last segment's steps
     take ``factor`` x the learning rate, so its delta (theta_t - final weights) is
     blown up. It answers disputes along the same trajectory."""
@@ -164,12 +169,6 @@ class Amplify(Cheat):
         if self._last(ctx, step):
             return cheat_step(ctx, state, step, lr_scale=self.factor)
         return train_step(ctx, state, step)
-
-    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
-                    start_step: int, k: int) -> tuple[TrainState, float]:
-        total = sum(self.dispute_step(ctx, state, s)
-                    for s in range(start_step + 1, start_step + k + 1))
-        return state, total / k
 
 
 class BF16(_KnobCheat):

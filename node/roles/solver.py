@@ -276,6 +276,17 @@ class Solver:
             log.info("sub_job_waits_for_theta", job=jid)
             return False  # stays a candidate: the next pass tries again
         self._contexts[jid], self._initial[jid] = start
+        job2 = await self._claim(jid, job)
+        if job2 is None:
+            return False
+        self._adopt(jid, job2, "sub_job_claimed")
+        return True
+
+    async def _claim(self, jid: int, job: Job) -> Job | None:
+        """Stake up to the job's bond if needed and claim it; the job as the chain now
+        has it if the claim is ours (benign also when our own claim landed and its
+        receipt was lost: the chain decides), else None."""
+        rt, c = self.rt, self.rt.chain_client
         need = job.reward * (await rt.chain(c.market.market_params)).bond_factor_bps // 10_000
         if await rt.chain(c.registry.free_stake, rt.address) < need:
             await rt.chain(c.token.ensure_allowance, c.registry.address, need)
@@ -283,9 +294,8 @@ class Solver:
         await rt.transact_ok(c.market.claim_job, jid, benign=CLAIM_BENIGN)
         job = await rt.chain(c.market.get_job, jid)
         if job.status != JobStatus.CLAIMED or job.solver.lower() != rt.address.lower():
-            return False
-        self._adopt(jid, job, "sub_job_claimed")
-        return True
+            return None
+        return job
 
     def _adopt(self, jid: int, job: Job, event: str, keep_every: int = 1) -> None:
         """Put a job the chain gives us on our books (kept if already there);
@@ -307,7 +317,7 @@ class Solver:
         """Claim ``jid`` if this solver can finish it in time. Nothing a submitter posts
         can stop the daemon here: its inputs are tried in a child process
         (node.train.probe), and any failure rejects the job for good (persisted)."""
-        rt, c = self.rt, self.rt.chain_client
+        rt = self.rt
         with self.state as st:
             tries = st.considering[jid] = st.considering.get(jid, 0) + 1
         if tries > MAX_CONSIDER_TRIES:
@@ -340,16 +350,11 @@ class Solver:
             self._reject(jid, f"too slow for us: ~{est:.0f} s x {SAFETY_FACTOR:g} exceeds the "
                          f"{job.solve_duration} s allowed", event="job_too_slow_for_us")
             return False
-        need = job.reward * (await rt.chain(c.market.market_params)).bond_factor_bps // 10_000
-        if await rt.chain(c.registry.free_stake, rt.address) < need:
-            await rt.chain(c.token.ensure_allowance, c.registry.address, need)
-            await rt.chain(c.registry.stake, need)
-        # Benign also when our own claim landed and its receipt was lost: the chain decides.
-        await rt.transact_ok(c.market.claim_job, jid, benign=CLAIM_BENIGN)
-        job = await rt.chain(c.market.get_job, jid)
-        if job.status != JobStatus.CLAIMED or job.solver.lower() != rt.address.lower():
+        claimed = await self._claim(jid, job)
+        if claimed is None:
             self._drop(jid)
             return False
+        job = claimed
         keep = await keep_every_for(rt, job, probe.per_step_s)
         self._adopt(jid, job, "job_claimed", keep_every=keep)
         log.info("job_claim_terms", job=jid, bond_pol=wei_to_pol(job.bond), deadline=job.deadline,
