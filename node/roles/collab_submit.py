@@ -21,7 +21,7 @@ from node.datasets import dataset_hash
 from node.errors import ConfigError, SpecError
 from node.logs import get_logger
 from node.roles.runtime import Runtime
-from node.roles.submitter import MAX_AMOUNT
+from node.roles.submitter import MAX_AMOUNT, publish_and_approve
 from node.spec import CollaborativeSpec, load_collaborative_spec
 from node.units import wei_to_pol
 
@@ -73,16 +73,9 @@ def collab_initial_hashes(spec: CollaborativeSpec, dataset_path: Path) -> tuple[
 async def post_collab(rt: Runtime, req: CollabRequest) -> int:
     """Store and serve the inputs, escrow reward + budget, post; returns the job id."""
     spec = check_collab_request(req)
-    spec_id = await rt.p2p.publish_bytes(spec.canonical_json())
-    ds_id = await rt.p2p.publish_file(req.dataset_path)
-    assert spec_id == spec.spec_hash_hex().removeprefix("0x")
     c = rt.chain_client
-    total = req.reward + req.budget
-    balance = await rt.chain(c.token.balance_of, rt.address)
-    if balance < total:
-        raise ConfigError(f"account {rt.address} holds {wei_to_pol(balance)} POL but the job "
-                          f"escrows {wei_to_pol(total)} POL: fund it or lower --reward")
-    await rt.chain(c.token.ensure_allowance, c.collab.address, total)
+    spec_id, ds_id = await publish_and_approve(rt, spec, req.dataset_path,
+                                               req.reward + req.budget, c.collab.address)
     init_hash, outer0 = await trio.to_thread.run_sync(collab_initial_hashes, spec,
                                                       req.dataset_path)
     terms = CollabTerms(

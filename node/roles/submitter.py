@@ -32,7 +32,7 @@ from node.roles.submitter_machine import (
     Withdraw,
     decide,
 )
-from node.spec import JobSpec, load_spec
+from node.spec import CollaborativeSpec, JobSpec, load_spec
 from node.units import wei_to_pol
 
 log = get_logger("polnet.submitter")
@@ -83,19 +83,29 @@ def initial_hash(spec: JobSpec, dataset_path: Path) -> bytes:
     return initial_state_hash(TrainContext.create(spec, ds))
 
 
+async def publish_and_approve(rt: Runtime, spec: JobSpec | CollaborativeSpec,
+                              dataset_path: Path, total: int, spender: str) -> tuple[str, str]:
+    """Store and serve a job's spec and dataset, check that the account can escrow
+    ``total`` and approve ``spender`` (the market) for it; returns (spec id, dataset id)."""
+    spec_id = await rt.p2p.publish_bytes(spec.canonical_json())
+    ds_id = await rt.p2p.publish_file(dataset_path)
+    assert spec_id == spec.spec_hash_hex().removeprefix("0x")
+    c = rt.chain_client
+    balance = await rt.chain(c.token.balance_of, rt.address)
+    if balance < total:
+        raise ConfigError(f"account {rt.address} holds {wei_to_pol(balance)} POL but the job "
+                          f"escrows {wei_to_pol(total)} POL (reward + budget): fund it or lower "
+                          "--reward")
+    await rt.chain(c.token.ensure_allowance, spender, total)
+    return spec_id, ds_id
+
+
 async def post(rt: Runtime, req: JobRequest) -> int:
     """Store and advertise the job's inputs, then escrow and post it; returns the job id."""
     spec = check_request(req)
-    spec_id = await rt.p2p.publish_bytes(spec.canonical_json())
-    ds_id = await rt.p2p.publish_file(req.dataset_path)
-    assert spec_id == spec.spec_hash_hex().removeprefix("0x")
     c = rt.chain_client
-    total = req.reward + req.budget
-    balance = await rt.chain(c.token.balance_of, rt.address)
-    if balance < total:
-        raise ConfigError(f"account {rt.address} holds {balance} token wei but the job needs "
-                          f"{total} (reward + budget): fund it or lower --reward")
-    await rt.chain(c.token.ensure_allowance, c.market.address, total)
+    spec_id, ds_id = await publish_and_approve(rt, spec, req.dataset_path,
+                                               req.reward + req.budget, c.market.address)
     init_hash = await trio.to_thread.run_sync(initial_hash, spec, req.dataset_path)
     terms = JobTerms(spec_hash=spec.spec_hash(), dataset_hash=bytes.fromhex(ds_id),
                      reward=req.reward, verification_budget=req.budget,
