@@ -198,16 +198,23 @@ def _claimed_sub_job(net: LocalNet, cid: int, r: int, worker: str) -> bool:
 
 
 def _history(net: LocalNet, cid: int) -> Table:
+    from node.roles.collab_progress import read_losses
     from node.roles.collab_submit import collab_report
 
-    rep = collab_report(net.c, cid)
-    t = Table(title=f"collaborative job {cid}: {rep['status']}")
-    for col in ("round", "tries", "accepted slots", "dropped slots", "outer hash"):
+    rep = collab_report(net.c, cid, read_losses(net.home / "nodes" / "submitter", cid))
+    t = Table(title=f"collaborative job {cid}: {rep['status']} (held-out loss of theta_0: "
+                    f"{_fmt(rep['initial_loss'])}, as the submitter recorded it)")
+    for col in ("round", "tries", "accepted slots", "dropped slots", "outer hash",
+                "held-out loss after"):
         t.add_column(col)
     for r in rep["history"]:
         t.add_row(str(r["round"]), str(r["attempt"] + 1), str(r["accepted"]), str(r["dropped"]),
-                  (r["outer_hash"] or "-")[:14])
+                  (r["outer_hash"] or "-")[:14], _fmt(r["loss"]))
     return t
+
+
+def _fmt(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4f}"
 
 
 def print_collab_balances(before: dict[str, int], after: dict[str, int], con: Console) -> bool:

@@ -1,18 +1,25 @@
 """End-to-end collaborative (DiLoCo) job: real `polnet` daemons as OS processes, a real
 anvil devnet with the CollabMarket, loopback libp2p and real training of a small char LM.
 
-One job, 4 worker slots, 3 rounds: two honest workers, one byzantine (``amplify``: its
-last inner segment at 5x the learning rate, a blown-up delta) and one SIGKILLed while
-it trains round 1 and started again. Asserted: the byzantine inner run is condemned
+One job, 4 worker slots, 3 rounds: one honest worker, one (``wrong_outer``) that trains
+honestly but posts a forged outer state the first time it can, one byzantine
+(``amplify``: its last inner segment at 5x the learning rate, a blown-up delta) and one
+SIGKILLed while it trains round 1 and started again. Asserted besides: the forged
+outer state is challenged by recomputation alone, voted Invalid, its poster's bond
+lost and the round's accepted state is another. Asserted: the byzantine inner run is condemned
 through the ordinary dispute game, its worker slashed and never in an accepted set;
 the killed worker's sub-job is dropped for its missed deadline and it rejoins later
 from theta_t it recomputes over libp2p; the job finishes; every honest worker is paid
-per accepted inner run; the contracts hold exactly what they owe; and the final outer
-state the chain committed is the one every honest node recomputed.
+per accepted inner run; the contracts hold exactly what they owe; the final outer
+state the chain committed is the one every honest node recomputed; and the serving
+submitter recorded every round's held-out loss, which `job status --collab` prints.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,11 +35,15 @@ from node.demo_collab import (
     final_and_solo_loss,
     write_collab_inputs,
 )
+from node.roles.collab_progress import read_losses
 
 pytestmark = pytest.mark.timeout(900)
 
 SUBMITTER, VERIFIERS = 1, (4, 5, 6)
 ROUNDS = 3
+FORGER = "worker-2"
+BEHAVIOURS = {BYZANTINE: "amplify", FORGER: "wrong_outer"}
+INVALID = 2  # ICollabMarket.OuterVerdict
 
 
 def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> None:
@@ -42,7 +53,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         for i, v in enumerate(VERIFIERS, start=1):
             net.start_verifier(f"v{i}", v)
         for name, acct in WORKERS.items():
-            net.start_solver(name, acct, "amplify" if name == BYZANTINE else "honest")
+            net.start_solver(name, acct, BEHAVIOURS.get(name, "honest"))
         before = {n: net.holdings(net.address(a)) for n, a in WORKERS.items()}
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=120, budget=12,
                                 round_duration=45)
@@ -85,14 +96,39 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         # ... the byzantine worker was excluded after its first condemned run ...
         assert all(d["round"] == 0 for d in dropped if str(d["worker"]).lower() == byz)
         assert c.collab.is_excluded(cid, net.address(WORKERS[BYZANTINE]))
-        # ... and the honest workers' runs were all accepted, each paid.
-        for name in ("worker-1", "worker-2"):
+        # ... the honest inner runs were all accepted ...
+        gain = {n: net.holdings(net.address(a)) - before[n] for n, a in WORKERS.items()}
+        for name in ("worker-1", FORGER):
             addr = net.address(WORKERS[name]).lower()
             assert sum(1 for a in accepted if str(a["worker"]).lower() == addr) >= ROUNDS
-            assert net.holdings(net.address(WORKERS[name])) > before[name]
-        assert net.holdings(net.address(WORKERS[BYZANTINE])) < before[BYZANTINE]
+        assert gain["worker-1"] > 0 and gain[BYZANTINE] < 0
+        # ... and the forged outer state was exposed by recomputation: challenged, voted
+        # Invalid, never accepted; the forger paid its bond for it.
+        forger = net.address(WORKERS[FORGER]).lower()
+        forged = [e.args for e in events if e.event == "OuterPosted"
+                  and str(e.args["poster"]).lower() == forger
+                  and e.args["outerHash"] != c.collab.get_round(cid, e.args["round"]).outer_hash]
+        assert forged, "the wrong_outer worker never got to post first"
+        for f in forged:
+            assert any(e.event == "OuterResolved" and e.args["round"] == f["round"]
+                       and e.args["verdict"] == INVALID for e in events)
+        assert gain[FORGER] < gain["worker-1"]
         assert net.conserved()
         # The chain's final model is what the honest nodes recomputed, and it learned.
         losses = final_and_solo_loss(net.home, spec, text, cid, job.outer_hash,
                                      ["worker-1", "worker-2"])
         assert losses["collab"] < losses["initial"]
+        # The serving submitter kept every accepted theta_r and its held-out loss, and
+        # `job status --collab` prints them beside the rounds.
+        rec = read_losses(net.home / "nodes" / "sub", cid)
+        assert sorted(rec) == list(range(ROUNDS + 1))
+        for r in range(ROUNDS):
+            assert rec[r + 1]["outer_hash"] == "0x" + c.collab.get_round(cid, r).outer_hash.hex()
+        assert rec[ROUNDS]["loss"] == pytest.approx(losses["collab"], rel=1e-4)
+        assert rec[0]["loss"] == pytest.approx(losses["initial"], rel=1e-4)
+        env = {**os.environ, "POLNET_HOME": str(net.home)}
+        out = subprocess.run([sys.executable, "-m", "node.cli.main", "job", "status", str(cid),
+                              "--collab", "--name", "sub"], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert f"held-out loss {rec[ROUNDS]['loss']:.4f}" in out.stdout

@@ -22,6 +22,8 @@ bench/verify_cost.py) and must never be a default. Names (kwargs):
     poison (at=1, mode=nan|shape) commit a NaN / wrong-shape state at the end of segment at
     amplify (factor=5)           the last segment at factor x the learning rate: a
                                  byzantine collaborative worker's blown-up delta
+    wrong_outer                  honest inner runs; posts a forged outer state once
+                                 per collaborative job (caught by recomputation)
 
 ``make_behavior("lazy:0.1,mode=spoof")`` parses a command-line string: the
 value after ':' is the first parameter, ``key=value`` pairs the others.
@@ -48,13 +50,15 @@ from node.behaviors.steps import (
     SkipSteps,
     Stale,
     WithholdStates,
+    WrongOuter,
 )
 from node.errors import TrainingError
 from node.train.behavior import SegmentBehavior, get_behavior, register_behavior
 
 CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, OneBadStep, MoreSteps, OtherData,
                                    HalfBatch, LowLR, Noise, BF16, Stale, InfinitesimalSpoof,
-                                   Blindfold, LazyFraction, WithholdStates, Poison, Amplify)
+                                   Blindfold, LazyFraction, WithholdStates, Poison, Amplify,
+                                   WrongOuter)
 for _cls in CHEATS:
     register_behavior(_cls.name, _cls)
 

@@ -171,6 +171,23 @@ class Amplify(_ConsistentLiar):
         return train_step(ctx, state, step)
 
 
+class WrongOuter(Cheat):
+    """A collaborative worker whose inner runs are honest but which, the first time it
+    may post a round's outer state, posts a forged one instead of recomputing it
+    (node.roles.collab reads ``forges_outer``)."""
+
+    name = "wrong_outer"
+    forges_outer = True
+
+    def cheats_on(self, segment_index: int, segment_count: int) -> bool:
+        return False
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        total = sum(train_step(ctx, state, s) for s in range(start_step + 1, start_step + k + 1))
+        return state, total / k
+
+
 class BF16(_KnobCheat):
     """Compute in bf16 autocast (cheaper on accelerators) while the job says fp32."""
 

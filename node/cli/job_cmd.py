@@ -205,9 +205,12 @@ def status(
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="--watch: poll period (s)."),
     collab: bool = typer.Option(False, "--collab",
                                 help="JOB_ID is a collaborative job (CollabMarket)."),
+    name: NameOpt = None,
 ) -> None:
     """State, solver, sampled segments, verdicts (attestations, challenges) and payouts.
-    --collab: a collaborative job's rounds, slots, accepted and dropped inner runs."""
+    --collab: a collaborative job's rounds, slots, accepted and dropped inner runs, and
+    the held-out loss per round that the submitter serving it recorded (--name: that
+    submitter's node name, default "submitter")."""
     import time
 
     from node.errors import ConfigError
@@ -215,7 +218,10 @@ def status(
 
     c = _client(config)
     if collab:
-        _collab_status(c, job_id, as_json)
+        from node.roles.collab_progress import read_losses
+
+        losses = read_losses(settings_from(config, name=name or "submitter").node_dir, job_id)
+        _collab_status(c, job_id, as_json, losses)
         return
     count = c.market.job_count()
     if not 1 <= job_id <= count:
@@ -235,7 +241,8 @@ def status(
         return
 
 
-def _collab_status(c: Any, cid: int, as_json: bool) -> None:
+def _collab_status(c: Any, cid: int, as_json: bool,
+                   losses: dict[int, dict[str, Any]]) -> None:
     from node.errors import ConfigError
     from node.roles.collab_submit import collab_report
 
@@ -244,17 +251,23 @@ def _collab_status(c: Any, cid: int, as_json: bool) -> None:
     count = c.collab.collab_count()
     if not 1 <= cid <= count:
         raise ConfigError(f"no collaborative job {cid}: the CollabMarket has {count}")
-    rep = collab_report(c, cid)
+    rep = collab_report(c, cid, losses)
     if as_json:
         typer.echo(json.dumps(rep, indent=2, sort_keys=True))
         return
     typer.echo(f"collaborative job {cid}: {rep['status']} (round {rep['round']} of "
                f"{rep['rounds']}, {rep['phase']}); {rep['per_sub_job_pol']} POL per inner run")
     typer.echo("slots: " + ", ".join(f"{i}={a or 'free'}" for i, a in enumerate(rep["slots"])))
+    if rep["initial_loss"] is not None:
+        typer.echo(f"held-out loss of theta_0: {rep['initial_loss']:.4f}")
     for r in rep["history"]:
+        loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"
         typer.echo(f"  round {r['round']} (try {r['attempt']}): accepted {r['accepted']} "
                    f"dropped {r['dropped']} sub-jobs {r['sub_jobs']} outer "
-                   f"{r['outer_hash'] or '-'} {r['outer_challenge']}")
+                   f"{r['outer_hash'] or '-'} {r['outer_challenge']}; held-out loss {loss}")
+    if not losses:
+        typer.echo("(no loss record here: the submitter serving the job keeps one in its "
+                   "data dir; pass --name/--config for that node)")
 
 
 def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool) -> None:

@@ -27,6 +27,7 @@ the verifier daemons alike:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import time
@@ -84,10 +85,14 @@ class CollabFollower:
     Evidence: manifests and checkpoints checked against the chain); ``want_slots``:
     slots a solver claims per collaborative job (0: follow and vote only)."""
 
-    def __init__(self, rt: Runtime, evidence: Evidence, want_slots: int = 0) -> None:
+    def __init__(self, rt: Runtime, evidence: Evidence, want_slots: int = 0,
+                 forge_outer: bool = False) -> None:
         self.rt = rt
         self.evidence = evidence
         self.want_slots = want_slots
+        # A test cheat (behaviour wrong_outer): post one forged outer state per job.
+        self.forge_outer = forge_outer
+        self._forged: set[int] = set()
         self.dir = rt.dir / "collab"
         self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
         self._outer: dict[tuple[int, int], OuterState] = {}
@@ -400,6 +405,35 @@ class CollabFollower:
                 await rt.transact_ok(c.collab.draw_outer_jury, cid, r, benign=JURY_BENIGN)
             return
         await self._jury_duty(cid, r, rnd, agrees, now)
+
+    async def forge_loop(self) -> None:
+        """The wrong_outer cheat (a task of its own): watch live jobs every 0.2 s and
+        post a forged outer state the moment a round's outer phase opens, before anyone
+        can have recomputed it; once per job, retried in later rounds if beaten."""
+        c = self.rt.chain_client
+        while self.enabled:
+            try:
+                for cid in range(1, await self.rt.chain(c.collab.collab_count) + 1):
+                    if cid in self._forged:
+                        continue
+                    job = await self.rt.chain(c.collab.get_collab, cid)
+                    if job.status == RUNNING and job.phase == OUTER:
+                        await self._forge(cid, job.round)
+            except (PolnetError, OSError) as exc:
+                log.warning("collab_forge_failed", error=str(exc))
+            await trio.sleep(0.2)
+
+    async def _forge(self, cid: int, r: int) -> None:
+        rt, c = self.rt, self.rt.chain_client
+        rnd = await rt.chain(c.collab.get_round, cid, r)
+        if str(rnd.poster).lower() != "0x" + "0" * 40:
+            return
+        fake = hashlib.sha256(b"forged outer state" + cid.to_bytes(32, "big")
+                              + r.to_bytes(32, "big")).digest()
+        await self._bond(c.collab.address)
+        if await rt.transact_ok(c.collab.post_outer, cid, r, fake, fake, benign=POST_BENIGN):
+            self._forged.add(cid)
+            log.warning("collab_outer_forged", job=cid, round=r, outer_hash=fake.hex())
 
     async def _jury_duty(self, cid: int, r: int, rnd: Any, agrees: bool, now: int) -> None:
         rt, c = self.rt, self.rt.chain_client

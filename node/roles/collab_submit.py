@@ -92,24 +92,44 @@ async def post_collab(rt: Runtime, req: CollabRequest) -> int:
 
 
 async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) -> str:
-    """Serve the inputs (the runtime does) until the job is Finished or Failed, then
+    """Serve the inputs (the runtime does) until the job is Finished or Failed, keeping
+    each accepted theta_r and its held-out loss (node.roles.collab_progress), then
     withdraw what the CollabMarket owes us (the unspent escrow). Returns the status."""
+    from node.roles.collab_progress import CollabProgress  # noqa: PLC0415 - torch is heavy
+
     c = rt.chain_client
+    progress = CollabProgress(rt, cid)
     with trio.move_on_after(timeout if timeout is not None else float("inf")):
         while True:
+            await progress.tick_safely()
             job = await rt.chain(c.collab.get_collab, cid)
             if job.status.name in ("FINISHED", "FAILED"):
                 break
             await trio.sleep(rt.settings.poll_interval * 4)
     job = await rt.chain(c.collab.get_collab, cid)
+    with trio.move_on_after(120):  # the last round's theta: bounded, the job is over
+        while job.status.name == "FINISHED" and job.round not in progress.losses:
+            await progress.tick_safely()
+            await trio.sleep(rt.settings.poll_interval * 4)
     if await rt.chain(c.collab.credits, rt.address) > 0:
         await rt.chain(c.collab.withdraw)
     return job.status.name.lower()
 
 
-def collab_report(c: ChainClient, cid: int) -> dict[str, Any]:
+def collab_report(c: ChainClient, cid: int,
+                  losses: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """A collaborative job from the chain: status, slots, and per round its start,
-    accepted and dropped slots (with their sub-jobs) and the accepted outer hash."""
+    accepted and dropped slots (with their sub-jobs) and the accepted outer hash.
+    ``losses`` (a serving submitter's record, node.roles.collab_progress): the held-out
+    loss of theta_r, reported as round r - 1's result and as the initial loss."""
+    losses = losses or {}
+
+    def loss_of(r: int, outer: bytes | None) -> float | None:
+        rec = losses.get(r)  # only if it is the loss of the weights the chain accepted
+        if rec is None or (outer is not None and rec.get("outer_hash") != "0x" + outer.hex()):
+            return None
+        return float(rec["loss"])
+
     job = c.collab.get_collab(cid)
     rounds = []
     last = job.round if job.status.name in ("RUNNING", "OPEN") else job.rounds - 1
@@ -125,7 +145,8 @@ def collab_report(c: ChainClient, cid: int) -> dict[str, Any]:
             "dropped": sorted(i for i in subs if rnd.settled and i not in accepted),
             "outer_hash": "0x" + rnd.outer_hash.hex() if rnd.accepted else None,
             "outer_challenge": rnd.challenge_phase.name.lower(),
-            "last_verdict": rnd.last_verdict.name.lower()})
+            "last_verdict": rnd.last_verdict.name.lower(),
+            "loss": loss_of(r + 1, rnd.outer_hash) if rnd.accepted else None})
     zero = "0x" + "0" * 40
     return {
         "job": cid, "status": job.status.name.lower(), "phase": job.phase.name.lower(),
@@ -134,4 +155,5 @@ def collab_report(c: ChainClient, cid: int) -> dict[str, Any]:
         "slots": [None if str(a).lower() == zero else a for a in c.collab.slot_holders(cid)],
         "reward_pol": wei_to_pol(job.reward), "per_sub_job_pol": wei_to_pol(job.sub_reward),
         "pool_pol": wei_to_pol(job.pool), "model_outer_hash": "0x" + job.outer_hash.hex(),
+        "initial_loss": loss_of(0, None),
         "history": rounds}

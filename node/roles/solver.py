@@ -104,7 +104,8 @@ class Solver:
         self._gflops: float | None = None
         evidence = Evidence(rt)
         # Collaborative jobs: slots, theta_t, the rounds' permissionless moves.
-        self.collab = CollabFollower(rt, evidence, want_slots=collab_slots)
+        self.collab = CollabFollower(rt, evidence, want_slots=collab_slots,
+                                     forge_outer=self.behavior.forges_outer)
         evidence.collab = self.collab
 
     # --- events (worker thread; only note ids, persisted before the cursor moves) -------
@@ -138,6 +139,8 @@ class Solver:
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._announcer)
+            if self.collab.forge_outer:  # a test cheat's own race (behaviour wrong_outer)
+                nursery.start_soon(self.collab.forge_loop)
             while until is None or time.monotonic() < until:
                 try:
                     await rt.chain(watcher.poll, self._on_event)

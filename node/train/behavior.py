@@ -35,6 +35,10 @@ class SegmentBehavior(ABC):
     #: False: in a dispute the solver posts its bisection hashes but never serves
     #: the states behind them (a test cheat; the game must count that against it).
     serves_dispute_states: bool = True
+    #: True: in a collaborative job, the first time this node may post a round's outer
+    #: state it posts a forged one it never computed (a test cheat: recomputation
+    #: alone must expose it, node.roles.collab).
+    forges_outer: bool = False
 
     @abstractmethod
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
