@@ -214,6 +214,14 @@ def short_network_params() -> DevnetParams:
         "registry": {"unbond_delay": 3600}})
 
 
+PRODUCTION_PARAMS = Path(__file__).with_name("production.toml")
+
+
+def production_params() -> DevnetParams:
+    """The shipped parameters for a public chain (devnet/production.toml)."""
+    return load_params(PRODUCTION_PARAMS)
+
+
 def load_params(path: Path | None) -> DevnetParams:
     """Contract parameters from a TOML file ([registry], [market], [dispute], [collab]); the
     devnet's defaults for what it leaves out, or for no file at all."""

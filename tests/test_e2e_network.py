@@ -63,8 +63,9 @@ def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, Any]]]:
 def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         tmp_path: Path) -> None:
     """A solver that skips the last step of every segment, and when challenged posts
-    its bisection hashes but serves none of the states, is bisected to one step (the
-    first unserved state: it counts against the solver, no clock has to run out),
+    its bisection hashes but serves none of the states, is bisected to that step (the
+    challenger replays the honest mids exactly, so it needs none served; the jury
+    cannot get the step's start state: it counts against the solver, no clock runs out),
     found invalid by the jury and slashed; the challenger is paid; the job reopens
     and an honest solver, SIGKILLed mid-job and restarted, still commits; a verifier
     killed right after the commit and a frozen RPC are both survived."""
@@ -87,10 +88,12 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         evs = dispute_events(net, did)
         last = evs["RangeNarrowed"][-1] if "RangeNarrowed" in evs else None
         jury = evs["JuryDrawn"][0]["jury"]
-        start = int(evs["DisputeOpened"][0]["startStep"])
-        # the first mid was not served: that part, one step, went to the jury
-        assert last is not None and (int(last["lo"]), int(last["hi"])) == (start, start + 1)
-        assert len(evs["MidsPosted"]) == len(evs["RangeNarrowed"]) == 1
+        # Its mids are honest states' hashes: the challenger's own replay reproduces each
+        # exactly, so it needs none of them served and walks to the skipped last step,
+        # whose start the solver never serves to the jury.
+        end = int(evs["DisputeOpened"][0]["endStep"])
+        assert last is not None and (int(last["lo"]), int(last["hi"])) == (end - 1, end)
+        assert len(evs["MidsPosted"]) == len(evs["RangeNarrowed"]) >= 1
         assert "TimedOut" not in evs
         assert net.address(CHEATER) not in jury and challenger not in jury
         assert all(v["valid"] is False for v in evs.get("VoteRevealed", []))

@@ -103,6 +103,30 @@ class JobEvidence:
                 return None
             await trio.sleep(0.5)
 
+    def replay_if_exact(self, lo: Tensors, lo_step: int, hi_step: int,
+                        hi_hash: bytes) -> Tensors | None:
+        """Our replay lo_step -> hi_step from the solver's own lo, if its state hash is
+        exactly ``hi_hash``: then the solver's hi *is* the honest successor of its lo,
+        bit for bit, and its copy need not be fetched (a solver slow to serve it, say
+        restarting, cannot make an honest challenger or juror misjudge the range).
+        None when the hash differs (other hardware's drift, or a fault: fetch the
+        solver's state and apply the tolerance) or lo is no valid state."""
+        from node.proof import state_hash  # noqa: PLC0415 - torch-heavy, like the replay
+
+        lo_state, _why = load_committed_start(self.ctx, lo, lo_step)
+        if lo_state is None:
+            return None
+        try:
+            replayed, _loss = replay_segment(self.ctx, lo, lo_step, hi_step - lo_step)
+        except TrainingError:
+            return None
+        if state_hash(replayed, self.manifest.state_hash_scheme) != hi_hash:
+            return None
+        log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step], passed=True,
+                 exact=True)
+        self._states[(hi_step, hi_hash)] = replayed
+        return replayed
+
     def step_range_ok(self, lo: Tensors, lo_step: int, hi: Tensors, hi_step: int) -> bool:
         """Replay lo_step -> hi_step and apply the job's tolerance to the solver's hi."""
         n = hi_step - lo_step
