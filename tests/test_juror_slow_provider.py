@@ -28,8 +28,10 @@ provider is never even asked. Juror B votes after the solver's node has shut dow
 (as if it crashed after committing): every fetch falls through to the DHT, where the
 slow provider sits beside honest ones (a node that already held the artifacts, and
 juror A, which advertises what it fetched); the slow one is asked for the manifests
-of the very states judged, takes chunks and trickles them, and the honest copies win
-(the slow peer's chunks are re-issued at once, so it finishes none).
+of the state the step is replayed from, takes chunks and trickles them, and the honest
+copies win (the slow peer's chunks are re-issued at once, so it finishes none). The
+step's end state is not fetched at all: the juror's replay reproduces its committed
+hash exactly.
 
 Both votes must be ``valid=True``, committed and revealed on chain, and each
 judgement must end within ``VOTE_BOUND_S`` (a generous bound against stalling: the
@@ -225,8 +227,11 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
             out["b_banned"] = slow.peer_id in rt_b.p2p.banned
             out["honest_served"] = honest.server.served_bytes + rt_a.p2p.server.served_bytes \
                 - served_before
-            needed = [spec_b, digits, blobs[2], blobs[3 + d.lo], blobs[3 + d.hi]]
+            # The step's end is not fetched: the juror's replay from the solver's S_lo
+            # reproduces its hash exactly (JobEvidence.replay_if_exact).
+            needed = [spec_b, digits, blobs[2], blobs[3 + d.lo]]
             out["b_files_ok"] = all(rt_b.p2p.store.has(sha(b)) for b in needed)
+            out["b_fetched_hi"] = rt_b.p2p.store.has(sha(blobs[3 + d.hi]))
             out["states"] = needed[3:]
 
             # Reveal: what each juror committed is on chain.
@@ -252,12 +257,13 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
     # Juror A: the hinted solver served everything; the slow provider was never asked.
     manifests_a, reads_a, completed_a = out["a_seen"]
     assert manifests_a == [] and reads_a == [], out["a_seen"]
-    # Juror B: the slow provider was asked for the very states judged (it offered them
-    # beside honest providers) and delivered nothing; honest providers served it all.
+    # Juror B: the slow provider was asked for the very state replayed from (it offered
+    # it beside honest providers) and delivered nothing; honest providers served it all.
+    # The end state B never needed: its replay reproduced the committed hash exactly.
     manifests_b, _reads_b, completed_b = out["b_seen"]
     states = {sha(blob) for blob in out["states"]}
     assert states <= set(manifests_b), out["b_seen"]
-    assert out["honest_served"] > 0 and out["b_files_ok"]
+    assert out["honest_served"] > 0 and out["b_files_ok"] and not out["b_fetched_hi"]
     # The slow peer ends up unused: not one chunk of it was ever completed.
     assert completed_a == completed_b == 0, out["b_seen"]
     # The votes as committed and revealed on chain.
