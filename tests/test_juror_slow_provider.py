@@ -228,7 +228,7 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
             out["honest_served"] = honest.server.served_bytes + rt_a.p2p.server.served_bytes \
                 - served_before
             # The step's end is not fetched: the juror's replay from the solver's S_lo
-            # reproduces its hash exactly (JobEvidence.replay_if_exact).
+            # reproduces its hash exactly (JobEvidence.is_exact).
             needed = [spec_b, digits, blobs[2], blobs[3 + d.lo]]
             out["b_files_ok"] = all(rt_b.p2p.store.has(sha(b)) for b in needed)
             out["b_fetched_hi"] = rt_b.p2p.store.has(sha(blobs[3 + d.hi]))

@@ -450,10 +450,11 @@ class Verifier:
         for j, h in enumerate(hashes):
             step = points[j + 1]
             # A mid our own replay reproduces exactly needs no fetch: the part is honest.
-            nxt = await trio.to_thread.run_sync(ev.replay_if_exact, cur, points[j], step, h)
-            if nxt is not None:
-                cur = nxt
+            mine = await trio.to_thread.run_sync(ev.replay_range, cur, points[j], step)
+            if mine is not None and await trio.to_thread.run_sync(ev.is_exact, mine, step, h):
+                cur = mine
                 continue
+            nxt = None
             with trio.move_on_at(deadline):
                 try:
                     nxt = await ev.state(step, h, wait=True)
@@ -463,7 +464,8 @@ class Verifier:
                 log.warning("mid_state_not_served", dispute=d.id, step=step)
                 part, why = j, f"state {step} not served"
                 break
-            if not await trio.to_thread.run_sync(ev.step_range_ok, cur, points[j], nxt, step):
+            if not await trio.to_thread.run_sync(ev.step_range_ok, cur, points[j], nxt, step,
+                                                 mine):
                 part, why = j, f"state {step} out of tolerance"
                 break
             cur = nxt
@@ -483,15 +485,16 @@ class Verifier:
             with trio.move_on_after(max(5.0, d.commit_end - await self.rt.chain(
                     self.rt.chain_client.timestamp) - 10)):
                 lo = await ev.state(d.lo, d.lo_hash, wait=True)
-                exact = None if lo is None else await trio.to_thread.run_sync(
-                    ev.replay_if_exact, lo, d.lo, d.hi, d.hi_hash)
-                if exact is not None:
+                mine = None if lo is None else await trio.to_thread.run_sync(
+                    ev.replay_range, lo, d.lo, d.hi)
+                if mine is not None and await trio.to_thread.run_sync(ev.is_exact, mine, d.hi,
+                                                                      d.hi_hash):
                     valid = True  # the solver's S_hi is our replay, bit for bit
-                elif lo is not None:
+                elif mine is not None:
                     hi = await ev.state(d.hi, d.hi_hash, wait=True)
                     if hi is not None:
                         valid = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo,
-                                                              hi, d.hi)
+                                                              hi, d.hi, mine)
         if self.malicious:
             valid = False
         salt = os.urandom(32)

@@ -103,44 +103,45 @@ class JobEvidence:
                 return None
             await trio.sleep(0.5)
 
-    def replay_if_exact(self, lo: Tensors, lo_step: int, hi_step: int,
-                        hi_hash: bytes) -> Tensors | None:
-        """Our replay lo_step -> hi_step from the solver's own lo, if its state hash is
-        exactly ``hi_hash``: then the solver's hi *is* the honest successor of its lo,
-        bit for bit, and its copy need not be fetched (a solver slow to serve it, say
-        restarting, cannot make an honest challenger or juror misjudge the range).
-        None when the hash differs (other hardware's drift, or a fault: fetch the
-        solver's state and apply the tolerance) or lo is no valid state."""
-        from node.proof import state_hash  # noqa: PLC0415 - torch-heavy, like the replay
-
-        lo_state, _why = load_committed_start(self.ctx, lo, lo_step)
-        if lo_state is None:
-            return None
-        try:
-            replayed, _loss = replay_segment(self.ctx, lo, lo_step, hi_step - lo_step)
-        except TrainingError:
-            return None
-        if state_hash(replayed, self.manifest.state_hash_scheme) != hi_hash:
-            return None
-        log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step], passed=True,
-                 exact=True)
-        self._states[(hi_step, hi_hash)] = replayed
-        return replayed
-
-    def step_range_ok(self, lo: Tensors, lo_step: int, hi: Tensors, hi_step: int) -> bool:
-        """Replay lo_step -> hi_step and apply the job's tolerance to the solver's hi."""
-        n = hi_step - lo_step
+    def replay_range(self, lo: Tensors, lo_step: int, hi_step: int) -> Tensors | None:
+        """Our replay lo_step -> hi_step from the solver's own lo; None (logged as a failed
+        range) when lo is no valid state or the replay fails."""
         lo_state, why = load_committed_start(self.ctx, lo, lo_step)
         if lo_state is None:  # the solver's own state at lo is no valid state
             log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
                      passed=False, reason=why)
-            return False
+            return None
         try:
-            replayed, _loss = replay_segment(self.ctx, lo, lo_step, n)
+            replayed, _loss = replay_segment(self.ctx, lo, lo_step, hi_step - lo_step)
         except TrainingError as exc:
             log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
                      passed=False, reason=str(exc))
+            return None
+        return replayed
+
+    def is_exact(self, replayed: Tensors, hi_step: int, hi_hash: bytes) -> bool:
+        """Is our replay's state hash exactly ``hi_hash``? Then the solver's hi *is* the
+        honest successor of its lo, bit for bit, and its copy need not be fetched (a
+        solver slow to serve it, say restarting, cannot make an honest challenger or
+        juror misjudge the range); a hash that differs (other hardware's drift, or a
+        fault) needs the solver's state and the tolerance (``step_range_ok``)."""
+        from node.proof import state_hash  # noqa: PLC0415 - torch-heavy, like the replay
+
+        if state_hash(replayed, self.manifest.state_hash_scheme) != hi_hash:
             return False
+        log.info("range_replayed", job=self.job_id, steps=[hi_step], passed=True, exact=True)
+        self._states[(hi_step, hi_hash)] = replayed
+        return True
+
+    def step_range_ok(self, lo: Tensors, lo_step: int, hi: Tensors, hi_step: int,
+                      replayed: Tensors | None = None) -> bool:
+        """Apply the job's tolerance to the solver's hi against our replay lo_step ->
+        hi_step (``replayed``, if already run, else run here)."""
+        if replayed is None:
+            replayed = self.replay_range(lo, lo_step, hi_step)
+            if replayed is None:
+                return False
+        n = hi_step - lo_step
         verdict = compare_states(-1, lo_step, lo, replayed, hi, slots_from_names(replayed),
                                  segment_context(self.ctx, lo_step, n),
                                  policy_from_spec(self.ctx.spec))

@@ -54,6 +54,7 @@ OPEN, RUNNING, FINISHED, FAILED = 1, 2, 3, 4
 IDLE, ROUND_RUNNING, OUTER = 0, 1, 2
 NO_CHALLENGE, DRAWING, VOTING = 0, 1, 2
 
+ZERO_ADDRESS = "0x" + "0" * 40  # an unset address in a chain view
 ANNOUNCE_EVERY_S = 5.0
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
 
@@ -380,8 +381,7 @@ class CollabFollower:
             return
         rnd = await rt.chain(c.collab.get_round, cid, r)
         now = await rt.chain(c.timestamp)
-        zero_addr = "0x" + "0" * 40
-        if str(rnd.poster).lower() == zero_addr:
+        if str(rnd.poster).lower() == ZERO_ADDRESS:
             await self._bond(c.collab.address)
             if await rt.transact_ok(c.collab.post_outer, cid, r, mine[0], mine[1],
                                     benign=POST_BENIGN):
@@ -426,7 +426,7 @@ class CollabFollower:
     async def _forge(self, cid: int, r: int) -> None:
         rt, c = self.rt, self.rt.chain_client
         rnd = await rt.chain(c.collab.get_round, cid, r)
-        if str(rnd.poster).lower() != "0x" + "0" * 40:
+        if str(rnd.poster).lower() != ZERO_ADDRESS:
             return
         fake = hashlib.sha256(b"forged outer state" + cid.to_bytes(32, "big")
                               + r.to_bytes(32, "big")).digest()

@@ -58,9 +58,15 @@ class CollabProgress:
         self.losses = read_losses(rt.dir, cid)
         self._eval: Any = None  # (context, held-out indices), built once
 
-    async def tick(self) -> None:
+    async def tick(self) -> Any:
+        """Record what is new; returns the job's chain view (the caller's poll)."""
         c = self.rt.chain_client
         job = await self.rt.chain(c.collab.get_collab, self.cid)
+        await self._record_new(job)
+        return job
+
+    async def _record_new(self, job: Any) -> None:
+        c = self.rt.chain_client
         # theta_r is known for r = 0 and for every round r - 1 whose outer state the
         # chain accepted: job.round counts them.
         for r in range(job.round + 1):
@@ -116,10 +122,11 @@ class CollabProgress:
         atomic_write(path, json.dumps({str(r): v for r, v in sorted(self.losses.items())},
                                       indent=1).encode())
 
-    async def tick_safely(self) -> None:
-        """``tick``, with a failure logged rather than raised: serving the inputs
-        matters more than a loss figure."""
+    async def tick_safely(self) -> Any:
+        """``tick``, with a failure logged rather than raised (serving the inputs
+        matters more than a loss figure); the job's chain view either way."""
         try:
-            await self.tick()
+            return await self.tick()
         except (PolnetError, OSError, ValueError) as exc:
             log.warning("collab_progress_failed", job=self.cid, error=str(exc))
+            return await self.rt.chain(self.rt.chain_client.collab.get_collab, self.cid)

@@ -20,6 +20,7 @@ from node.chain.contracts import CollabTerms
 from node.datasets import dataset_hash
 from node.errors import ConfigError, SpecError
 from node.logs import get_logger
+from node.roles.collab import ZERO_ADDRESS
 from node.roles.runtime import Runtime
 from node.roles.submitter import MAX_AMOUNT, publish_and_approve
 from node.spec import CollaborativeSpec, load_collaborative_spec
@@ -101,8 +102,7 @@ async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) 
     progress = CollabProgress(rt, cid)
     with trio.move_on_after(timeout if timeout is not None else float("inf")):
         while True:
-            await progress.tick_safely()
-            job = await rt.chain(c.collab.get_collab, cid)
+            job = await progress.tick_safely()
             if job.status.name in ("FINISHED", "FAILED"):
                 break
             await trio.sleep(rt.settings.poll_interval * 4)
@@ -147,12 +147,12 @@ def collab_report(c: ChainClient, cid: int,
             "outer_challenge": rnd.challenge_phase.name.lower(),
             "last_verdict": rnd.last_verdict.name.lower(),
             "loss": loss_of(r + 1, rnd.outer_hash) if rnd.accepted else None})
-    zero = "0x" + "0" * 40
     return {
         "job": cid, "status": job.status.name.lower(), "phase": job.phase.name.lower(),
         "round": job.round, "rounds": job.rounds, "inner_steps": job.inner_steps,
         "workers": {"min": job.min_workers, "max": job.max_workers},
-        "slots": [None if str(a).lower() == zero else a for a in c.collab.slot_holders(cid)],
+        "slots": [None if str(a).lower() == ZERO_ADDRESS else a
+                  for a in c.collab.slot_holders(cid)],
         "reward_pol": wei_to_pol(job.reward), "per_sub_job_pol": wei_to_pol(job.sub_reward),
         "pool_pol": wei_to_pol(job.pool), "model_outer_hash": "0x" + job.outer_hash.hex(),
         "initial_loss": loss_of(0, None),
