@@ -72,6 +72,7 @@ class Node:
     down_since: float | None = None
     restart_at: float | None = None
     last_kill: float = -1e9
+    up_since: float = -1e9  # when it was last restarted
     posted: bool = False  # submitters: its job is on chain (restart = serve only)
     jobs: set[int] = field(default_factory=set)  # submitters: its jobs on chain
     done: bool = False    # submitters: its jobs are final; not restarted, not killed
@@ -150,6 +151,8 @@ class Chaos:
                        "--reward", "100", "--budget", "12", "--solve-duration", "300",
                        *net.node_args(n.name, n.account))
         n.down_since = n.restart_at = None
+        if n.last_kill > -1e9:  # a restart (a first start may be killed at once)
+            n.up_since = self.now()
 
     def kill(self, n: Node, phase: str, why: str) -> None:
         self.net.kill(n.name, signal.SIGKILL)
@@ -163,8 +166,13 @@ class Chaos:
         p = self.net.procs.get(n.name)
         return n.down_since is None and p is not None and p.poll() is None
 
-    def killable(self, n: Node, min_gap: float = 8.0) -> bool:
-        return self.alive(n) and not n.done and self.now() - n.last_kill >= min_gap
+    def killable(self, n: Node, min_gap: float = 8.0, min_up: float = 15.0) -> bool:
+        """Up ``min_up`` s since a restart, too: a node needs a few seconds to boot and
+        then time to act. The devnet's vote windows are 20-25 s (production's are hours),
+        so a juror killed twice in one of them was silent through no fault of its own
+        (CI, stop 20: one honest slash)."""
+        return (self.alive(n) and not n.done and self.now() - n.last_kill >= min_gap
+                and self.now() - n.up_since >= min_up)
 
     def supervise(self) -> None:
         """Restart killed nodes when due; restart (and count) nodes that died on their own;
@@ -480,6 +488,9 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         "jobs_cancelled_stuck_open": cancelled_stuck, "jobs_unfinished": unfinished,
         "disputes": sum(1 for e in evs if e.event == "DisputeOpened"),
         "honest_slashes": len(honest_slashes), "tokens_unaccounted": unaccounted,
+        "honest_slash_events": [{**s, "name": {a.lower(): n for a, n in honest_addrs.items()}
+                                            .get(s["who"].lower(), s["who"])}
+                                for s in honest_slashes],
         "cheater_caught": caught, "cheater_slashed": cheater_slashed,
         "cheater_change_pol": (after[cheater] - before[cheater]) / TOKEN,
         "honest_change_pol": {honest_addrs[a]: (after[a] - before[a]) / TOKEN

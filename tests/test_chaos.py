@@ -16,6 +16,20 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(420)
 
 
+def _slashed_logs(report: dict, home: Path) -> str:
+    """The dispute and vote lines of every honest node slashed: CI keeps no logs, so a
+    failure must carry what explains it."""
+    out = []
+    for name in sorted({s["name"] for s in report.get("honest_slash_events", [])}):
+        log = home / "net" / "logs" / f"{name}.log"
+        if log.exists():
+            keep = [ln for ln in log.read_text(errors="replace").splitlines()
+                    if any(w in ln for w in ("dispute", "vote", "juror", "challenge", "warning",
+                                             "error", "attest", "reclaim"))]
+            out.append(f"--- {name}.log (dispute lines, last 40)\n" + "\n".join(keep[-40:]))
+    return "\n".join(out)
+
+
 def test_chaos_short_run_loses_nothing(tmp_path: Path) -> None:
     home = tmp_path / "chaos"
     cmd = [sys.executable, str(ROOT / "bench" / "chaos.py"), "--seed", "3", "--duration", "100",
@@ -25,7 +39,8 @@ def test_chaos_short_run_loses_nothing(tmp_path: Path) -> None:
     lines = out.stdout.strip().splitlines()
     assert lines, out.stderr[-3000:]
     report = json.loads(lines[-1])
-    context = "\n".join(lines[:-1])[-4000:] + f"\nlogs under {home}/net/logs"
+    context = ("\n".join(lines[:-1])[-4000:] + f"\nlogs under {home}/net/logs\n"
+               + f"failures: {report['failures']}\n" + _slashed_logs(report, home))
     assert report["kills"] >= 6, context
     assert set(report["kills_by_role"]) == {"solver", "verifier", "submitter"}, context
     assert report["rpc_freezes"] >= 2
