@@ -37,6 +37,12 @@ const SETTINGS = {
   viaIR: false,
 };
 
+// Contracts whose runtime code sits at the 24,576-byte limit are compiled for size
+// (optimizer runs 1: a little more gas per call, less code); every other keeps SETTINGS.
+// CollabMarket: the way back to runs 200 is moving its outer jury into a contract of its own.
+const SIZE_FIRST = { 'src/CollabMarket.sol': 'CollabMarket' };
+const SIZE_SETTINGS = { ...SETTINGS, optimizer: { enabled: true, runs: 1 } };
+
 function listSources(dir) {
   const out = [];
   for (const entry of fs.readdirSync(dir, { withFileTypes: true })) {
@@ -94,16 +100,23 @@ function compile() {
     const unit = path.relative(HERE, file).split(path.sep).join('/'); // "src/X.sol"
     sources[unit] = { content: fs.readFileSync(file, 'utf8') };
   }
-  const input = { language: 'Solidity', sources, settings: SETTINGS };
-  const output = JSON.parse(solc.compile(JSON.stringify(input), { import: findImports }));
-  const errors = (output.errors || []).filter((e) => e.severity === 'error');
-  for (const e of output.errors || []) {
-    if (e.severity !== 'error') process.stderr.write(`warning: ${e.formattedMessage || e.message}\n`);
-  }
-  if (errors.length) {
-    for (const e of errors) process.stderr.write(`${e.formattedMessage || e.message}\n`);
-    throw new Error(`solc: ${errors.length} error(s)`);
-  }
+  const run = (settings, warn) => {
+    const input = { language: 'Solidity', sources, settings };
+    const out = JSON.parse(solc.compile(JSON.stringify(input), { import: findImports }));
+    const errors = (out.errors || []).filter((e) => e.severity === 'error');
+    for (const e of out.errors || []) {
+      if (warn && e.severity !== 'error') process.stderr.write(`warning: ${e.formattedMessage || e.message}\n`);
+    }
+    if (errors.length) {
+      for (const e of errors) process.stderr.write(`${e.formattedMessage || e.message}\n`);
+      throw new Error(`solc: ${errors.length} error(s)`);
+    }
+    return out;
+  };
+  const output = run(SETTINGS, true);
+  const sizeSelection = {};
+  for (const [unit, name] of Object.entries(SIZE_FIRST)) sizeSelection[unit] = { [name]: SETTINGS.outputSelection['*']['*'] };
+  const sized = run({ ...SIZE_SETTINGS, outputSelection: sizeSelection }, false);
   const version = solc.version();
   const files = {};
   const errorTable = {
@@ -118,14 +131,15 @@ function compile() {
     for (const name of Object.keys(output.contracts[unit]).sort()) {
       if (names.has(name)) throw new Error(`duplicate contract name ${name}`);
       names.add(name);
-      const c = output.contracts[unit][name];
+      const small = SIZE_FIRST[unit] === name;
+      const c = small ? sized.contracts[unit][name] : output.contracts[unit][name];
       const abi = sortKeys(c.abi);
       files[`${name}.json`] = dump({
         contractName: name,
         abi,
         bytecode: '0x' + c.evm.bytecode.object,
         deployedBytecode: '0x' + c.evm.deployedBytecode.object,
-        compiler: { version, settings: sortKeys(SETTINGS) },
+        compiler: { version, settings: sortKeys(small ? SIZE_SETTINGS : SETTINGS) },
       });
       for (const item of abi) {
         if (item.type !== 'error') continue;

@@ -150,6 +150,11 @@ class CollabParams(BaseModel):
         default=2_000, ge=0, le=10_000,
         description="how far a node's delivered rate may fall below its claim before its "
                     "slots are capped at what it delivered")
+    slot_bond: int = Field(
+        default=5 * TOKEN, ge=0, le=2**96 - 1,
+        description="tokens a worker puts up per slot it holds: back when the slot is released "
+                    "or the job ends, lost to the round's accepted workers when the worker "
+                    "leaves its reserved sub-job unclaimed (an idle slot is not free)")
 
     @model_validator(mode="after")
     def _quorum_fits(self) -> CollabParams:

@@ -61,10 +61,17 @@ class Net:
         return next(c for c in [*self.workers, *self.verifiers] if c.address == addr)
 
 
+def solver(chain: LocalChain, i: int) -> ChainClient:
+    """A registered solver that has allowed the CollabMarket its slot bonds."""
+    w = chain.join(i, SOLVER, 500 * TOKEN)
+    w.token.approve(w.collab.address, 1_000 * TOKEN)
+    return w
+
+
 @pytest.fixture
 def net(chain: LocalChain) -> Net:
     return Net(chain, submitter=chain[5],
-               workers=[chain.join(i, SOLVER, 500 * TOKEN) for i in (1, 2, 3)],
+               workers=[solver(chain, i) for i in (1, 2, 3)],
                verifiers=[chain.join(i, VERIFIER, VSTAKE) for i in (4, 6, 7, 8)],
                outsider=chain[9])
 
@@ -112,6 +119,10 @@ def window(net: Net) -> int:
 
 def bond_of(net: Net) -> int:
     return net.chain.reader.collab.collab_params().outer_bond
+
+
+def slot_bond(net: Net) -> int:
+    return net.chain.reader.collab.collab_params().slot_bond
 
 
 def post_outer(net: Net, who: ChainClient, job: int, r: int, h: bytes | None = None) -> None:
@@ -214,6 +225,10 @@ def test_honest_three_slot_two_round_job(net: Net) -> None:
         assert m.credits(w.address) == 2 * SUB_REWARD
         assert w.market.withdraw() == 2 * SUB_REWARD
         assert w.registry.locked_stake(w.address) == 0
+        # the job is over: its slot's bond comes back, the slot is freed
+        assert c.credits(w.address) == slot_bond(net)
+        assert w.collab.withdraw() == slot_bond(net)
+    assert not any(int(h, 16) for h in c.slot_holders(job))
     refund = t.reward + t.verification_budget - 6 * SUB_REWARD  # nobody attested: budget back
     assert c.credits(sub.address) == refund + 2 * bond_of(net)  # + its two outer bonds
     assert sub.collab.withdraw() == refund + 2 * bond_of(net)
@@ -314,6 +329,8 @@ def test_missed_deadline_drops_the_worker_and_shares_its_slash(net: Net) -> None
     assert late.registry.locked_stake(late.address) == 0
     assert late.registry.free_stake(late.address) == 500 * TOKEN - slashed
     assert c.slot_holders(job)[2] == "0x" + "00" * 20  # its slot is freed
+    # It claimed its run, so the market's slash is its penalty: its slot bond comes back.
+    assert c.credits(late.address) == slot_bond(net)
     assert m.get_job(ids[2]).status == JobStatus.CANCELLED
     assert c.get_collab(job).phase == RoundPhase.OUTER  # 2 >= minWorkers: the round holds
     conserved(net)
@@ -325,8 +342,8 @@ def test_missed_deadline_drops_the_worker_and_shares_its_slash(net: Net) -> None
     assert c.get_round(job, 1).accepted_slots() == [0, 1, 2]
     assert c.get_collab(job).status == CollabStatus.FINISHED
     assert m.credits(late.address) == SUB_REWARD
-    for w in net.workers[:2]:
-        assert w.collab.withdraw() == slashed // 2
+    for w in net.workers[:2]:  # + its slot bond: the job is over
+        assert w.collab.withdraw() == slashed // 2 + slot_bond(net)
     conserved(net)
 
 
@@ -498,7 +515,7 @@ def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
     assert c.credits(other.address) == bond
     conserved(net)
     accept_outer(net, job, 0)
-    assert c.credits(w.address) == bond
+    assert c.credits(w.address) == bond + slot_bond(net)  # + its slot's: the job is over
     conserved(net)
 
 
@@ -655,29 +672,75 @@ def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
     conserved(net)
 
 
-def test_a_slot_changing_hands_mid_round(net: Net) -> None:
-    """Churn: the holder leaves during a round; a newcomer takes the slot, effective from the
-    next round. The leaver's sub-job of this round stays its own (dropped when it does not
-    run it) and dropping it does not take the slot from the newcomer."""
+def test_a_slot_changes_hands_between_rounds(net: Net) -> None:
+    """Churn: a holder cannot leave a slot whose sub-job is live (leaving then would dodge
+    the bond an idle sub-job forfeits); once the round has settled it leaves with its bond
+    back, and a newcomer takes the slot for the next round."""
     chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
     job = post(net, terms())
     claim_all(net, job)
     net.outsider.collab.start_round(job)
-    ids = sub_jobs(net, job, 0)
     leaver = net.workers[2]
-    leaver.collab.leave_slot(job, 2)
-    newcomer = chain.join(9, SOLVER, 500 * TOKEN)
-    assert newcomer.collab.claim_slot(job, 1, RATE) == [2]
-    assert m.reserved_solver_of(ids[2]) == leaver.address  # this round's run is the leaver's
-    assert revert(newcomer.market.claim_job, ids[2]).error == "NotReservedSolver"
-    work(net, job, 0, slots=[0, 1])
-    chain.advance(ROUND + 1)
-    r = net.outsider.collab.settle_round(job)
-    assert c.events(r, "SubJobDropped")[0]["args"]["worker"] == leaver.address
-    assert not c.events(r, "SlotReleased")
-    assert c.slot_holders(job)[2] == newcomer.address
+    e = revert(leaver.collab.leave_slot, job, 2)
+    assert (e.error, e.error_args["phase"]) == ("WrongRoundPhase", RoundPhase.RUNNING)
+    newcomer = solver(chain, 9)
+    assert revert(newcomer.collab.claim_slot, job, 1, RATE).error == "NotEnoughFreeSlots"
+    work(net, job, 0)
+    chain.advance(window(net))
+    net.outsider.collab.settle_round(job)
     post_outer(net, net.submitter, job, 0)
+    # between rounds (phase Outer, then Idle) the slot is free to leave, bond and all
+    r = leaver.collab.leave_slot(job, 2)
+    assert c.events(r, "SlotReleased")[0]["args"]["reason"] == 0
+    assert c.credits(leaver.address) == slot_bond(net)
     accept_outer(net, job, 0)
+    assert newcomer.collab.claim_slot(job, 1, RATE) == [2]
     net.outsider.collab.start_round(job)
     assert m.reserved_solver_of(sub_jobs(net, job, 1)[2]) == newcomer.address
+    conserved(net)
+
+
+def test_idle_slot_holders_forfeit_their_slot_bonds(net: Net) -> None:
+    """The attack: sybil solvers take slots and never run their reserved sub-jobs, to stall
+    a job at no cost (before slot bonds, an idle slot only cost gas). Now each idle slot's
+    bond is forfeited to the round's accepted workers, never back to the idler; with
+    nobody accepted it goes to the submitter, whose job the idlers stalled. A sybil that
+    also works an accepted slot gets back at most a share of what its idle one lost."""
+    chain, c = net.chain, net.chain.reader.collab
+    b = slot_bond(net)
+    job = post(net, terms())
+    honest, sybil = net.workers[0], net.workers[1]
+    idle = net.workers[2]
+    before = {w.address: w.token.balance_of(w.address) for w in net.workers}
+    claim_all(net, job)
+    for w in net.workers:  # every slot is backed by its bond
+        assert w.token.balance_of(w.address) == before[w.address] - b
+    assert c.total_owed() == c.get_collab(job).pool + 3 * b
+    net.outsider.collab.start_round(job)
+    work(net, job, 0, slots=[0, 1])  # the idle sybil (slot 2) never claims its sub-job
+    chain.advance(ROUND + 1)
+    r = net.outsider.collab.settle_round(job)
+    drop = c.events(r, "SubJobDropped")[0]["args"]
+    assert (drop["slot"], drop["worker"], drop["reason"]) == (2, idle.address, 2)
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["sharedPot"], st["perWorker"]) == (b, b // 2)
+    assert c.credits(honest.address) == c.credits(sybil.address) == b // 2
+    assert c.credits(idle.address) == 0  # its bond is gone ...
+    assert c.slot_holders(job)[2] == "0x" + "00" * 20  # ... and so is its slot
+    conserved(net)
+    # Its pair's share never covers the idle slot's bond: the sybil pair is b / 2 down.
+    assert c.credits(sybil.address) + c.credits(idle.address) < b
+
+    # A job where every holder idles: the forfeits go to the submitter, the round retries.
+    sub = net.submitter
+    owed = c.credits(sub.address)
+    job2 = post(net, terms(rounds=1))
+    claim_all(net, job2)
+    net.outsider.collab.start_round(job2)
+    chain.advance(ROUND + 1)
+    r = net.outsider.collab.settle_round(job2)
+    assert [e["args"]["reason"] for e in c.events(r, "SubJobDropped")] == [2, 2, 2]
+    assert c.events(r, "RoundRetried")
+    assert c.credits(sub.address) - owed == 3 * b
+    assert not any(int(h, 16) for h in c.slot_holders(job2))
     conserved(net)

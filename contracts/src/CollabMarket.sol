@@ -26,6 +26,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint8 internal constant RELEASE_LEFT = 0;
     uint8 internal constant RELEASE_DROPPED = 1;
     uint8 internal constant RELEASE_THROUGHPUT = 2;
+    uint8 internal constant RELEASE_JOB_OVER = 3;
     uint8 internal constant DROP_MISSED = 0;
     uint8 internal constant DROP_CONDEMNED = 1;
     uint8 internal constant DROP_UNCLAIMED = 2;
@@ -36,6 +37,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
 
     uint256 internal immutable _outerWindow;
     uint256 internal immutable _outerBond;
+    uint256 internal immutable _slotBond;
     uint256 internal immutable _juryLookahead;
     uint256 internal immutable _jurySize;
     uint256 internal immutable _quorum;
@@ -145,13 +147,14 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
                 || params_.commitWindow == 0 || params_.commitWindow > MAX_DURATION || params_.revealWindow == 0
                 || params_.revealWindow > MAX_DURATION || params_.maxSlots == 0 || params_.maxSlots > MAX_SLOTS
                 || params_.maxRounds == 0 || params_.maxRounds > 100_000 || params_.maxRoundRetries > 100
-                || params_.throughputToleranceBps > BPS
+                || params_.throughputToleranceBps > BPS || params_.slotBond > MAX_AMOUNT
         ) revert InvalidParams();
         _token = token_;
         _registry = registry_;
         _market = market_;
         _outerWindow = params_.outerWindow;
         _outerBond = params_.outerBond;
+        _slotBond = params_.slotBond;
         _juryLookahead = params_.juryLookahead;
         _jurySize = params_.jurySize;
         _quorum = params_.quorum;
@@ -240,13 +243,20 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             ++taken;
             emit SlotClaimed(jobId, i, msg.sender, claimedRate);
         }
+        // INVARIANT: every held slot is backed by a slot bond: back to its holder when the slot
+        // is released, lost to the round's accepted workers when its sub-job goes unclaimed.
+        _takeBond(_slotBond * count);
     }
 
     function leaveSlot(uint256 jobId, uint32 slot) external {
-        _collab(jobId);
+        CollabRec storage c = _collab(jobId);
         if (_slots[jobId][slot] != msg.sender) revert NotSlotHolder(slot, msg.sender);
-        _slots[jobId][slot] = address(0);
-        emit SlotReleased(jobId, slot, msg.sender, RELEASE_LEFT);
+        // INVARIANT: a slot whose sub-job is live stays with its worker until the round
+        // settles, so leaving cannot dodge the forfeit of an unclaimed sub-job.
+        if (c.phase == RoundPhase.Running && _rounds[jobId][c.round].postedMask & (uint64(1) << slot) != 0) {
+            revert WrongRoundPhase(jobId, c.phase);
+        }
+        _release(jobId, slot, msg.sender, RELEASE_LEFT, true);
     }
 
     // --- rounds ---
@@ -306,7 +316,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (owed != 0) {
             uint256 got = _market.withdraw();
             // Whatever is not escrow coming back is a slash share: the others' to share.
-            t.pot = got - t.poolGain;
+            t.pot += got - t.poolGain;
         }
         c.pool += t.poolGain;
         totalPools += t.poolGain;
@@ -354,7 +364,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.outerHash = outerHash;
         rr.nextInitHash = nextInitHash;
         rr.postNonce += 1;
-        _takeBond();
+        _takeBond(_outerBond);
         emit OuterPosted(jobId, round, msg.sender, outerHash, nextInitHash, rr.windowEnd);
     }
 
@@ -370,7 +380,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.challenger = msg.sender;
         rr.challengeNonce += 1;
         _requestJury(rr);
-        _takeBond();
+        _takeBond(_outerBond);
         emit OuterChallenged(jobId, round, msg.sender, uint64(block.number + _juryLookahead), rr.poolLen);
     }
 
@@ -467,7 +477,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         c.phase = RoundPhase.Idle;
         if (c.round == c.rounds) {
             c.status = CollabStatus.Finished;
-            uint256 refund = _drainPool(c);
+            uint256 refund = _drainPool(jobId, c);
             emit CollabFinished(jobId, rr.outerHash, refund);
         }
     }
@@ -495,7 +505,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             maxSlots: _maxSlots,
             maxRounds: _maxRounds,
             maxRoundRetries: _maxRoundRetries,
-            throughputToleranceBps: _toleranceBps
+            throughputToleranceBps: _toleranceBps,
+            slotBond: _slotBond
         });
     }
 
@@ -579,17 +590,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return _credits[account];
     }
 
-    function token() external view returns (address) {
-        return address(_token);
-    }
 
-    function registry() external view returns (address) {
-        return address(_registry);
-    }
 
-    function market() external view returns (address) {
-        return address(_market);
-    }
 
     function totalOwed() external view returns (uint256) {
         return totalPools + totalCredits + totalBonds;
@@ -663,8 +665,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             if (kept[s] < _cap(h, _claimed[h], required)) {
                 ++kept[s];
             } else {
-                _slots[jobId][i] = address(0);
-                emit SlotReleased(jobId, i, h, RELEASE_THROUGHPUT);
+                _release(jobId, i, h, RELEASE_THROUGHPUT, true);
             }
         }
     }
@@ -731,11 +732,11 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint256 pre = _market.credits(address(this));
         _market.cancel(id);
         t.poolGain += _market.credits(address(this)) - pre;
-        // A dropped worker loses its slot (unless it already changed hands).
-        if (_slots[jobId][slot] == worker) {
-            _slots[jobId][slot] = address(0);
-            emit SlotReleased(jobId, slot, worker, RELEASE_DROPPED);
-        }
+        // A dropped worker loses its slot (it held it all round: leaveSlot waits for the
+        // settlement); an idle one its slot bond too, to the pot the accepted workers share.
+        bool idle = dropReason == DROP_UNCLAIMED;
+        if (idle) t.pot += _slotBond;
+        _release(jobId, slot, worker, RELEASE_DROPPED, !idle);
         emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
     }
 
@@ -853,24 +854,36 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return each * count;
     }
 
-    function _takeBond() internal {
-        uint256 bond = _outerBond;
+    function _takeBond(uint256 bond) internal {
         totalBonds += bond;
         if (bond != 0) _token.safeTransferFrom(msg.sender, address(this), bond);
+    }
+
+    /// @dev Free a slot; its bond goes back to the holder (`refund`) or was forfeited.
+    function _release(uint256 jobId, uint32 slot, address holder, uint8 reason, bool refund) internal {
+        _slots[jobId][slot] = address(0);
+        totalBonds -= _slotBond;
+        if (refund) _credit(holder, _slotBond);
+        emit SlotReleased(jobId, slot, holder, reason);
     }
 
     function _fail(uint256 jobId, CollabRec storage c) internal {
         c.status = CollabStatus.Failed;
         c.phase = RoundPhase.Idle;
-        uint256 refund = _drainPool(c);
+        uint256 refund = _drainPool(jobId, c);
         emit CollabFailed(jobId, c.round, refund);
     }
 
-    function _drainPool(CollabRec storage c) internal returns (uint256 refund) {
+    /// @dev The job is over: the unspent pool to the submitter, every slot bond to its holder.
+    function _drainPool(uint256 jobId, CollabRec storage c) internal returns (uint256 refund) {
         refund = c.pool;
         c.pool = 0;
         totalPools -= refund;
         _credit(c.submitter, refund);
+        for (uint32 i; i < c.maxWorkers; ++i) {
+            address h = _slots[jobId][i];
+            if (h != address(0)) _release(jobId, i, h, RELEASE_JOB_OVER, true);
+        }
     }
 
     function _credit(address account, uint256 amount) internal {

@@ -691,6 +691,7 @@ class CollabParamsView:
     max_rounds: int
     max_round_retries: int
     throughput_tolerance_bps: int
+    slot_bond: int
 
 
 def outer_vote_commitment(valid: bool, salt: bytes, juror: str, job_id: int,
@@ -712,7 +713,8 @@ class Collab(Bound):
 
     # workers
     def claim_slot(self, job_id: int, count: int, claimed_milli_steps_per_sec: int) -> list[int]:
-        """Take ``count`` free slots (lowest first); returns their indices."""
+        """Take ``count`` free slots (lowest first), each backed by ``slotBond`` tokens
+        (approve ``count * slotBond`` for the CollabMarket first); returns their indices."""
         r = self.transact("claimSlot", job_id, count, claimed_milli_steps_per_sec)
         return [int(e["args"]["slot"]) for e in self.events(r, "SlotClaimed")]
 

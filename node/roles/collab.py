@@ -453,10 +453,12 @@ class CollabFollower:
         if now >= rnd.reveal_end:
             await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
 
-    async def _bond(self, spender: str) -> None:
+    async def _bond(self, spender: str, slots: int = 0) -> None:
+        """Allow ``spender`` one outer bond, or ``slots`` slot bonds."""
         c = self.rt.chain_client
-        bond = (await self.rt.chain(c.collab.collab_params)).outer_bond
-        await self.rt.chain(c.token.ensure_allowance, spender, bond)
+        p = await self.rt.chain(c.collab.collab_params)
+        await self.rt.chain(c.token.ensure_allowance, spender,
+                            p.slot_bond * slots if slots else p.outer_bond)
 
     async def _maybe_claim_slots(self, cid: int, job: Any) -> None:
         rt, c = self.rt, self.rt.chain_client
@@ -471,6 +473,7 @@ class CollabFollower:
         rate = await self._claimed_rate_for(cid)
         if rate is None:
             return
+        await self._bond(c.collab.address, slots=want)
         if await rt.transact_ok(c.collab.claim_slot, cid, want, rate, benign=SLOT_BENIGN):
             log.info("collab_slot_claimed", job=cid, slots=want, milli_steps_per_s=rate)
 

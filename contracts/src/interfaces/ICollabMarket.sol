@@ -61,6 +61,7 @@ interface ICollabMarket {
         uint256 maxRounds; // bound on a job's rounds
         uint256 maxRoundRetries; // retries of a round that stayed below minWorkers
         uint256 throughputToleranceBps; // delivered may fall this far below claimed
+        uint256 slotBond; // tokens a worker puts up per slot held, lost if its sub-job goes unclaimed
     }
 
     /// @notice What a submitter fixes when posting a collaborative job.
@@ -136,7 +137,7 @@ interface ICollabMarket {
         uint32 rounds
     );
     event SlotClaimed(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint64 claimedMilliStepsPerSec);
-    event SlotReleased(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint8 reason); // 0 left, 1 dropped, 2 throughput
+    event SlotReleased(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint8 reason); // 0 left, 1 dropped, 2 throughput, 3 job over
     event RoundStarted(uint256 indexed jobId, uint32 round, uint32 attempt, uint64 deadline, uint256[] subJobs);
     event SubJobPosted(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker);
     event SubJobAccepted(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker);
@@ -300,9 +301,6 @@ interface ICollabMarket {
     function claimedOf(address node) external view returns (uint64);
     function collabCount() external view returns (uint256);
     function credits(address account) external view returns (uint256);
-    function token() external view returns (address);
-    function registry() external view returns (address);
-    function market() external view returns (address);
     /// @notice Pools + credits + outer bonds held: what the contract owes.
     function totalOwed() external view returns (uint256);
 }
