@@ -152,3 +152,48 @@ def test_replay_guard_window() -> None:
     assert g.check(_ann("p", 2, {}, now), now) == ""
     assert g.check(_ann("p", 3, {}, now - 61_000), now) == "stale"
     assert g.check(_ann("p", 4, {}, now + 6_000), now) == "future"
+
+
+def _outer(sender: str, seq: int, cid: int, r: int, aid: str, now: int) -> Announcement:
+    payload = {"collab_job_id": cid, "round": r, "outer_hash": "0x" + "ab" * 32,
+               "artifact_id": aid}
+    return Announcement.model_construct(v=1, kind="outer_state", sender=sender, seq=seq,
+                                        ts_ms=now, payload=payload, sig="00")
+
+
+def test_outer_state_hints_come_from_registered_nodes_one_each() -> None:
+    """The attack: a peer floods `outer_state` announcements for a round with junk
+    artifacts, so a joiner's few hints are all its own (each a slow or wrong download
+    before it falls back to recomputing). Strangers are dropped before the book; a
+    registered flooder keeps one entry however much it sends; the honest announcers'
+    hints stay, the latest first, up to MAX_OUTER_SENDERS senders."""
+    async def resolve(job_id: int) -> str | None:
+        raise AssertionError("outer_state needs no chain lookup")
+
+    async def main() -> None:
+        now = int(time.time() * 1000)
+        honest = [f"12D3KooWHonest{i}" for i in range(3)]
+        flooder = "12D3KooWFlooder"
+        book = AnnouncementBook()
+        dropped: Counter[str] = Counter()
+        late = [f"12D3KooWLate{i}" for i in range(50)]
+        intake = AnnouncementIntake(
+            book, EntitledSenders(resolve, lambda: {*honest, flooder, *late}), dropped)
+        for i in range(1000):  # strangers: dropped, nothing kept
+            assert not await intake.take(_outer(f"12D3KooWStranger{i}", i, 1, 2, f"{i:064x}",
+                                                now))
+        assert dropped["not_registered"] == 1000 and not book.outer
+        for i, h in enumerate(honest):
+            assert await intake.take(_outer(h, 0, 1, 2, f"{i + 1:064x}", now))
+        for i in range(10_000):  # a registered flooder: one entry, its latest artifact
+            assert await intake.take(_outer(flooder, i, 1, 2, f"{i + 100:064x}", now))
+        hints = book.outer_hints(1, 2)
+        assert hints[0] == (flooder, f"{10_099:064x}")
+        assert [s for s, _ in hints[1:]] == honest[::-1]
+        for i, s in enumerate(late):  # more senders than the cap: the oldest leave first
+            assert await intake.take(_outer(s, 0, 1, 2, f"{i + 200:064x}", now))
+        assert [s for s, _ in book.outer_hints(1, 2)] == \
+            late[::-1][:AnnouncementBook.MAX_OUTER_SENDERS]
+        assert book.outer_hints(9, 9) == []
+
+    trio.run(main)

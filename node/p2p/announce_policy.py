@@ -8,7 +8,9 @@ one it must also be
   replay (:class:`ReplayGuard`);
 - from the party entitled to make it: statements about a job's trace
   (`result_committed`, `state_served`) only from the job's current solver, as
-  the chain says (:class:`EntitledSenders`). Senders that are not registered
+  the chain says (:class:`EntitledSenders`); a collaborative job's outer state
+  (`outer_state`) from any registered node (every follower recomputes it, and a
+  receiver checks it against the accepted hash). Senders that are not registered
   nodes are dropped before any chain lookup, so strangers cost nothing.
 
 All state here is bounded (LRU), whatever strangers send.
@@ -24,6 +26,8 @@ from node.p2p.announce import Announcement
 
 # Announcements that speak for a job's solver; their payloads carry `job_id`.
 SOLVER_KINDS = frozenset({"result_committed", "state_served"})
+# Announcements any registered node may make (a stake stands behind each sender).
+REGISTERED_KINDS = frozenset({"outer_state"})
 
 Resolver = Callable[[int], Awaitable[str | None]]  # job id -> its solver's peer id, or None
 
@@ -110,10 +114,12 @@ class EntitledSenders:
 
     async def check(self, ann: Announcement) -> str:
         """"" if `ann`'s sender may say it, else the drop reason."""
-        if ann.kind not in SOLVER_KINDS:
+        if ann.kind not in SOLVER_KINDS | REGISTERED_KINDS:
             return ""
         if self.registered is not None and ann.sender not in self.registered():
             return "not_registered"
+        if ann.kind in REGISTERED_KINDS:
+            return ""
         job_id = ann.payload.get("job_id")
         if type(job_id) is not int:
             return "bad_payload"

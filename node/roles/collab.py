@@ -31,6 +31,7 @@ import hashlib
 import os
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,7 @@ class CollabFollower:
         self._claimed_rate: dict[int, int] = {}
         self._first_seen: dict[int, float] = {}
         self._published: dict[tuple[int, int], str] = {}
+        self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
         self._announced_at = 0.0
 
     # --- chain views ----------------------------------------------------------------
@@ -210,26 +212,35 @@ class CollabFollower:
         from node.train.diloco import outer_hash  # noqa: PLC0415
         from node.train.layout import max_file_bytes  # noqa: PLC0415
 
-        aids = list(self.rt.book.outer.get((cid, r), []))
-        if not aids:
+        hints = [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
+                 if s not in self._bad_announcers]
+        if not hints:
             return None
         c = self.rt.chain_client
         rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
         if not rnd.accepted:
             return None
         spec, _ = await self.inputs(cid)
-        for aid in aids:
+        for sender, aid in hints:
             try:
                 path = await self.rt.fetch(aid, expected_size=max_file_bytes(spec.inner),
                                            timeout=30)
                 state = await trio.to_thread.run_sync(load_outer_file, path, r)
             except (PolnetError, OSError, ValueError) as exc:
-                log.warning("collab_outer_fetch_failed", job=cid, round=r, error=str(exc))
-                continue
+                log.warning("collab_outer_fetch_failed", job=cid, round=r, error=str(exc),
+                            sender=sender)
+                state = None
             if state is not None and outer_hash(state) == rnd.outer_hash:
                 log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
                 return state
-            log.warning("collab_outer_announcement_wrong", job=cid, round=r, artifact=aid)
+            if state is not None:
+                log.warning("collab_outer_announcement_wrong", job=cid, round=r,
+                            artifact=aid, sender=sender)
+            # Not tried again (bounded): a sender that served nothing usable, slowly or
+            # wrongly, must not cost every tick a download; recomputing is always there.
+            self._bad_announcers[sender] = None
+            while len(self._bad_announcers) > 1024:
+                self._bad_announcers.popitem(last=False)
         return None
 
     async def announce(self) -> None:

@@ -53,14 +53,17 @@ class AnnouncementBook:
     MAX_JOBS = 1024
     MAX_MANIFESTS_PER_JOB = 4
     MAX_STATES = 8192
+    MAX_OUTER_SENDERS = 8  # per (collaborative job, round): one artifact each
 
     def __init__(self) -> None:
         self.manifests: OrderedDict[int, list[str]] = OrderedDict()
         self.states: OrderedDict[tuple[int, str], str] = OrderedDict()
         self.specs: dict[str, list[str]] = {}  # spec artifact id -> announcer peers
-        # (collaborative job, round) -> outer-state artifacts, newest first: unchecked
-        # hints, each checked against the CollabMarket's accepted hash once fetched.
-        self.outer: OrderedDict[tuple[int, int], list[str]] = OrderedDict()
+        # (collaborative job, round) -> {sender: outer-state artifact}, the latest sender
+        # last: unchecked hints, each checked against the CollabMarket's accepted hash
+        # once fetched. One entry per sender, so a flooding peer cannot push the others'
+        # out; announcers are registered nodes (announce_policy.REGISTERED_KINDS).
+        self.outer: OrderedDict[tuple[int, int], OrderedDict[str, str]] = OrderedDict()
         self._jobs_of: OrderedDict[str, int] = OrderedDict()  # artifact id -> job
 
     def add(self, ann: Announcement) -> None:
@@ -78,13 +81,12 @@ class AnnouncementBook:
             self._note(aid, jid)
         elif ann.kind == "outer_state":
             key2 = (int(p["collab_job_id"]), int(p["round"]))
-            aids = self.outer.setdefault(key2, [])
+            by_sender = self.outer.setdefault(key2, OrderedDict())
             self.outer.move_to_end(key2)
-            aid = str(p["artifact_id"])
-            if aid in aids:
-                aids.remove(aid)
-            aids.insert(0, aid)
-            del aids[self.MAX_MANIFESTS_PER_JOB:]
+            by_sender[ann.sender] = str(p["artifact_id"])
+            by_sender.move_to_end(ann.sender)
+            while len(by_sender) > self.MAX_OUTER_SENDERS:
+                by_sender.popitem(last=False)
             while len(self.outer) > self.MAX_JOBS:
                 self.outer.popitem(last=False)
         elif ann.kind == "state_served":
@@ -101,6 +103,10 @@ class AnnouncementBook:
         self._jobs_of.move_to_end(aid)
         while len(self._jobs_of) > self.MAX_STATES + self.MAX_JOBS:
             self._jobs_of.popitem(last=False)
+
+    def outer_hints(self, cid: int, r: int) -> list[tuple[str, str]]:
+        """(sender, artifact) announced for job ``cid``'s theta_r, the latest first."""
+        return list(reversed(self.outer.get((cid, r), {}).items()))
 
     def job_of(self, artifact_id: str) -> int | None:
         """The job an announced artifact belongs to, if the book knows."""
