@@ -58,6 +58,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=120, budget=12,
                                 round_duration=45)
         killed = restarted = False
+        lost = 0  # the killed worker's round-1 sub-job
         end = time.monotonic() + 840
         while time.monotonic() < end:
             job = c.collab.get_collab(cid)
@@ -69,9 +70,11 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
                         == net.address(WORKERS[KILLED]).lower()]
                 if mine and c.market.get_job(mine[0]).status == JobStatus.CLAIMED:
                     net.kill(KILLED)
-                    killed = True
-            elif killed and not restarted and (job.round >= 2 or job.phase.name == "OUTER"):
-                # Round 1 settled without it: back in time to take a slot for round 2.
+                    killed, lost = True, mine[0]
+            elif killed and not restarted and (
+                    job.round >= 2 or c.timestamp() > c.market.get_job(lost).deadline):
+                # Its round-1 run is lost (past its deadline): it boots while the round
+                # settles, then takes a slot again for round 2 within the outer window.
                 net.start_solver(KILLED, WORKERS[KILLED])
                 restarted = True
             net.check_alive()

@@ -100,6 +100,7 @@ class CollabFollower:
         self._outer: dict[tuple[int, int], OuterState] = {}
         self._votes: dict[tuple[int, int, int], _Vote] = {}
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
+        self._over: set[int] = set()  # finished or failed jobs: never read again
         self._claimed_rate: dict[int, int] = {}
         self._first_seen: dict[int, float] = {}
         self._published: dict[tuple[int, int], str] = {}
@@ -328,7 +329,7 @@ class CollabFollower:
             except (PolnetError, OSError) as exc:
                 log.warning("collab_announce_failed", error=str(exc))
         for cid in range(1, n + 1):
-            if cid in self._bad:
+            if cid in self._bad or cid in self._over:
                 continue
             try:
                 await self._follow(cid)
@@ -340,7 +341,10 @@ class CollabFollower:
     async def _follow(self, cid: int) -> None:
         rt, c = self.rt, self.rt.chain_client
         job = await rt.chain(c.collab.get_collab, cid)
-        if job.status in (FINISHED, FAILED) or job.status == 0:
+        if job.status in (FINISHED, FAILED):
+            self._over.add(cid)  # final: the tick reads it no more (a hot-path read saved)
+            return
+        if job.status == 0:
             return
         if self.want_slots and job.phase in (IDLE, OUTER):
             await self._maybe_claim_slots(cid, job)
@@ -495,6 +499,14 @@ class CollabFollower:
 
         if cid in self._claimed_rate:
             return self._claimed_rate[cid]
+        # A restarted worker states the rate it measured before (same machine, same job):
+        # a ~10 s probe could cost it the outer window in which it may re-claim its slot.
+        saved = self.dir / str(cid) / "claimed-rate"
+        try:
+            self._claimed_rate[cid] = int(saved.read_text())
+            return self._claimed_rate[cid]
+        except (OSError, ValueError):
+            pass
         ctx = await self.round_context(cid, 0, 0)
         job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
         spec_file = self.dir / str(cid) / "inner-spec.json"
@@ -512,6 +524,7 @@ class CollabFollower:
             return None
         rate = int(1000 / probe.per_step_s) if probe.per_step_s else 0
         self._claimed_rate[cid] = rate
+        saved.write_text(str(rate))
         return rate
 
     async def withdraw(self) -> int:
