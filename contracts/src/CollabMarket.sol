@@ -590,9 +590,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return _credits[account];
     }
 
-
-
-
     function totalOwed() external view returns (uint256) {
         return totalPools + totalCredits + totalBonds;
     }
