@@ -457,6 +457,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     expected = {a: before[a] + owed_delta(evs, a) for a in accounts}
     mismatch = {accounts[a]: after[a] - expected[a] for a in accounts if after[a] != expected[a]}
     honest_slashes = slashes_of(evs, set(honest_addrs))
+    names = {a.lower(): n for a, n in honest_addrs.items()}
     cheater_slashed = bool(slashes_of(evs, {cheater}))
     caught = cheater_caught(evs, cheater)
     unfinished = {j: s.name for j, s in statuses.items() if s not in FINAL}
@@ -488,8 +489,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         "jobs_cancelled_stuck_open": cancelled_stuck, "jobs_unfinished": unfinished,
         "disputes": sum(1 for e in evs if e.event == "DisputeOpened"),
         "honest_slashes": len(honest_slashes), "tokens_unaccounted": unaccounted,
-        "honest_slash_events": [{**s, "name": {a.lower(): n for a, n in honest_addrs.items()}
-                                            .get(s["who"].lower(), s["who"])}
+        "honest_slash_events": [{**s, "name": names.get(s["who"].lower(), s["who"])}
                                 for s in honest_slashes],
         "cheater_caught": caught, "cheater_slashed": cheater_slashed,
         "cheater_change_pol": (after[cheater] - before[cheater]) / TOKEN,

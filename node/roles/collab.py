@@ -106,6 +106,7 @@ class CollabFollower:
         self._published: dict[tuple[int, int], str] = {}
         self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
         self._announced_at = 0.0
+        self._collab_params: Any = None  # CollabParamsView, read once (immutables)
 
     # --- chain views ----------------------------------------------------------------
 
@@ -416,7 +417,7 @@ class CollabFollower:
             return
         if rnd.challenge_phase == DRAWING:
             if await rt.chain(c.block_number) > rnd.request_block + \
-                    (await rt.chain(c.collab.collab_params)).jury_lookahead:
+                    (await self._params()).jury_lookahead:
                 await rt.transact_ok(c.collab.draw_outer_jury, cid, r, benign=JURY_BENIGN)
             return
         await self._jury_duty(cid, r, rnd, agrees, now)
@@ -468,10 +469,17 @@ class CollabFollower:
         if now >= rnd.reveal_end:
             await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
 
+    async def _params(self) -> Any:
+        """The CollabMarket's Params: immutable, so read once."""
+        if self._collab_params is None:
+            c = self.rt.chain_client
+            self._collab_params = await self.rt.chain(c.collab.collab_params)
+        return self._collab_params
+
     async def _bond(self, spender: str, slots: int = 0) -> None:
         """Allow ``spender`` one outer bond, or ``slots`` slot bonds."""
         c = self.rt.chain_client
-        p = await self.rt.chain(c.collab.collab_params)
+        p = await self._params()
         await self.rt.chain(c.token.ensure_allowance, spender,
                             p.slot_bond * slots if slots else p.outer_bond)
 
