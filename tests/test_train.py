@@ -25,6 +25,7 @@ from node.train.step import (
     init_state,
     load_state,
     state_tensors,
+    state_views,
     train_step,
 )
 from node.train.trace import (
@@ -276,6 +277,26 @@ def test_honest_knobs_drift_little_and_keep_the_layout(data_dir: Path) -> None:
         assert 0 < rel(got, ref) < 1e-3, knobs
     with pytest.raises(TrainingError, match="divide"):
         TrainContext.create(spec, ds, micro_batches=3)
+
+
+def test_state_views_hash_as_the_exported_copy(data_dir: Path) -> None:
+    """The trace hashes a small state's live buffers (no copy): same bytes as the
+    checkpoint export, in fp32 (views of the live tensors) and fp64 compute (cast)."""
+    from node.proof import state_hash  # noqa: PLC0415
+
+    ds = load_dataset(data_dir / "text.safetensors")
+    for knobs in ({}, {"compute_dtype": torch.float64}):
+        ctx = TrainContext.create(tiny_lm(total_steps=10), ds, **knobs)
+        state = init_state(ctx)
+        for t in range(1, 4):
+            train_step(ctx, state, t)
+        views, copy = state_views(state), state_tensors(state)
+        assert {n: (t.dtype, t.shape) for n, t in views.items()} == \
+            {n: (t.dtype, t.shape) for n, t in copy.items()}, knobs
+        assert state_hash(views) == state_hash(copy), knobs
+        live = state.model.state_dict()["head.weight"]
+        shares = views["model.head.weight"].data_ptr() == live.data_ptr()
+        assert shares == (not knobs), knobs  # fp32: the live buffer; fp64: a cast copy
 
 
 def test_init_is_explicit_and_seeded() -> None:

@@ -257,6 +257,27 @@ def state_tensors(state: TrainState,
     return out
 
 
+def state_views(state: TrainState) -> dict[str, torch.Tensor]:
+    """What ``state_tensors`` exports, without a copy where none is needed (a CPU
+    tensor already in its checkpoint dtype is the live buffer itself): for hashing
+    a state on the training thread before training mutates it again. The bytes
+    are ``state_tensors``'s, so the hash is too."""
+    def view(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        if t.device.type == "cpu" and t.dtype == _export_dtype(t, state.compute_dtype):
+            return t
+        return _export(t, state.compute_dtype)
+
+    out = {f"model.{n}": view(t) for n, t in state.model.state_dict().items()}
+    for p, st in state.optimizer.state.items():
+        pname = state.param_names[id(p)]
+        for key, t in st.items():
+            if isinstance(t, torch.Tensor):
+                out[f"optim.{pname}.{key}"] = view(t)
+    out[STEP_KEY] = torch.tensor(state.step, dtype=torch.int64)
+    return out
+
+
 def load_state(ctx: TrainContext, tensors: Mapping[str, torch.Tensor],
                step: int | None = None) -> TrainState:
     """Rebuild a state from ``state_tensors`` output; names, shapes and dtypes must match."""

@@ -74,6 +74,7 @@ from node.train.step import (
     init_state,
     load_state,
     state_tensors,
+    state_views,
     train_step,
 )
 
@@ -356,6 +357,7 @@ class _Writer:
         # Copies the worker is done with, reused (at most depth + 1 exist at a time).
         self._spare: list[dict[str, torch.Tensor]] = []
         self._lock = threading.Lock()
+        self._small: bool | None = None
 
     def _give_back(self, tensors: dict[str, torch.Tensor]) -> None:
         with self._lock:
@@ -375,22 +377,33 @@ class _Writer:
         finally:
             self._give_back(tensors)
 
-    def submit(self, state: TrainState, segment_loss: float | None, keep: bool = True) -> None:
-        with self._lock:
-            spare = self._spare.pop() if self._spare else None
-        tensors = state_tensors(state, spare)  # copied now: training goes on mutating it
-        entry: _Record | Future[_Record]
-        if keep:
-            entry = self._pool.submit(self._write, state.step, tensors, segment_loss,
-                                      self._skipped)
-            self._skipped = []
-        else:
-            assert segment_loss is not None  # S_0 is always kept
-            small = sum(t.numel() * t.element_size() for t in tensors.values()) \
+    def _is_small(self, state: TrainState) -> bool:
+        if self._small is None:  # a job's state keeps its size: measured once
+            views = state_views(state)
+            self._small = sum(t.numel() * t.element_size() for t in views.values()) \
                 < INLINE_HASH_BYTES
-            entry = self._hash(state.step, tensors, segment_loss) if small else \
-                self._pool.submit(self._hash, state.step, tensors, segment_loss)
+        return self._small
+
+    def submit(self, state: TrainState, segment_loss: float | None, keep: bool = True) -> None:
+        entry: _Record | Future[_Record]
+        if not keep and self._is_small(state):
+            assert segment_loss is not None  # S_0 is always kept
+            # Hashed here, before training goes on: the live buffers, no copy.
+            entry = _Record.skipped(state.step, compute_state_hash(state_views(state)),
+                                    segment_loss)
             self._skipped.append(entry)
+        else:
+            with self._lock:
+                spare = self._spare.pop() if self._spare else None
+            tensors = state_tensors(state, spare)  # copied now: training mutates it
+            if keep:
+                entry = self._pool.submit(self._write, state.step, tensors, segment_loss,
+                                          self._skipped)
+                self._skipped = []
+            else:
+                assert segment_loss is not None
+                entry = self._pool.submit(self._hash, state.step, tensors, segment_loss)
+                self._skipped.append(entry)
         self._entries.append(entry)
         if isinstance(entry, Future):
             self._pending.append(entry)
@@ -628,7 +641,8 @@ def regenerate_many(ctx: TrainContext, trace_dir: str | Path, steps: Sequence[in
             seg_state = load_state(ctx, leaf, step=leaf_at * k)
             for seg in range(leaf_at, i):
                 seg_state, _ = behavior.run_segment(ctx, seg_state, seg, seg * k, k)
-                got = compute_state_hash(state_tensors(seg_state), manifest.state_hash_scheme)
+                got = compute_state_hash(state_views(seg_state),
+                                         manifest.state_hash_scheme)
                 if got.hex() != manifest.state_hashes[seg + 1]:
                     raise CheckpointError(
                         f"leaf {seg + 1} regenerated from kept leaf {leaf_at} hashes to "
