@@ -13,6 +13,7 @@ inner nodes hash the *sorted* pair, so a proof is just the list of siblings.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -83,6 +84,16 @@ def _hasher(scheme: StateHashScheme) -> Any:
     raise ValueError(f"unknown state hash scheme {scheme!r}")
 
 
+@functools.lru_cache(maxsize=4096)
+def _tensor_prefix(name: str, dtype: Any, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """A tensor's length-prefixed header and its byte count: the same for every
+    state of a job, so built once (per-tensor Python work was most of a small
+    state's hash: 11 us a tensor against 6 us of hashing for the 70k-param CNN)."""
+    header = "\x00".join((name, str(dtype).removeprefix("torch."),
+                          ",".join(str(d) for d in shape))).encode()
+    return len(header).to_bytes(8, "little") + header + nbytes.to_bytes(8, "little")
+
+
 def state_hash(tensors: Mapping[str, torch.Tensor],
                scheme: StateHashScheme = STATE_HASH_SCHEME) -> bytes:
     """``scheme`` over tensors in name order: for each, the name, dtype, shape and
@@ -95,16 +106,12 @@ def state_hash(tensors: Mapping[str, torch.Tensor],
         t = tensors[name].detach()
         if t.device.type != "cpu":
             t = t.cpu()
-        t = t.contiguous()
-        dtype = str(t.dtype).removeprefix("torch.")
-        shape = ",".join(str(d) for d in t.shape)
-        header = f"{name}\x00{dtype}\x00{shape}".encode()
-        h.update(len(header).to_bytes(8, "little"))
-        h.update(header)
-        # A view as uint8 gives the raw little-endian bytes (x86/ARM are LE).
-        raw = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b""
-        h.update(len(raw).to_bytes(8, "little"))
-        h.update(raw)
+        if not t.is_contiguous():
+            t = t.contiguous()
+        n = t.numel()
+        h.update(_tensor_prefix(name, t.dtype, tuple(t.shape), n * t.element_size()))
+        if n:  # a view as uint8 gives the raw little-endian bytes (x86/ARM are LE)
+            h.update(t.reshape(-1).view(torch.uint8).numpy())
     return bytes(h.digest())
 
 
