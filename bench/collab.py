@@ -16,6 +16,11 @@ docs/protocol.md), all through node.train.diloco:
 - ``data_parallel``: one solver with an N x B batch (each step's batch is the N
   slots' batches of that step) for H x R steps: synchronous data parallel.
 
+Verification share: one sub-job (round 0, slot 0) traced as the market sees it
+(``k`` = the spec's inner checkpoint interval) and one segment verified from that
+trace; a verifier replays min(n, S) of the S = H / k segments of every sub-job (n:
+the devnet's derived sample count), and each of the committee's members does.
+
 Eval loss: mean cross-entropy in eval mode over held-out windows (in no shard).
 Bytes: a worker sends one fp32 delta per round; synchronous data parallel
 all-reduces an fp32 gradient every step, i.e. H per round: sent per worker, that is
@@ -35,6 +40,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from devnet.params import DevnetParams  # noqa: E402
 from node.datasets import pack_text, parse_dataset  # noqa: E402
 from node.spec import (  # noqa: E402
     CollaborativeSpec,
@@ -51,6 +58,7 @@ from node.spec import (  # noqa: E402
 from node.train.diloco import initial_outer_state, outer_hash, outer_step  # noqa: E402
 from node.train.inner import Params, inner_run, model_params  # noqa: E402
 from node.train.rounds import heldout_loss as eval_loss  # noqa: E402
+from node.train.rounds import round_context, round_start_state  # noqa: E402
 from node.train.rounds import sequential as run_sequential  # noqa: E402
 from node.train.shards import (  # noqa: E402
     ShardContext,
@@ -59,6 +67,8 @@ from node.train.shards import (  # noqa: E402
     worker_context,
 )
 from node.train.step import TrainState  # noqa: E402
+from node.train.trace import run_training  # noqa: E402
+from verifier.replay import verify_trace_segment  # noqa: E402
 
 
 def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 1.0,
@@ -75,6 +85,31 @@ def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainSta
     t0 = time.perf_counter()
     state = run_sequential(ctx, theta_0, steps)
     return state, time.perf_counter() - t0
+
+
+def verification_share(spec: CollaborativeSpec, ds: Any, theta_0: Params,
+                       threads: int) -> dict[str, Any]:
+    """One sub-job (round 0, slot 0) traced as the market sees it, and one of its
+    segments verified from the trace as a verifier does (load, hash, replay, compare):
+    a verifier replays min(n, S) of a sub-job's S = H / k segments, and every member
+    of the committee does."""
+    params = DevnetParams()
+    n, committee = params.market.sample_count, params.market.attestors_per_job
+    ctx = round_context(spec, ds, 0, 0, threads=threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        manifest = run_training(ctx, tmp, 1, initial=lambda: round_start_state(ctx, theta_0))
+        traced_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        verdict = verify_trace_segment(ctx, tmp, 0)
+        verify_s = time.perf_counter() - t0
+    assert verdict.passed, verdict.reason
+    segments = manifest.segment_count
+    per_verifier = min(n, segments) * verify_s / traced_s
+    return {"segments_per_sub_job": segments, "sample_count": n, "committee": committee,
+            "sub_job_traced_s": round(traced_s, 2), "verify_segment_s": round(verify_s, 2),
+            "share_per_verifier_pct": round(100 * per_verifier, 1),
+            "share_committee_pct": round(100 * per_verifier * committee, 1)}
 
 
 def main() -> None:
@@ -133,6 +168,8 @@ def main() -> None:
         print(f"round {t}: eval {curve[-1]:.4f}, inner runs {min(walls):.1f}..{max(walls):.1f}s,"
               f" outer step + hash {outer_walls[-1] * 1e3:.0f} ms", flush=True)
     collab = curve[-1]
+    verification = verification_share(spec, ds, theta_0, args.threads)
+    print(f"verification: {verification}", flush=True)
 
     delta_bytes = params * 4
     whole = h * params * 4
@@ -150,6 +187,7 @@ def main() -> None:
         "targets": {"collab_below_solo": collab < solo,
                     "collab_within_10pct_of_data_parallel": collab <= 1.10 * dp,
                     "collab_over_data_parallel": round(collab / dp, 4)},
+        "verification_share_of_training": verification,
         "bytes_per_worker_per_round": {"delta": delta_bytes, "allreduce_whole_grad": whole,
                                        "allreduce_ring": ring,
                                        "ratio_whole": round(whole / delta_bytes, 2),
