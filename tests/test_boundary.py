@@ -177,6 +177,33 @@ def test_expected_layout_is_what_training_writes(digits: bytes,
     assert expected_layout(spec) == _layout_of(state_tensors(state))
 
 
+def test_streamed_tensor_files_are_safetensors_own_bytes(tmp_path: Path,
+                                                          digits: bytes) -> None:
+    """Checkpoints are written straight from the tensors (write_tensor_file): the
+    bytes, and so the artifact id, are safetensors' ``save``'s, for every dtype it
+    orders by and for a real training state; the returned sha256 is the file's."""
+    import hashlib  # noqa: PLC0415
+
+    from node.tensorfile import write_tensor_file  # noqa: PLC0415
+
+    mixed = {"b": torch.randn(3, 4), "a": torch.arange(5), "z": torch.tensor(7),
+             "e": torch.zeros(0, 3), "h": torch.randn(2).to(torch.bfloat16),
+             "m": torch.tensor([True, False]), "d": torch.randn(3, dtype=torch.float64),
+             "i": torch.arange(4, dtype=torch.int32), "u": torch.arange(3, dtype=torch.uint8),
+             "s": torch.randn(2, 3).t()}  # not contiguous
+    ctx = TrainContext.create(spec_for("cnn_digits", digits), parse_dataset(digits))
+    state = init_state(ctx)
+    train_step(ctx, state, 1)
+    for tensors, meta in ((mixed, {"polnet": '{"x": 1}'}), (mixed, {}),
+                          (state_tensors(state), {"polnet": "{}"})):
+        sha, size = write_tensor_file(tmp_path / "f.safetensors", tensors, meta)
+        raw = (tmp_path / "f.safetensors").read_bytes()
+        assert raw == st_save({k: v.contiguous() for k, v in tensors.items()},
+                              metadata=meta or None)
+        assert (sha, size) == (hashlib.sha256(raw).hexdigest(), len(raw))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.safetensors"]  # no tmp left
+
+
 def test_expected_layout_of_the_lm() -> None:
     text = pack_text()
     spec = spec_for("lm_text", text)

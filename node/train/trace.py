@@ -63,7 +63,7 @@ from node.proof import (
 )
 from node.proof import state_hash as compute_state_hash
 from node.spec import MAX_CHECKPOINT_INTERVAL, MAX_STEPS, JobSpec
-from node.tensorfile import Header, read_header
+from node.tensorfile import Header, read_header, write_tensor_file
 from node.train.behavior import HonestBehavior, SegmentBehavior
 from node.train.layout import check_layout, max_file_bytes, max_header_bytes
 from node.train.sparse import MAX_KEEP_EVERY as MAX_KEEP
@@ -229,8 +229,13 @@ def _check_kept(d: dict[str, Any]) -> None:
 # --- checkpoints ----------------------------------------------------------------------
 
 
+def _file_meta(meta: dict[str, Any]) -> dict[str, str]:
+    return {META_KEY: canonical_json(meta).decode("utf-8")}
+
+
 def _encode_checkpoint(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
-    return st_save(tensors, metadata={META_KEY: canonical_json(meta).decode("utf-8")})
+    """The checkpoint file in memory (tests; ``write_tensor_file`` writes the same)."""
+    return st_save(tensors, metadata=_file_meta(meta))
 
 
 def _corrupt(message: str) -> CheckpointError:
@@ -326,13 +331,12 @@ def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
     meta = {"format": CKPT_FORMAT, "job_id": job_id, "step": step, "state_hash": h.hex(),
             "spec_hash": spec_hash, "segment_loss": segment_loss, "loss_e9": loss_e9,
             "skipped": [[r.state_hash.hex(), r.segment_loss] for r in skipped]}
-    raw = _encode_checkpoint(tensors, meta)
-    # The file is fsynced here, on the writer thread while training goes on; the
-    # directory once, before the manifest (the commit point) is written durably.
-    path = out / checkpoint_name(step)
-    atomic_write(path, raw, durable=False)
-    _fsync(path)
-    return _Record(step, h, hashlib.sha256(raw).hexdigest(), segment_loss, loss_e9)
+    # Streamed from the tensors (no in-memory file) and fsynced here, on the writer
+    # thread while training goes on; the directory once, before the manifest (the
+    # commit point) is written durably.
+    sha, _ = write_tensor_file(out / checkpoint_name(step), tensors, _file_meta(meta),
+                               durable=True)
+    return _Record(step, h, sha, segment_loss, loss_e9)
 
 
 # Below this a state is hashed on the training thread: a second Python thread costs
@@ -672,5 +676,6 @@ def write_state_file(path: str | Path, tensors: dict[str, torch.Tensor], job_id:
             "spec_hash": "", "segment_loss": None, "loss_e9": 0}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(p, _encode_checkpoint(tensors, meta))
+    write_tensor_file(p, tensors, _file_meta(meta), durable=True)
+    fsync_dir(p.parent)
     return h
