@@ -15,9 +15,9 @@ Per model, at the default k (10), all measured in this run:
   and ``..._at_production_window`` the same at devnet/production.toml's window
   (what a public chain deploys; the devnet's is a minute so demos settle fast);
 - verification share at the derived sample count n (node.incentives, devnet
-  params): n x (one segment verified from the trace: loads, hashes, replay,
-  compare) over the 2,000-segment job's training, per verifier and for the
-  committee.
+  params): n x (one segment verified from the trace as the daemon does: the
+  start loaded and hashed, the replay hashed against the end leaf) over the
+  2,000-segment job's training, per verifier and for the committee.
 
 Usage: python bench/scale.py [--quick] [--lm-steps N] [--cnn-steps N] [--threads 1]
                              [--only cnn|lm25m]
@@ -136,7 +136,7 @@ def serve_worst(ctx: TrainContext, sparse: Path, tmp: Path) -> float:
 
 def verify_one_segment_s(ctx: TrainContext, dense: Path) -> float:
     t0 = time.perf_counter()
-    verdict = verify_trace_segment(ctx, dense, 1)
+    verdict = verify_trace_segment(ctx, dense, 1, exact_first=True)  # the daemon's way
     assert verdict.passed, verdict.reason
     return time.perf_counter() - t0
 

@@ -1,8 +1,9 @@
 """Verification cost, detection rate and honest/cheat margins for the CNN and the LM.
 
 For each job:
-* cost: a replay step (checkpoint load + hash + proof + replay + compare, per
-  step) vs a training step, both timed in this run; the verification share
+* cost: a replay step (start checkpoint load + hash + proof + replay + the end
+  leaf's hash: an honest replay is bitwise equal, so the daemon never loads the
+  end state; per step) vs a training step, both timed in this run; the verification share
   for a job of SEGMENTS segments with n=44 samples (f=10% at 99%) is
   44 * replay / (SEGMENTS * train), and at the market's derived count
   (``verify_pct_market_n``: devnet.params.SAMPLE_COUNT, node.incentives);
@@ -51,7 +52,7 @@ def cost(kind: str, cache: Path, tmp: Path) -> dict[str, float]:
     run_training(ctx, tmp / f"{kind}-cost", job_id=1)
     t0 = time.perf_counter()
     for seg in range(4):
-        assert verify_trace_segment(ctx, tmp / f"{kind}-cost", seg).passed
+        assert verify_trace_segment(ctx, tmp / f"{kind}-cost", seg, exact_first=True).passed
     replay = (time.perf_counter() - t0) / (4 * K)
     n = samples_for_detection(0.1, 0.99)
     return {"train_step_ms": train * 1e3, "replay_step_ms": replay * 1e3,

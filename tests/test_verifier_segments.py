@@ -5,6 +5,7 @@ failing segment's leaves and proofs make a valid challenge against the root."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,10 @@ import trio
 from node.behaviors import make_behavior
 from node.errors import CheckpointError
 from node.proof import verify_proof
-from node.train.step import TrainContext
+from node.train.behavior import HonestBehavior
+from node.train.step import TrainContext, TrainState
 from node.train.trace import (
+    TraceManifest,
     checkpoint_name,
     load_checkpoint,
     merkle_proof,
@@ -89,3 +92,58 @@ def test_checkpoint_refused_at_load_is_a_failed_segment_too(cache: Path, tmp_pat
         trio.run(committed, 2)
     verdicts = judge_all(ctx, tmp_path, committed)
     assert [v.passed if v else None for v in verdicts.values()] == [True, False, False, True]
+
+
+def test_an_exact_replay_needs_no_end_state_and_a_cheat_is_still_compared(
+        cache: Path, tmp_path: Path) -> None:
+    """The daemon's way (``commitment`` given): a replay bitwise equal to the end leaf
+    passes without that state ever being fetched, so an honest solver slow to serve
+    it costs nothing and a verifier downloads half; a segment whose replay differs
+    fetches the solver's end state and is judged under the tolerance as before."""
+    ctx = job("cnn", cache, k=K, total_steps=T)
+    verdicts, fetched = {}, {}
+    class LossLiar(HonestBehavior):  # honest states, a wrong mean loss in every leaf
+        def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                        start_step: int, k: int) -> tuple[TrainState, float]:
+            state, loss = super().run_segment(ctx, state, segment_index, start_step, k)
+            return state, 2 * loss
+
+    for name, behavior in (("honest", None), ("poison", make_behavior("poison:1")),
+                           ("liar", LossLiar())):
+        trace = tmp_path / name
+        run_training(ctx, trace, job_id=JOB, behavior=behavior)
+        manifest = read_manifest(trace)
+        got: list[int] = []
+
+        async def committed(i: int, trace: Path = trace, got: list[int] = got) -> CommittedState:
+            got.append(i)
+            return committed_from_trace(trace, i)
+
+        def commitment(i: int, manifest: TraceManifest = manifest) -> CommittedState:
+            return CommittedState({}, *merkle_proof(manifest, i), manifest.state_hash_scheme)
+
+        async def main(committed: Committed = committed,
+                       commitment: Callable[[int], CommittedState] = commitment,
+                       root: bytes = bytes.fromhex(manifest.root)) -> dict[int, Verdict | None]:
+            return {s: await judge_segment(committed, ctx, root=root, job_id=JOB, segment=s,
+                                           commitment=commitment)
+                    for s in range(ctx.spec.segment_count)}
+
+        verdicts[name], fetched[name] = trio.run(main), got
+    honest = verdicts["honest"]
+    assert all(v is not None and v.passed and v.reason.startswith("bitwise")
+               and v.loss_claimed is not None and v.loss_replayed is not None
+               and abs(v.loss_claimed - v.loss_replayed) < 1e-8  # the leaf's 1e-9 units
+               for v in honest.values()), honest
+    assert fetched["honest"] == [0, 1, 2, 3]  # starts only: no end state fetched
+    # poison:1: S_2 holds a NaN. Segment 1's replay differs from it, so S_2 is fetched
+    # and judged (failed); segment 2 fails on its start before any end is needed.
+    poison = verdicts["poison"]
+    assert [v.passed if v else None for v in poison.values()] == [True, False, False, True]
+    assert all(v is not None and v.reason.startswith("bitwise")
+               for s, v in poison.items() if s in (0, 3))
+    assert fetched["poison"] == [0, 1, 2, 2, 3]  # one end fetched: the one that differed
+    # Exact states do not excuse a false loss claim.
+    assert all(v is not None and not v.passed and "claimed mean loss" in v.reason
+               for v in verdicts["liar"].values()), verdicts["liar"]
+    assert fetched["liar"] == [0, 1, 2, 3]

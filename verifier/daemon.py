@@ -245,7 +245,8 @@ class Verifier:
                 if seg in self.state.data.jobs[jid].verdicts:
                     continue
                 verdict = await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
-                                              job_id=jid, segment=seg)
+                                              job_id=jid, segment=seg,
+                                              commitment=ev.commitment)
                 if verdict is None:
                     unjudged.append(seg)
                     continue

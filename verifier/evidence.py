@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import trio
@@ -32,9 +33,12 @@ from node.train.step import TrainContext
 from node.train.trace import MAX_MANIFEST_BYTES, TraceManifest, load_checkpoint, merkle_proof
 from verifier.replay import (
     CommittedState,
+    SegmentReplay,
+    judge_replay,
     load_committed_start,
     policy_from_spec,
     replay_segment,
+    replay_to_leaf,
     segment_context,
     verify_segment,
 )
@@ -43,6 +47,7 @@ from verifier.verdict import Verdict
 
 log = get_logger("polnet.verifier.evidence")
 Tensors = dict[str, torch.Tensor]
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -82,7 +87,7 @@ class JobEvidence:
         """Checkpoint ``index``'s leaf and proof without its tensors: what a challenge
         needs, even when the state itself cannot be loaded."""
         leaf, proof = merkle_proof(self.manifest, index)
-        return CommittedState({}, leaf, proof)
+        return CommittedState({}, leaf, proof, self.manifest.state_hash_scheme)
 
     async def state(self, step: int, state_hash: bytes, wait: bool = False) -> Tensors | None:
         """The state the solver committed to at ``step`` (a checkpoint or a served
@@ -153,39 +158,71 @@ class JobEvidence:
 Committed = Callable[[int], Awaitable[CommittedState]]
 
 
-async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes, job_id: int,
-                        segment: int) -> Verdict | None:
-    """One sampled segment, judged on its own: a Verdict, or None when there is no
-    verdict to give yet (its checkpoints cannot be fetched, or what was fetched is
-    not what the chain commits to: fetch again later). Never raises on what a peer
-    sent: a committed state that is no valid state of the job (bytes that are not a
-    checkpoint, a wrong layout, NaN, a replay that diverges) is a *failed* verdict
-    saying why, so it gets challenged like any other."""
-    k = ctx.spec.checkpoint_interval
-    start_step = segment * k
+async def _fetch(committed: Committed, index: int, *, job_id: int, segment: int,
+                 k: int) -> CommittedState | Verdict | None:
+    """A committed state, or the failed verdict it is, or None: not served (yet)."""
     try:
-        start = await committed(segment)
-        end = await committed(segment + 1)
+        return await committed(index)
     except (P2PError, StoreError, trio.TooSlowError) as exc:  # not served (yet)
         log.warning("segment_unavailable", job=job_id, segment=segment, error=str(exc))
         return None
     except CheckpointError as exc:  # the checkpoint the manifest names is no state
-        return Verdict.failed(segment, start_step, start_step + k,
+        return Verdict.failed(segment, segment * k, segment * k + k,
                               f"committed checkpoint cannot be loaded: {exc}")
     except Exception as exc:  # noqa: BLE001 - one segment must not stop the others
         log.exception("segment_evidence_failed", job=job_id, segment=segment,
                       error=repr(exc))
         return None
+
+
+async def _checked(fn: Callable[[], _T], *, job_id: int, segment: int) -> _T | None:
     try:
-        return await trio.to_thread.run_sync(
-            lambda: verify_segment(ctx, root=root, job_id=job_id, segment=segment,
-                                   start=start, end=end))
+        return await trio.to_thread.run_sync(fn)
     except (ProofError, CheckpointError) as exc:  # evidence that is not the committed one
         log.warning("segment_evidence_mismatch", job=job_id, segment=segment, error=str(exc))
         return None
     except Exception as exc:  # noqa: BLE001 - a verifier-side failure: no verdict
         log.exception("segment_check_failed", job=job_id, segment=segment, error=repr(exc))
         return None
+
+
+async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes, job_id: int,
+                        segment: int,
+                        commitment: Callable[[int], CommittedState] | None = None,
+                        ) -> Verdict | None:
+    """One sampled segment, judged on its own: a Verdict, or None when there is no
+    verdict to give yet (its checkpoints cannot be fetched, or what was fetched is
+    not what the chain commits to: fetch again later). Never raises on what a peer
+    sent: a committed state that is no valid state of the job (bytes that are not a
+    checkpoint, a wrong layout, NaN, a replay that diverges) is a *failed* verdict
+    saying why, so it gets challenged like any other.
+
+    With ``commitment`` (a leaf and its proof without the state), the end state is
+    fetched only when our replay is not bitwise equal to it (``replay_to_leaf``)."""
+    k = ctx.spec.checkpoint_interval
+    where = {"job_id": job_id, "segment": segment}
+    start = await _fetch(committed, segment, k=k, **where)
+    if not isinstance(start, CommittedState):
+        return start
+    replay: SegmentReplay | None = None
+    if commitment is not None:
+        end_leaf = commitment(segment + 1)
+        first = await _checked(lambda: replay_to_leaf(ctx, root=root, job_id=job_id,
+                                                      segment=segment, start=start,
+                                                      end=end_leaf), **where)
+        if not isinstance(first, SegmentReplay):
+            return first
+        replay = first
+    end = await _fetch(committed, segment + 1, k=k, **where)
+    if not isinstance(end, CommittedState):
+        return end
+    if replay is not None:
+        done = replay
+        return await _checked(lambda: judge_replay(ctx, done, root=root, job_id=job_id,
+                                                   end=end), **where)
+    return await _checked(lambda: verify_segment(ctx, root=root, job_id=job_id,
+                                                 segment=segment, start=start, end=end),
+                          **where)
 
 
 class Evidence:

@@ -8,11 +8,14 @@ Public API::
 
     verify_segment(ctx, root=, job_id=, segment=, start=, end=, policy=None,
                    step_fn=train_step) -> Verdict
+    replay_to_leaf(ctx, root=, job_id=, segment=, start=, end=, ...) -> Verdict | SegmentReplay
+    judge_replay(ctx, replay, root=, job_id=, end=, policy=None) -> Verdict
     check_committed(root, job_id, index, step, committed)   # ProofError/CheckpointError
     replay_segment(ctx, start_tensors, start_step, k, step_fn=train_step)
         -> (replayed tensors, mean loss)
     policy_from_spec(spec) -> TolerancePolicy
-    verify_trace_segment(ctx, trace_dir, segment, root=None, policy=None) -> Verdict
+    verify_trace_segment(ctx, trace_dir, segment, root=None, policy=None,
+                         exact_first=False) -> Verdict
     committed_from_trace(trace_dir, index) -> CommittedState
 """
 
@@ -200,15 +203,96 @@ def committed_from_trace(trace_dir: str | Path, index: int,
     return CommittedState(tensors, leaf, proof, scheme)
 
 
+def check_leaf(root: bytes, job_id: int, index: int, step: int,
+               committed: CommittedState) -> None:
+    """The leaf is the one expected and is under ``root`` (its tensors are not read)."""
+    leaf = committed.leaf
+    if (leaf.job_id, leaf.index, leaf.step) != (job_id, index, step):
+        raise ProofError(f"leaf is (job {leaf.job_id}, index {leaf.index}, step {leaf.step}); "
+                         f"expected (job {job_id}, index {index}, step {step})")
+    verify_proof(root, leaf, committed.proof)
+
+
+@dataclass(frozen=True)
+class SegmentReplay:
+    """Our replay of a segment from the solver's committed start, not yet judged."""
+
+    segment: int
+    start: CommittedState
+    replayed: dict[str, torch.Tensor]
+    loss: float
+    seconds: float
+
+
+def replay_to_leaf(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
+                   start: CommittedState, end: CommittedState,
+                   policy: TolerancePolicy | None = None,
+                   step_fn: StepFn = train_step) -> Verdict | SegmentReplay:
+    """Replay a segment needing only the end's leaf and proof (``end.tensors`` may be
+    empty). When the replay hashes exactly to the end leaf's state hash, the solver's
+    end state *is* the honest successor of its start, bit for bit: the verdict (its
+    loss claim checked) comes without fetching that state, half of what a verifier
+    downloads and hashes. A Verdict too when the start is no valid state or the
+    replay fails; otherwise the replay, for ``judge_replay`` with the solver's end
+    state (other hardware's drift, or a fault). Commitments are checked before any
+    compute, as in ``verify_segment``."""
+    k = ctx.spec.checkpoint_interval
+    start_step = segment * k
+    check_committed(root, job_id, segment, start_step, start)
+    check_leaf(root, job_id, segment + 1, start_step + k, end)
+    state, why = load_committed_start(ctx, start.tensors, start_step)
+    if state is None:
+        return Verdict.failed(segment, start_step, start_step + k, why)
+    t0 = time.perf_counter()
+    try:
+        replayed, loss = _run_steps(ctx, state, start_step, k, step_fn)
+    except TrainingError as exc:
+        return Verdict.failed(segment, start_step, start_step + k,
+                              f"replay from committed state S_{start_step} fails: {exc}")
+    seconds = time.perf_counter() - t0
+    if state_hash(replayed, end.scheme) != end.leaf.state_hash:
+        return SegmentReplay(segment, start, replayed, loss, seconds)
+    exact = Verdict(segment, start_step, start_step + k, True,
+                    "bitwise equal to the committed state", 0.0, 0.0, 0.0, "", 0.0, 0,
+                    replay_seconds=seconds)
+    return check_loss(exact, end.leaf.loss_e9 / 1e9, loss, policy or policy_from_spec(ctx.spec))
+
+
+def judge_replay(ctx: TrainContext, replay: SegmentReplay, *, root: bytes, job_id: int,
+                 end: CommittedState, policy: TolerancePolicy | None = None) -> Verdict:
+    """``replay_to_leaf``'s replay against the solver's end state: its commitment, then
+    the tolerance rule and the loss claim."""
+    k = ctx.spec.checkpoint_interval
+    start_step = replay.segment * k
+    check_committed(root, job_id, replay.segment + 1, start_step + k, end)
+    pol = policy or policy_from_spec(ctx.spec)
+    verdict = judge(ctx, replay.segment, start_step, replay.start.tensors, replay.replayed,
+                    end.tensors, pol)
+    verdict = check_loss(verdict, end.leaf.loss_e9 / 1e9, replay.loss, pol)
+    return replace(verdict, replay_seconds=replay.seconds)
+
+
 def verify_trace_segment(ctx: TrainContext, trace_dir: str | Path, segment: int,
                          root: bytes | None = None, policy: TolerancePolicy | None = None,
-                         step_fn: StepFn = train_step) -> Verdict:
+                         step_fn: StepFn = train_step, exact_first: bool = False) -> Verdict:
     """``verify_segment`` on a local trace directory; ``root`` defaults to the manifest's
-    (pass the on-chain root when there is one)."""
+    (pass the on-chain root when there is one). ``exact_first``: the daemon's way
+    (``replay_to_leaf``): the end state is loaded only when the replay is not bitwise
+    equal to it; without it, always compared under the tolerance (drift figures)."""
     manifest = read_manifest(trace_dir)
     if not 0 <= segment < manifest.segment_count:
         raise VerificationError(f"segment {segment} outside 0..{manifest.segment_count - 1}")
-    return verify_segment(ctx, root=root or bytes.fromhex(manifest.root), job_id=manifest.job_id,
-                          segment=segment, start=committed_from_trace(trace_dir, segment, ctx),
+    root = root or bytes.fromhex(manifest.root)
+    start = committed_from_trace(trace_dir, segment, ctx)
+    if exact_first:
+        leaf, proof = merkle_proof(manifest, segment + 1)
+        end = CommittedState({}, leaf, proof, manifest.state_hash_scheme)
+        first = replay_to_leaf(ctx, root=root, job_id=manifest.job_id, segment=segment,
+                               start=start, end=end, policy=policy, step_fn=step_fn)
+        if isinstance(first, Verdict):
+            return first
+        return judge_replay(ctx, first, root=root, job_id=manifest.job_id,
+                            end=committed_from_trace(trace_dir, segment + 1, ctx), policy=policy)
+    return verify_segment(ctx, root=root, job_id=manifest.job_id, segment=segment, start=start,
                           end=committed_from_trace(trace_dir, segment + 1, ctx), policy=policy,
                           step_fn=step_fn)
