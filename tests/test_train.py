@@ -285,18 +285,18 @@ def test_state_views_hash_as_the_exported_copy(data_dir: Path) -> None:
     from node.proof import state_hash  # noqa: PLC0415
 
     ds = load_dataset(data_dir / "text.safetensors")
-    for knobs in ({}, {"compute_dtype": torch.float64}):
-        ctx = TrainContext.create(tiny_lm(total_steps=10), ds, **knobs)
+    for dtype in (torch.float32, torch.float64):
+        ctx = TrainContext.create(tiny_lm(total_steps=10), ds, compute_dtype=dtype)
         state = init_state(ctx)
         for t in range(1, 4):
             train_step(ctx, state, t)
         views, copy = state_views(state), state_tensors(state)
         assert {n: (t.dtype, t.shape) for n, t in views.items()} == \
-            {n: (t.dtype, t.shape) for n, t in copy.items()}, knobs
-        assert state_hash(views) == state_hash(copy), knobs
+            {n: (t.dtype, t.shape) for n, t in copy.items()}, dtype
+        assert state_hash(views) == state_hash(copy), dtype
         live = state.model.state_dict()["head.weight"]
         shares = views["model.head.weight"].data_ptr() == live.data_ptr()
-        assert shares == (not knobs), knobs  # fp32: the live buffer; fp64: a cast copy
+        assert shares == (dtype == torch.float32), dtype  # fp64: a cast copy
 
 
 def test_init_is_explicit_and_seeded() -> None:
