@@ -70,18 +70,35 @@ class CommittedState:
     scheme: StateHashScheme = STATE_HASH_SCHEME
 
 
+@dataclass(frozen=True)
+class SegmentReplay:
+    """Our replay of a segment from the solver's committed start, not yet judged."""
+
+    segment: int
+    start: CommittedState
+    replayed: dict[str, torch.Tensor]
+    loss: float
+    seconds: float
+
+
 def check_committed(root: bytes, job_id: int, index: int, step: int,
                     committed: CommittedState) -> None:
-    """The leaf is the one expected, the tensors hash to it, and it is under ``root``."""
+    """The leaf is the one expected and under ``root``, and the tensors hash to it."""
+    check_leaf(root, job_id, index, step, committed)
+    got = state_hash(committed.tensors, committed.scheme)
+    if got != committed.leaf.state_hash:
+        raise CheckpointError(f"checkpoint of step {step} hashes to 0x{got.hex()[:16]}… but its "
+                              f"leaf commits 0x{committed.leaf.state_hash.hex()[:16]}…: tampered "
+                              "or corrupt; fetch it again from another provider")
+
+
+def check_leaf(root: bytes, job_id: int, index: int, step: int,
+               committed: CommittedState) -> None:
+    """The leaf is the one expected and is under ``root`` (its tensors are not read)."""
     leaf = committed.leaf
     if (leaf.job_id, leaf.index, leaf.step) != (job_id, index, step):
         raise ProofError(f"leaf is (job {leaf.job_id}, index {leaf.index}, step {leaf.step}); "
                          f"expected (job {job_id}, index {index}, step {step})")
-    got = state_hash(committed.tensors, committed.scheme)
-    if got != leaf.state_hash:
-        raise CheckpointError(f"checkpoint of step {step} hashes to 0x{got.hex()[:16]}… but its "
-                              f"leaf commits 0x{leaf.state_hash.hex()[:16]}…: tampered or "
-                              "corrupt; fetch it again from another provider")
     verify_proof(root, leaf, committed.proof)
 
 
@@ -161,10 +178,18 @@ def verify_segment(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
     are the solver's own commitments, so they fail the segment like a bad claim.
     """
     k = ctx.spec.checkpoint_interval
+    check_committed(root, job_id, segment, segment * k, start)
+    check_committed(root, job_id, segment + 1, segment * k + k, end)
+    replay = _replay_from(ctx, segment, start, step_fn)
+    return replay if isinstance(replay, Verdict) else _judge_replay(ctx, replay, end, policy)
+
+
+def _replay_from(ctx: TrainContext, segment: int, start: CommittedState,
+                 step_fn: StepFn) -> Verdict | SegmentReplay:
+    """The segment's k steps from the solver's committed start, or the failed verdict
+    when that start is no valid state or the replay fails."""
+    k = ctx.spec.checkpoint_interval
     start_step = segment * k
-    check_committed(root, job_id, segment, start_step, start)
-    check_committed(root, job_id, segment + 1, start_step + k, end)
-    pol = policy or policy_from_spec(ctx.spec)
     state, why = load_committed_start(ctx, start.tensors, start_step)
     if state is None:
         return Verdict.failed(segment, start_step, start_step + k, why)
@@ -174,10 +199,17 @@ def verify_segment(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
     except TrainingError as exc:  # e.g. a finite but absurd state whose loss overflows
         return Verdict.failed(segment, start_step, start_step + k,
                               f"replay from committed state S_{start_step} fails: {exc}")
-    seconds = time.perf_counter() - t0
-    verdict = judge(ctx, segment, start_step, start.tensors, replayed, end.tensors, pol)
-    verdict = check_loss(verdict, end.leaf.loss_e9 / 1e9, loss, pol)
-    return replace(verdict, replay_seconds=seconds)
+    return SegmentReplay(segment, start, replayed, loss, time.perf_counter() - t0)
+
+
+def _judge_replay(ctx: TrainContext, replay: SegmentReplay, end: CommittedState,
+                  policy: TolerancePolicy | None) -> Verdict:
+    start_step = replay.segment * ctx.spec.checkpoint_interval
+    pol = policy or policy_from_spec(ctx.spec)
+    verdict = judge(ctx, replay.segment, start_step, replay.start.tensors, replay.replayed,
+                    end.tensors, pol)
+    verdict = check_loss(verdict, end.leaf.loss_e9 / 1e9, replay.loss, pol)
+    return replace(verdict, replay_seconds=replay.seconds)
 
 
 def committed_from_trace(trace_dir: str | Path, index: int,
@@ -203,27 +235,6 @@ def committed_from_trace(trace_dir: str | Path, index: int,
     return CommittedState(tensors, leaf, proof, scheme)
 
 
-def check_leaf(root: bytes, job_id: int, index: int, step: int,
-               committed: CommittedState) -> None:
-    """The leaf is the one expected and is under ``root`` (its tensors are not read)."""
-    leaf = committed.leaf
-    if (leaf.job_id, leaf.index, leaf.step) != (job_id, index, step):
-        raise ProofError(f"leaf is (job {leaf.job_id}, index {leaf.index}, step {leaf.step}); "
-                         f"expected (job {job_id}, index {index}, step {step})")
-    verify_proof(root, leaf, committed.proof)
-
-
-@dataclass(frozen=True)
-class SegmentReplay:
-    """Our replay of a segment from the solver's committed start, not yet judged."""
-
-    segment: int
-    start: CommittedState
-    replayed: dict[str, torch.Tensor]
-    loss: float
-    seconds: float
-
-
 def replay_to_leaf(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
                    start: CommittedState, end: CommittedState,
                    policy: TolerancePolicy | None = None,
@@ -240,22 +251,15 @@ def replay_to_leaf(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
     start_step = segment * k
     check_committed(root, job_id, segment, start_step, start)
     check_leaf(root, job_id, segment + 1, start_step + k, end)
-    state, why = load_committed_start(ctx, start.tensors, start_step)
-    if state is None:
-        return Verdict.failed(segment, start_step, start_step + k, why)
-    t0 = time.perf_counter()
-    try:
-        replayed, loss = _run_steps(ctx, state, start_step, k, step_fn)
-    except TrainingError as exc:
-        return Verdict.failed(segment, start_step, start_step + k,
-                              f"replay from committed state S_{start_step} fails: {exc}")
-    seconds = time.perf_counter() - t0
-    if state_hash(replayed, end.scheme) != end.leaf.state_hash:
-        return SegmentReplay(segment, start, replayed, loss, seconds)
+    replay = _replay_from(ctx, segment, start, step_fn)
+    if isinstance(replay, Verdict) or state_hash(replay.replayed, end.scheme) \
+            != end.leaf.state_hash:
+        return replay
     exact = Verdict(segment, start_step, start_step + k, True,
                     "bitwise equal to the committed state", 0.0, 0.0, 0.0, "", 0.0, 0,
-                    replay_seconds=seconds)
-    return check_loss(exact, end.leaf.loss_e9 / 1e9, loss, policy or policy_from_spec(ctx.spec))
+                    replay_seconds=replay.seconds)
+    return check_loss(exact, end.leaf.loss_e9 / 1e9, replay.loss,
+                      policy or policy_from_spec(ctx.spec))
 
 
 def judge_replay(ctx: TrainContext, replay: SegmentReplay, *, root: bytes, job_id: int,
@@ -263,13 +267,8 @@ def judge_replay(ctx: TrainContext, replay: SegmentReplay, *, root: bytes, job_i
     """``replay_to_leaf``'s replay against the solver's end state: its commitment, then
     the tolerance rule and the loss claim."""
     k = ctx.spec.checkpoint_interval
-    start_step = replay.segment * k
-    check_committed(root, job_id, replay.segment + 1, start_step + k, end)
-    pol = policy or policy_from_spec(ctx.spec)
-    verdict = judge(ctx, replay.segment, start_step, replay.start.tensors, replay.replayed,
-                    end.tensors, pol)
-    verdict = check_loss(verdict, end.leaf.loss_e9 / 1e9, replay.loss, pol)
-    return replace(verdict, replay_seconds=replay.seconds)
+    check_committed(root, job_id, replay.segment + 1, replay.segment * k + k, end)
+    return _judge_replay(ctx, replay, end, policy)
 
 
 def verify_trace_segment(ctx: TrainContext, trace_dir: str | Path, segment: int,
