@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from devnet.params import DevnetParams  # noqa: E402
-from node.datasets import pack_text, parse_dataset  # noqa: E402
+from node.datasets import Dataset, pack_text, parse_dataset  # noqa: E402
 from node.spec import (  # noqa: E402
     CollaborativeSpec,
     load_collaborative_spec,
@@ -87,7 +87,7 @@ def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainSta
     return state, time.perf_counter() - t0
 
 
-def verification_share(spec: CollaborativeSpec, ds: Any, theta_0: Params,
+def verification_share(spec: CollaborativeSpec, ds: Dataset, theta_0: Params,
                        threads: int) -> dict[str, Any]:
     """One sub-job (round 0, slot 0) traced as the market sees it, and one of its
     segments verified from the trace as a verifier does (load, hash, replay, compare):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -111,12 +111,15 @@ def pack_chars(text: str, name: str) -> bytes:
     return _pack({"tokens": tokens}, {"kind": "text", "name": name, "vocab": vocab})
 
 
-def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+def atomic_write(path: Path, data: bytes | Iterable[bytes | memoryview],
+                 durable: bool = True) -> None:
     """tmp + rename, so a killed process leaves the old file or the new one, never
-    half of one. ``durable`` adds fsyncs (file and directory) against power loss."""
+    half of one. ``data``: the bytes, or parts written in order (a file never held
+    whole). ``durable`` adds fsyncs (file and directory) against power loss."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     with open(tmp, "wb") as f:
-        f.write(data)
+        for part in (data,) if isinstance(data, bytes) else data:
+            f.write(part)
         if durable:
             f.flush()
             os.fsync(f.fileno())

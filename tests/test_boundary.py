@@ -179,12 +179,12 @@ def test_expected_layout_is_what_training_writes(digits: bytes,
 
 def test_streamed_tensor_files_are_safetensors_own_bytes(tmp_path: Path,
                                                           digits: bytes) -> None:
-    """Checkpoints are written straight from the tensors (write_tensor_file): the
+    """Checkpoints are written straight from the tensors (trace.write_tensor_file): the
     bytes, and so the artifact id, are safetensors' ``save``'s, for every dtype it
     orders by and for a real training state; the returned sha256 is the file's."""
     import hashlib  # noqa: PLC0415
 
-    from node.tensorfile import write_tensor_file  # noqa: PLC0415
+    from node.train.trace import write_tensor_file  # noqa: PLC0415
 
     mixed = {"b": torch.randn(3, 4), "a": torch.arange(5), "z": torch.tensor(7),
              "e": torch.zeros(0, 3), "h": torch.randn(2).to(torch.bfloat16),

@@ -44,6 +44,7 @@ from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
 if TYPE_CHECKING:
+    from node.chain.contracts import CollabParamsView
     from node.datasets import Dataset
     from node.train.diloco import OuterState
     from verifier.evidence import Evidence
@@ -106,7 +107,7 @@ class CollabFollower:
         self._published: dict[tuple[int, int], str] = {}
         self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
         self._announced_at = 0.0
-        self._collab_params: Any = None  # CollabParamsView, read once (immutables)
+        self._collab_params: CollabParamsView | None = None  # immutable: read once
 
     # --- chain views ----------------------------------------------------------------
 
@@ -469,7 +470,7 @@ class CollabFollower:
         if now >= rnd.reveal_end:
             await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
 
-    async def _params(self) -> Any:
+    async def _params(self) -> CollabParamsView:
         """The CollabMarket's Params: immutable, so read once."""
         if self._collab_params is None:
             c = self.rt.chain_client

@@ -19,11 +19,9 @@ from __future__ import annotations
 import math
 import threading
 
-import torch
-
 from node.errors import CheckpointError
 from node.spec import JobSpec
-from node.tensorfile import DTYPE_BYTES, Header
+from node.tensorfile import DTYPE_BYTES, Header, st_dtype
 from node.train.models import build_skeleton
 from node.train.step import STEP_KEY, _optim_keys
 
@@ -34,9 +32,6 @@ Layout = dict[str, tuple[str, tuple[int, ...]]]
 HEADER_BYTES_PER_TENSOR = 512
 HEADER_BASE_BYTES = 8192
 
-_ST_DTYPE = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
-             torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
-             torch.bool: "BOOL", torch.uint8: "U8"}
 _cache: dict[str, Layout] = {}
 _lock = threading.Lock()
 
@@ -47,7 +42,7 @@ def expected_layout(spec: JobSpec) -> Layout:
         if key in _cache:
             return _cache[key]
     model = build_skeleton(spec.model)
-    out: Layout = {f"model.{n}": (_ST_DTYPE[t.dtype], tuple(t.shape))
+    out: Layout = {f"model.{n}": (st_dtype(t.dtype), tuple(t.shape))
                    for n, t in model.state_dict().items()}
     for n, p in model.named_parameters():
         for k in _optim_keys(spec):  # AdamW's "step" is a scalar, as in step._fresh_state

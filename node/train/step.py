@@ -223,18 +223,25 @@ def _export(t: torch.Tensor, compute_dtype: torch.dtype) -> torch.Tensor:
     return t.detach().to("cpu", dtype=_export_dtype(t, compute_dtype), copy=True).contiguous()
 
 
+def _live_pairs(state: TrainState) -> list[tuple[str, torch.Tensor]]:
+    """(checkpoint name, live tensor) of the weights and optimizer state, ``meta.step``
+    aside: the one naming ``state_tensors`` and ``state_views`` export under."""
+    pairs = [(f"model.{n}", t) for n, t in state.model.state_dict().items()]
+    for p, st in state.optimizer.state.items():
+        pname = state.param_names[id(p)]
+        pairs += [(f"optim.{pname}.{key}", t) for key, t in st.items()
+                  if isinstance(t, torch.Tensor)]
+    return pairs
+
+
 def state_tensors(state: TrainState,
                   into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """Weights, optimizer state and ``meta.step`` as detached contiguous CPU copies
     (fp64 compute state cast to fp32, the checkpoint dtype). ``into``: an earlier
     result of this state's spec to copy into instead; reused pages copy ~5x faster
     than fresh ones (a 25M-parameter state: 17 ms vs 90 ms)."""
+    pairs = _live_pairs(state)
     if into is not None:
-        pairs = [(f"model.{n}", t) for n, t in state.model.state_dict().items()]
-        for p, st in state.optimizer.state.items():
-            pname = state.param_names[id(p)]
-            pairs += [(f"optim.{pname}.{key}", t) for key, t in st.items()
-                      if isinstance(t, torch.Tensor)]
         # Anything else than the buffers' names, shapes and dtypes (a state a cheat
         # reshaped, say) is exported afresh: a copy must never change what is hashed.
         if len(pairs) + 1 != len(into) or any(
@@ -246,13 +253,7 @@ def state_tensors(state: TrainState,
                 into[n].copy_(t)
             into[STEP_KEY].fill_(state.step)
         return into
-    out = {f"model.{n}": _export(t, state.compute_dtype)
-           for n, t in state.model.state_dict().items()}
-    for p, st in state.optimizer.state.items():
-        pname = state.param_names[id(p)]
-        for key, t in st.items():
-            if isinstance(t, torch.Tensor):
-                out[f"optim.{pname}.{key}"] = _export(t, state.compute_dtype)
+    out = {n: _export(t, state.compute_dtype) for n, t in pairs}
     out[STEP_KEY] = torch.tensor(state.step, dtype=torch.int64)
     return out
 
@@ -262,18 +263,9 @@ def state_views(state: TrainState) -> dict[str, torch.Tensor]:
     tensor already in its checkpoint dtype is the live buffer itself): for hashing
     a state on the training thread before training mutates it again. The bytes
     are ``state_tensors``'s, so the hash is too."""
-    def view(t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        if t.device.type == "cpu" and t.dtype == _export_dtype(t, state.compute_dtype):
-            return t
-        return _export(t, state.compute_dtype)
-
-    out = {f"model.{n}": view(t) for n, t in state.model.state_dict().items()}
-    for p, st in state.optimizer.state.items():
-        pname = state.param_names[id(p)]
-        for key, t in st.items():
-            if isinstance(t, torch.Tensor):
-                out[f"optim.{pname}.{key}"] = view(t)
+    cd = state.compute_dtype
+    out = {n: t.detach() if t.device.type == "cpu" and t.dtype == _export_dtype(t, cd)
+           else _export(t, cd) for n, t in _live_pairs(state)}
     out[STEP_KEY] = torch.tensor(state.step, dtype=torch.int64)
     return out
 

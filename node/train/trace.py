@@ -40,7 +40,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +63,7 @@ from node.proof import (
 )
 from node.proof import state_hash as compute_state_hash
 from node.spec import MAX_CHECKPOINT_INTERVAL, MAX_STEPS, JobSpec
-from node.tensorfile import Header, read_header, write_tensor_file
+from node.tensorfile import Header, read_header, tensor_file_parts
 from node.train.behavior import HonestBehavior, SegmentBehavior
 from node.train.layout import check_layout, max_file_bytes, max_header_bytes
 from node.train.sparse import MAX_KEEP_EVERY as MAX_KEEP
@@ -233,6 +233,23 @@ def _file_meta(meta: dict[str, Any]) -> dict[str, str]:
     return {META_KEY: canonical_json(meta).decode("utf-8")}
 
 
+def write_tensor_file(path: Path, tensors: Mapping[str, torch.Tensor],
+                      metadata: Mapping[str, str], durable: bool = False) -> tuple[str, int]:
+    """A safetensors file streamed from the tensors' buffers (``tensor_file_parts``,
+    atomically), its sha256 taken on the way: (sha256 hex, size)."""
+    digest, size = hashlib.sha256(), 0
+
+    def hashed(parts: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+        nonlocal size
+        for part in parts:
+            digest.update(part)
+            size += len(part) if isinstance(part, bytes) else part.nbytes
+            yield part
+
+    atomic_write(path, hashed(tensor_file_parts(tensors, metadata)), durable=durable)
+    return digest.hexdigest(), size
+
+
 def _encode_checkpoint(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
     """The checkpoint file in memory (tests; ``write_tensor_file`` writes the same)."""
     return st_save(tensors, metadata=_file_meta(meta))
@@ -334,8 +351,9 @@ def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
     # Streamed from the tensors (no in-memory file) and fsynced here, on the writer
     # thread while training goes on; the directory once, before the manifest (the
     # commit point) is written durably.
-    sha, _ = write_tensor_file(out / checkpoint_name(step), tensors, _file_meta(meta),
-                               durable=True)
+    path = out / checkpoint_name(step)
+    sha, _ = write_tensor_file(path, tensors, _file_meta(meta))
+    _fsync(path)
     return _Record(step, h, sha, segment_loss, loss_e9)
 
 
@@ -676,6 +694,5 @@ def write_state_file(path: str | Path, tensors: dict[str, torch.Tensor], job_id:
             "spec_hash": "", "segment_loss": None, "loss_e9": 0}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    write_tensor_file(p, tensors, _file_meta(meta), durable=True)
-    fsync_dir(p.parent)
+    write_tensor_file(p, tensors, _file_meta(meta), durable=True)  # file and directory
     return h
