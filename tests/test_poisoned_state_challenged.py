@@ -119,9 +119,11 @@ def test_poisoned_committed_state_is_challenged_on_chain(module_chain: LocalChai
                         await trio.sleep(0.5)
                 out["took"] = time.monotonic() - t0
                 out["events"] = evs
-                # The daemon records the dispute it opened once the tx has returned.
+                # The daemon records the dispute it opened (from its DisputeOpened event,
+                # possibly before the tx has returned) and then marks the job challenged.
                 with trio.fail_after(10):
-                    while not verifier.state.data.disputes:
+                    while not (verifier.state.data.disputes
+                               and verifier.state.data.jobs[jid].challenged):
                         await trio.sleep(0.1)
                 nursery.cancel_scope.cancel()
             out["jid"] = jid
