@@ -119,6 +119,11 @@ class PeerMisbehaved(P2PError):
     """A peer sent bytes or messages that fail validation; it gets dropped."""
 
 
+class PeerTooSlow(PeerMisbehaved, TimeoutError):
+    """A peer missed a transfer deadline (counted in our own loop's running time); it
+    is dropped for a shorter while than a peer that sent something false."""
+
+
 class PeerUnavailable(P2PError):
     """No reachable peer could serve the request."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -78,6 +79,27 @@ def delayed_manifest_handler(node: PolnetNode, delay: float) -> Handler:
     return handle
 
 
+def stalling_handler(node: PolnetNode, block_s: float) -> Handler:
+    """The node's real server, but the first manifest request blocks the event loop
+    (every node in this process) for `block_s` before it is answered."""
+    blocked = False
+
+    async def handle(stream: INetStream) -> None:
+        nonlocal blocked
+        peer = stream.muxed_conn.peer_id.to_base58()
+        try:
+            while True:
+                req = await read_frame(stream)
+                if req.get("op") == "manifest" and not blocked:
+                    blocked = True
+                    time.sleep(block_s)  # blocking on purpose: a stalled loop
+                await node.server._answer(stream, peer, req)
+        except Exception:
+            await stream.reset()
+
+    return handle
+
+
 def false_manifest(real: bytes, claimed: int) -> tuple[bytes, Manifest]:
     """A `claimed`-byte file that starts like `real`, and its manifest under real's id."""
     fake = real + bytes(claimed - len(real))
@@ -97,7 +119,7 @@ def test_slow_provider_is_banned_and_the_honest_one_serves(tmp_path: Path) -> No
     # one's first deadline (1 MiB at >= 1 MiB/s + 0.5 s) falls inside the fetch.
     policy = FetchPolicy(min_rate_bps=MiB, rate_grace_s=0.5, header_timeout_s=2)
     cfg = {"honest": {"serve": ServeLimits(bytes_per_second_per_peer=2 * MiB)},
-           "fetcher": {"fetch": policy}}
+           "fetcher": {"fetch": policy, "slow_ban_s": 20.0}}
 
     async def main() -> None:
         with trio.fail_after(DEADLINE_S + 30):
@@ -115,6 +137,59 @@ def test_slow_provider_is_banned_and_the_honest_one_serves(tmp_path: Path) -> No
                 assert slow.peer_id.to_base58() in stats.bad_peers
                 assert slow.peer_id in fetcher.banned
                 assert honest.peer_id not in fetcher.banned
+                # Slow is not false: its ban is the short one (slow_ban_s, not ban_s).
+                assert 0 < fetcher.banned.remaining(slow.peer_id) <= 20.0
+
+    trio.run(main)
+
+
+def test_a_stall_on_our_side_is_not_the_providers_fault(tmp_path: Path) -> None:
+    """Our own event loop blocked (a thread holding the GIL, a model built on the
+    loop) for longer than the answer deadline, while a request is out: the provider
+    is not blamed and the fetch completes, because deadlines count only the time our
+    loop could run. A provider that is really slow is still dropped (test above)."""
+    data = os.urandom(2 * MiB)
+    policy = FetchPolicy(header_timeout_s=1.0, min_rate_bps=MiB, rate_grace_s=0.2)
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S):
+            async with started(tmp_path, ["honest", "fetcher"],
+                               fetcher={"fetch": policy}) as (honest, fetcher):
+                aid = honest.store.put_bytes(data)
+                # The whole process (fetcher included) blocks while the fetcher's manifest
+                # request is out: 2.5x the header deadline.
+                honest.host.set_stream_handler(PROTOCOL_ID, stalling_handler(honest, 2.5))
+                stats = await fetcher.fetch(aid, peers=[honest.addrs[0]])
+                assert fetcher.store.path(aid).read_bytes() == data
+                assert not stats.bad_peers and honest.peer_id not in fetcher.banned
+
+    trio.run(main)
+
+
+def test_concurrent_fetches_of_one_artifact_download_it_once(tmp_path: Path) -> None:
+    """Three tasks of one node ask for one artifact at once (a verifier's jobs share a
+    spec): one download, the others wait for it; no .part file is assembled twice and
+    no honest provider is banned for the whole-file hash a race would break."""
+    data = os.urandom(3 * MiB + 17)
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S):
+            async with started(tmp_path, ["honest", "fetcher"]) as (honest, fetcher):
+                aid = honest.store.put_bytes(data)
+                got: list[Any] = []
+
+                async def one() -> None:
+                    got.append(await fetcher.fetch(aid, peers=[honest.addrs[0]]))
+
+                async with trio.open_nursery() as n:
+                    for _ in range(3):
+                        n.start_soon(one)
+                assert fetcher.store.path(aid).read_bytes() == data
+                assert honest.peer_id not in fetcher.banned
+                assert not any(st.bad_peers for st in got)
+                # exactly one of them moved the bytes
+                assert sorted(sum(st.chunks_fetched.values()) for st in got) == [0, 0, 4]
+                assert not fetcher._fetching  # the per-artifact locks are gone
 
     trio.run(main)
 
@@ -182,6 +257,7 @@ def test_lying_manifest_costs_one_download_and_the_honest_copy_wins(tmp_path: Pa
                 assert fetcher.store.path(aid).read_bytes() == real
                 assert stats.manifests_tried == 2
                 assert liar.peer_id in fetcher.banned and honest.peer_id not in fetcher.banned
+                assert fetcher.banned.remaining(liar.peer_id) > 500  # the long ban: a lie
                 # The lie was downloaded once, the truth once: not twice the lie.
                 assert stats.bytes_received <= len(fake) + len(real) + MiB
                 # A fetcher with only the liar: one download, then the liar is banned.

@@ -117,6 +117,9 @@ class Verifier:
         watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
                                start_block=c.deployment.deploy_block,
                                confirmations=rt.settings.confirmations)
+        from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
+
+        await trio.to_thread.run_sync(prepare_torch)  # before any transfer deadline
         log.info("verifier_running", address=rt.address, malicious=self.malicious)
         async with trio.open_nursery() as nursery:
             while until is None or time.monotonic() < until:

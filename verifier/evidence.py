@@ -6,6 +6,7 @@ run in worker threads.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -251,7 +252,10 @@ class Evidence:
         else:
             spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash,
                                                    (job.solver,))
-            ctx = TrainContext.create(spec, dataset, threads=rt.settings.threads)
+            # Off the event loop: a model build takes seconds on a busy machine, and a
+            # stalled loop would miss transfer deadlines and blame the peers.
+            ctx = await trio.to_thread.run_sync(functools.partial(
+                TrainContext.create, spec, dataset, threads=rt.settings.threads))
         ev = JobEvidence(rt, job_id, job, ctx, manifest)
         self._jobs[key] = ev
         return ev

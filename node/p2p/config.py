@@ -29,7 +29,10 @@ class P2PSettings(BaseModel):
     serve: ServeLimits = Field(default_factory=ServeLimits)
     fetch: FetchPolicy = Field(default_factory=FetchPolicy)
     ban_s: float = Field(default=600.0, ge=0,
-                         description="Seconds a misbehaving or too slow peer stays banned.")
+                         description="Seconds a peer that sent something false stays banned.")
+    slow_ban_s: float = Field(default=20.0, ge=0,
+                              description="Seconds a peer that missed a transfer deadline "
+                                          "stays banned (at most ban_s).")
     # py-libp2p's yamux is fastest with one busy stream per peer (measured: 1 stream
     # 47 MB/s, 4: 36, 8: 21), so parallelism comes from pipelined requests.
     streams_per_peer: int = Field(default=1, ge=1, le=64)

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -71,13 +72,19 @@ class BanList:
         self.ban_s = ban_s
         self._until: dict[ID, float] = {}
 
-    def add(self, peer: ID) -> None:
+    def add(self, peer: ID, seconds: float | None = None) -> None:
+        """Ban `peer` for `seconds` (default `ban_s`); an existing longer ban stays."""
         if len(self._until) >= self.MAX:
             self._expire()
             while len(self._until) >= self.MAX:
                 del self._until[next(iter(self._until))]
-        self._until.pop(peer, None)
-        self._until[peer] = time.monotonic() + self.ban_s
+        until = time.monotonic() + (self.ban_s if seconds is None else seconds)
+        until = max(until, self._until.pop(peer, 0.0))
+        self._until[peer] = until
+
+    def remaining(self, peer: ID) -> float:
+        """Seconds `peer` stays banned (0 when it is not)."""
+        return max(0.0, self._until.get(peer, 0.0) - time.monotonic())
 
     def discard(self, peer: ID) -> None:
         self._until.pop(peer, None)
@@ -99,6 +106,12 @@ class BanList:
     def __len__(self) -> int:
         self._expire()
         return len(self._until)
+
+
+@dataclass
+class _CountedLock:
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    users: int = 0
 
 
 class PolnetNode:
@@ -124,6 +137,7 @@ class PolnetNode:
         self.verifier = AnnouncementVerifier()
         self.replay = ReplayGuard()
         self.banned = BanList(config.ban_s)
+        self._fetching: dict[str, _CountedLock] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self._seq = 0
         self._stack: AsyncExitStack | None = None
@@ -305,6 +319,25 @@ class PolnetNode:
         download. Raises PeerUnavailable when no provider could finish it (the
         verified chunks stay for the next try).
         """
+        # One download per artifact at a time: two would assemble the same .part file
+        # (one finishing and discarding it under the other), fail the whole-file hash
+        # and ban honest providers. The second caller waits and finds it stored.
+        lock = self._fetching.get(artifact_id)
+        if lock is None:
+            lock = self._fetching[artifact_id] = _CountedLock()
+        lock.users += 1
+        try:
+            async with lock.lock:
+                return await self._fetch_once(artifact_id, peers, progress, provide,
+                                              expected_size)
+        finally:
+            lock.users -= 1
+            if lock.users == 0:
+                del self._fetching[artifact_id]
+
+    async def _fetch_once(self, artifact_id: str, peers: Sequence[str] | None,
+                          progress: Progress | None, provide: bool,
+                          expected_size: int | None) -> FetchStats:
         if self.store.has(artifact_id):
             return FetchStats()
         infos: list[PeerInfo] = []
@@ -359,9 +392,13 @@ class PolnetNode:
                 nursery.start_soon(dial, info)
         return [p for p in merged if p in ok]
 
-    async def _drop_peer(self, peer: ID, why: str) -> None:
-        self.banned.add(peer)
-        log.warning("peer_dropped", peer=peer.to_base58(), reason=why)
+    async def _drop_peer(self, peer: ID, why: str, slow: bool = False) -> None:
+        # Slow is not false: a provider that missed a deadline (perhaps the one solver
+        # who holds a job's trace, on a bad minute) is asked again soon; one that sent
+        # something false is not asked for `ban_s`.
+        self.banned.add(peer, min(self.config.slow_ban_s, self.banned.ban_s) if slow else None)
+        log.warning("peer_dropped", peer=peer.to_base58(), reason=why,
+                    ban_s=self.config.slow_ban_s if slow else self.banned.ban_s)
         try:
             await self.host.disconnect(peer)
         except Exception as exc:

@@ -25,11 +25,13 @@ from node.errors import (
     IntegrityError,
     P2PError,
     PeerMisbehaved,
+    PeerTooSlow,
     PeerUnavailable,
     RateLimited,
 )
 from node.logs import get_logger
 from node.p2p.limits import DEFAULT_POLICY, FetchPolicy, PeerAllowance, ServeLimits
+from node.p2p.loopwatch import run_within
 from node.p2p.wire import (
     PROTOCOL_ID,
     StreamClosed,
@@ -189,11 +191,12 @@ class ArtifactClient:
 
     async def receive(self, req: dict[str, Any], max_size: int) -> bytes:
         """The answer to `req` (answers come in request order), within its deadline."""
-        with trio.move_on_after(self.policy.header_timeout_s) as late:
-            head = await read_frame(self.stream)
-        if late.cancelled_caught:
-            raise PeerMisbehaved(f"{self.peer} too slow: no answer in "
-                                 f"{self.policy.header_timeout_s:.0f}s")
+        got, late = await run_within(self.policy.header_timeout_s,
+                                     lambda: read_frame(self.stream))
+        if late or got is None:
+            raise PeerTooSlow(f"{self.peer} too slow: no answer in "
+                              f"{self.policy.header_timeout_s:.0f}s")
+        head = got
         if head.get("ok") is not True:
             err, msg = head.get("error"), head.get("message", "")
             if err == "not_found":
@@ -205,10 +208,9 @@ class ArtifactClient:
         if type(size) is not int or not 0 <= size <= max_size:
             raise PeerMisbehaved(f"{self.peer} announced a body of {size!r} bytes")
         deadline = self.policy.body_deadline(size)
-        with trio.move_on_after(deadline) as late:
-            body = await read_exactly(self.stream, size)
-        if late.cancelled_caught:
-            raise PeerMisbehaved(
+        body, late = await run_within(deadline, lambda: read_exactly(self.stream, size))
+        if late or body is None:
+            raise PeerTooSlow(
                 f"{self.peer} too slow: {size} bytes not sent in {deadline:.1f}s "
                 f"(minimum {self.policy.min_rate_bps / 1024:.0f} KiB/s)")
         return body
@@ -339,7 +341,7 @@ class Downloader:
 
     def __init__(self, host: IHost, store: ArtifactStore, streams_per_peer: int = 1,
                  queue_chunks: int = 8, pipeline: int = 3,
-                 on_bad_peer: Callable[[ID, str], Awaitable[None]] | None = None,
+                 on_bad_peer: Callable[[ID, str, bool], Awaitable[None]] | None = None,
                  policy: FetchPolicy = DEFAULT_POLICY) -> None:
         self.host = host
         self.store = store
@@ -378,7 +380,7 @@ class Downloader:
                     found.clients[peer], client = client, None  # its reader reuses the stream
                     first.set()
             except PeerMisbehaved as exc:
-                await self._bad(peer, str(exc), stats)
+                await self._bad(peer, str(exc), stats, slow=isinstance(exc, PeerTooSlow))
             except Exception as exc:
                 stats.failed_peers[peer.to_base58()] = repr(exc)
                 log.info("manifest_failed", peer=peer.to_base58(), error=repr(exc))
@@ -559,7 +561,7 @@ class Downloader:
                     await send.send((index, data, peer))
             except PeerMisbehaved as exc:
                 banned.add(peer)
-                await self._bad(peer, str(exc), stats)
+                await self._bad(peer, str(exc), stats, slow=isinstance(exc, PeerTooSlow))
             except (trio.Cancelled, KeyboardInterrupt):
                 raise
             except BaseException as exc:  # stream reset, peer died, refused, ...
@@ -587,10 +589,11 @@ class Downloader:
         stats.reissued_chunks += work.reissued
         await trio.to_thread.run_sync(part.sync)
 
-    async def _bad(self, peer: ID, why: str, stats: FetchStats) -> None:
+    async def _bad(self, peer: ID, why: str, stats: FetchStats, slow: bool = False) -> None:
         if peer.to_base58() in stats.bad_peers:
             return
         stats.bad_peers.add(peer.to_base58())
-        log.warning("peer_misbehaved", peer=peer.to_base58(), reason=why)
+        log.warning("peer_too_slow" if slow else "peer_misbehaved", peer=peer.to_base58(),
+                    reason=why)
         if self.on_bad_peer is not None:
-            await self.on_bad_peer(peer, why)
+            await self.on_bad_peer(peer, why, slow)

@@ -142,10 +142,11 @@ class CollabFollower:
         return self._specs[cid]
 
     async def round_context(self, cid: int, round_index: int, slot: int) -> Any:
-        from node.train.rounds import round_context  # noqa: PLC0415
-
         spec, ds = await self.inputs(cid)
-        return round_context(spec, ds, round_index, slot, threads=self.rt.settings.threads)
+        # Building a model (and a first torch import) takes seconds on a busy machine:
+        # never on the event loop, whose transfer deadlines would blame the peers.
+        return await trio.to_thread.run_sync(_round_context, spec, ds, round_index, slot,
+                                             self.rt.settings.threads)
 
     # --- the outer-state chain --------------------------------------------------------
 
@@ -165,11 +166,11 @@ class CollabFollower:
             state = await self._fetch_announced(cid, r)
         if state is None:
             if r == 0:
-                state = diloco.initial_outer_state(spec)
+                state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec)
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
                 # Before round 0's outer state is accepted the job's outerHash is its
                 # outerInitHash; later rounds are checked by their accepted hashes.
-                if job.round == 0 and diloco.outer_hash(state) != job.outer_hash:
+                if job.round == 0 and await _outer_hash(state) != job.outer_hash:
                     raise SpecError(f"collaborative job {cid}: outerInitHash is not the spec's "
                                     "seeded theta_0", field="outer_init_hash")
             else:
@@ -205,14 +206,13 @@ class CollabFollower:
         state = await trio.to_thread.run_sync(diloco.outer_step, prev, deltas,
                                               spec.outer_optimizer)
         log.info("collab_outer_recomputed", job=cid, round=r, slots=sorted(deltas),
-                 outer_hash=diloco.outer_hash(state).hex())
+                 outer_hash=(await _outer_hash(state)).hex())
         return state
 
     async def _fetch_announced(self, cid: int, r: int) -> OuterState | None:
         """theta_r from a peer's ``outer_state`` announcement, used only if its outer
         hash is the one the CollabMarket accepted for round r - 1 (a joiner or a
         restarted worker need not recompute every round since the first)."""
-        from node.train.diloco import outer_hash  # noqa: PLC0415
         from node.train.layout import max_file_bytes  # noqa: PLC0415
 
         hints = [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
@@ -233,7 +233,7 @@ class CollabFollower:
                 log.warning("collab_outer_fetch_failed", job=cid, round=r, error=str(exc),
                             sender=sender)
                 state = None
-            if state is not None and outer_hash(state) == rnd.outer_hash:
+            if state is not None and await _outer_hash(state) == rnd.outer_hash:
                 log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
                 return state
             if state is not None:
@@ -249,7 +249,6 @@ class CollabFollower:
     async def announce(self) -> None:
         """Serve the newest accepted outer state of every live job we follow."""
         from node.roles.announce_kinds import OuterStateServed  # noqa: PLC0415
-        from node.train.diloco import outer_hash  # noqa: PLC0415
 
         latest: dict[int, int] = {}
         for cid, r in self._outer:
@@ -263,7 +262,7 @@ class CollabFollower:
             aid = self._published.get((cid, r))
             if aid is None:
                 aid = self._published[(cid, r)] = await self.rt.p2p.publish_file(path)
-            h = outer_hash(self._outer[(cid, r)])
+            h = await _outer_hash(self._outer[(cid, r)])
             await self.rt.p2p.announce("outer_state", OuterStateServed(
                 collab_job_id=cid, round=r, outer_hash="0x" + h.hex(), artifact_id=aid))
 
@@ -290,7 +289,6 @@ class CollabFollower:
     async def next_hashes(self, cid: int, r: int) -> tuple[bytes, bytes] | None:
         """(outer hash of theta_{r+1}, S_0 hash of round r + 1's sub-jobs) as we
         recompute them."""
-        from node.train.diloco import outer_hash  # noqa: PLC0415
         from node.train.rounds import round_initial_hash  # noqa: PLC0415
 
         state = await self.outer_state(cid, r + 1)
@@ -300,7 +298,7 @@ class CollabFollower:
         # follow (a state hash has no round in it, so round 0's context computes it).
         ctx = await self.round_context(cid, 0, 0)
         nxt = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
-        return outer_hash(state), nxt
+        return await _outer_hash(state), nxt
 
     async def start_state_factory(self, market_job_id: int) -> Any:
         """For the solver: (context, S_0 builder) of one of its sub-jobs, or None when
@@ -545,6 +543,20 @@ class CollabFollower:
         except ContractRevert as exc:
             log.info("tx_not_needed", call="collab.withdraw", error=exc.error)
             return 0
+
+
+def _round_context(spec: CollaborativeSpec, ds: Dataset, round_index: int, slot: int,
+                   threads: int) -> Any:
+    from node.train.rounds import round_context  # noqa: PLC0415 - torch is heavy
+
+    return round_context(spec, ds, round_index, slot, threads=threads)
+
+
+async def _outer_hash(state: OuterState) -> bytes:
+    """An outer state's hash, taken in a worker thread (it reads every parameter)."""
+    from node.train.diloco import outer_hash  # noqa: PLC0415
+
+    return await trio.to_thread.run_sync(outer_hash, state)
 
 
 def _memory_mb() -> int:

@@ -12,6 +12,7 @@ what the chain cannot say (the inputs, the published manifest, rejections).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,9 @@ class Solver:
         watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
                                start_block=c.deployment.deploy_block,
                                confirmations=rt.settings.confirmations)
+        from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
+
+        await trio.to_thread.run_sync(prepare_torch)  # before any transfer deadline
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._announcer)
@@ -411,8 +415,8 @@ class Solver:
             rec = self.state.data.jobs[jid]
             spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(rec.spec),
                                                    bytes.fromhex(rec.dataset))
-            self._contexts[jid] = TrainContext.create(spec, dataset,
-                                                      threads=self.rt.settings.threads)
+            self._contexts[jid] = await trio.to_thread.run_sync(functools.partial(
+                TrainContext.create, spec, dataset, threads=self.rt.settings.threads))
         return self._contexts[jid]
 
     async def _train_and_commit(self, jid: int) -> None:

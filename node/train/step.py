@@ -67,6 +67,15 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(label).digest()[:8], "little") >> 1
 
 
+def prepare_torch() -> None:
+    """Deterministic algorithms on, once per process. The first call imports torch's
+    compiler stack (about 4 s of GIL-holding imports, more on a busy machine): a role
+    calls this at start, in a worker thread, so the first job does not pay it."""
+    if not torch.are_deterministic_algorithms_enabled() \
+            or torch.is_deterministic_algorithms_warn_only_enabled():
+        torch.use_deterministic_algorithms(True)
+
+
 @dataclass
 class TrainContext:
     """A spec bound to its data, a device and a thread count. Create with ``create``."""
@@ -110,7 +119,7 @@ class TrainContext:
         dev = torch.device(device)
         if dev.type == "cuda":  # cuBLAS is only deterministic with a fixed workspace
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
+        prepare_torch()
         torch.set_num_threads(threads)
         inputs, targets, n = _bind_data(spec, dataset)
         if n < spec.batch_size:
