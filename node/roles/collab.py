@@ -69,8 +69,11 @@ CHALLENGE_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowClosed", "Chall
                     "NothingPosted", "AlreadyChallenged", "PosterCannotChallenge")
 ACCEPT_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowOpen", "ChallengeLive",
                  "NothingPosted")
-JURY_BENIGN = ("WrongRoundPhase", "WrongRound", "NoChallenge", "JuryNotReady", "RevealNotOver")
-VOTE_BENIGN = ("NotJuror", "AlreadyCommitted", "AlreadyRevealed", "CommitClosed",
+# NothingPosted: another node resolved the challenge first and an Invalid verdict cleared
+# the post (its view was read before that block).
+JURY_BENIGN = ("WrongRoundPhase", "WrongRound", "NoChallenge", "JuryNotReady", "RevealNotOver",
+               "NothingPosted")
+VOTE_BENIGN = ("NothingPosted", "NotJuror", "AlreadyCommitted", "AlreadyRevealed", "CommitClosed",
                "RevealNotOpen", "BadReveal", "NoCommitment")
 SLOT_BENIGN = ("NotEnoughFreeSlots", "SlotCapExceeded", "CollabNotLive", "ThroughputTooLow",
                "ExcludedWorker")
