@@ -28,6 +28,7 @@ from node.logs import get_logger
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
+from node.train.step import prepare_torch
 from verifier.evidence import Evidence, judge_segment
 from verifier.machine import (
     Attest,
@@ -117,11 +118,11 @@ class Verifier:
         watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
                                start_block=c.deployment.deploy_block,
                                confirmations=rt.settings.confirmations)
-        from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
-
-        await trio.to_thread.run_sync(prepare_torch)  # before any transfer deadline
         log.info("verifier_running", address=rt.address, malicious=self.malicious)
         async with trio.open_nursery() as nursery:
+            # torch's deterministic set-up in the background: never delays a restarted
+            # juror's vote, and the first replay does not pay it beside its deadlines
+            nursery.start_soon(trio.to_thread.run_sync, prepare_torch)
             while until is None or time.monotonic() < until:
                 try:
                     await rt.chain(watcher.poll, self._on_event)

@@ -137,11 +137,9 @@ class Solver:
         watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
                                start_block=c.deployment.deploy_block,
                                confirmations=rt.settings.confirmations)
-        from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
-
-        await trio.to_thread.run_sync(prepare_torch)  # before any transfer deadline
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(_prepare_torch)  # in the background: never delays a restart
             nursery.start_soon(self._announcer)
             if self.collab.forge_outer:  # a test cheat's own race (behaviour wrong_outer)
                 nursery.start_soon(self.collab.forge_loop)
@@ -558,3 +556,9 @@ class Solver:
             log.info("mids_posted", dispute=did, job=jid, steps=steps)
         finally:
             self._busy.discard(f"d{did}")
+
+
+async def _prepare_torch() -> None:
+    from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
+
+    await trio.to_thread.run_sync(prepare_torch)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -67,13 +68,18 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(hashlib.sha256(label).digest()[:8], "little") >> 1
 
 
+_PREPARE = threading.Lock()
+
+
 def prepare_torch() -> None:
     """Deterministic algorithms on, once per process. The first call imports torch's
     compiler stack (about 4 s of GIL-holding imports, more on a busy machine): a role
-    calls this at start, in a worker thread, so the first job does not pay it."""
-    if not torch.are_deterministic_algorithms_enabled() \
-            or torch.is_deterministic_algorithms_warn_only_enabled():
-        torch.use_deterministic_algorithms(True)
+    starts this in a worker thread as it starts, so the first job does not pay it, and
+    the lock makes a job that comes first wait for that one import, not start another."""
+    with _PREPARE:
+        if not torch.are_deterministic_algorithms_enabled() \
+                or torch.is_deterministic_algorithms_warn_only_enabled():
+            torch.use_deterministic_algorithms(True)
 
 
 @dataclass
