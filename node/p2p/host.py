@@ -396,9 +396,9 @@ class PolnetNode:
         # Slow is not false: a provider that missed a deadline (perhaps the one solver
         # who holds a job's trace, on a bad minute) is asked again soon; one that sent
         # something false is not asked for `ban_s`.
-        self.banned.add(peer, min(self.config.slow_ban_s, self.banned.ban_s) if slow else None)
-        log.warning("peer_dropped", peer=peer.to_base58(), reason=why,
-                    ban_s=self.config.slow_ban_s if slow else self.banned.ban_s)
+        ban_s = min(self.config.slow_ban_s, self.banned.ban_s) if slow else self.banned.ban_s
+        self.banned.add(peer, ban_s)
+        log.warning("peer_dropped", peer=peer.to_base58(), reason=why, ban_s=ban_s)
         try:
             await self.host.disconnect(peer)
         except Exception as exc:

@@ -102,6 +102,7 @@ class CollabFollower:
         self.dir = rt.dir / "collab"
         self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
         self._outer: dict[tuple[int, int], OuterState] = {}
+        self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
         self._votes: dict[tuple[int, int, int], _Vote] = {}
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
         self._over: set[int] = set()  # finished or failed jobs: never read again
@@ -265,7 +266,7 @@ class CollabFollower:
             aid = self._published.get((cid, r))
             if aid is None:
                 aid = self._published[(cid, r)] = await self.rt.p2p.publish_file(path)
-            h = await _outer_hash(self._outer[(cid, r)])
+            h = await self._known_hash(cid, r)
             await self.rt.p2p.announce("outer_state", OuterStateServed(
                 collab_job_id=cid, round=r, outer_hash="0x" + h.hex(), artifact_id=aid))
 
@@ -301,7 +302,15 @@ class CollabFollower:
         # follow (a state hash has no round in it, so round 0's context computes it).
         ctx = await self.round_context(cid, 0, 0)
         nxt = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
-        return await _outer_hash(state), nxt
+        return await self._known_hash(cid, r + 1), nxt
+
+    async def _known_hash(self, cid: int, r: int) -> bytes:
+        """The hash of theta_r we hold (``outer_state`` put it there), hashed once: the
+        announcer and each tick's outer-phase check both ask for it."""
+        h = self._outer_hashes.get((cid, r))
+        if h is None:
+            h = self._outer_hashes[(cid, r)] = await _outer_hash(self._outer[(cid, r)])
+        return h
 
     async def start_state_factory(self, market_job_id: int) -> Any:
         """For the solver: (context, S_0 builder) of one of its sub-jobs, or None when
