@@ -220,13 +220,3 @@ def test_the_solver_serves_exactly_the_missing_ends_of_needed_segments(sparse: P
     m = read_manifest(sparse)  # kept 0, 4, 8, ...
     assert leaves_to_serve(m, [3, 5, 19, 99], served=[6]) == [3, 5, 19]
     assert leaves_to_serve(m, [], served=[]) == []
-
-
-def test_large_states_hashed_on_the_writer_thread_give_the_same_trace(
-        context: TrainContext, sparse: Path, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from node.train import trace  # noqa: PLC0415
-
-    monkeypatch.setattr(trace, "INLINE_HASH_BYTES", 0)  # every state counts as large
-    m = run_training(context, tmp_path / "offloaded", 5, keep_every=M)
-    assert m.to_json() == read_manifest(sparse).to_json()

@@ -357,58 +357,46 @@ def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
     return _Record(step, h, sha, segment_loss, loss_e9)
 
 
-# Below this a state is hashed on the training thread: a second Python thread costs
-# the trainer more in GIL hand-offs (up to the 5 ms switch interval each) than the
-# hash itself (70k parameters: 0.3 ms of a 35 ms segment).
-INLINE_HASH_BYTES = 16 * 2**20
+# A leaf that is not kept is hashed on the training thread, from the live buffers.
+# A copy for a background hash costs nearly as much CPU as the hash (a 25M-parameter
+# state: 50 ms to copy, 64 ms to hash), and a solver training on every core pays
+# the background thread's CPU in training time: inline costs ~12 ms more wall a
+# segment on an idle second core and 50 ms less CPU. For a small state, a second
+# Python thread also costs the trainer more in GIL hand-offs (up to the 5 ms switch
+# interval each) than the hash itself (70k parameters: 0.3 ms of a 35 ms segment).
 
 
 class _Writer:
     """Hashes every leaf state and serialises and writes the kept ones in order; the
-    writes (and the hashes of large states) run on one background thread, overlapping
-    the next segment's training. At most ``depth`` of its jobs are in flight (memory
-    bound); a failed write surfaces at the next submit."""
+    writes run on one background thread, overlapping the next segment's training.
+    At most ``depth`` of its jobs are in flight (memory bound); a failed write
+    surfaces at the next submit."""
 
     def __init__(self, out: Path, job_id: int, spec_hash: str, depth: int = 2) -> None:
         self._args = (out, job_id, spec_hash)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polnet-ckpt")
         self._entries: list[_Record | Future[_Record]] = []  # one per leaf, in order
         self._pending: list[Future[_Record]] = []            # not seen done yet
-        self._skipped: list[_Record | Future[_Record]] = []  # leaves since the last kept
+        self._skipped: list[_Record] = []  # leaves since the last kept
         self._depth = depth
         # Copies the worker is done with, reused (at most depth + 1 exist at a time).
         self._spare: list[dict[str, torch.Tensor]] = []
         self._lock = threading.Lock()
-        self._small: bool | None = None
 
     def _give_back(self, tensors: dict[str, torch.Tensor]) -> None:
         with self._lock:
             self._spare.append(tensors)
 
-    def _hash(self, step: int, tensors: dict[str, torch.Tensor], loss: float) -> _Record:
-        try:
-            return _Record.skipped(step, compute_state_hash(tensors), loss)
-        finally:
-            self._give_back(tensors)
-
     def _write(self, step: int, tensors: dict[str, torch.Tensor], loss: float | None,
-               skipped: list[_Record | Future[_Record]]) -> _Record:
-        try:  # skipped futures ran before this one on the same single worker
-            recs = [r if isinstance(r, _Record) else r.result() for r in skipped]
-            return _write_checkpoint(*self._args, step, tensors, loss, recs)
+               skipped: list[_Record]) -> _Record:
+        try:
+            return _write_checkpoint(*self._args, step, tensors, loss, skipped)
         finally:
             self._give_back(tensors)
-
-    def _is_small(self, state: TrainState) -> bool:
-        if self._small is None:  # a job's state keeps its size: measured once
-            views = state_views(state)
-            self._small = sum(t.numel() * t.element_size() for t in views.values()) \
-                < INLINE_HASH_BYTES
-        return self._small
 
     def submit(self, state: TrainState, segment_loss: float | None, keep: bool = True) -> None:
         entry: _Record | Future[_Record]
-        if not keep and self._is_small(state):
+        if not keep:
             assert segment_loss is not None  # S_0 is always kept
             # Hashed here, before training goes on: the live buffers, no copy.
             entry = _Record.skipped(state.step, compute_state_hash(state_views(state)),
@@ -418,14 +406,9 @@ class _Writer:
             with self._lock:
                 spare = self._spare.pop() if self._spare else None
             tensors = state_tensors(state, spare)  # copied now: training mutates it
-            if keep:
-                entry = self._pool.submit(self._write, state.step, tensors, segment_loss,
-                                          self._skipped)
-                self._skipped = []
-            else:
-                assert segment_loss is not None
-                entry = self._pool.submit(self._hash, state.step, tensors, segment_loss)
-                self._skipped.append(entry)
+            entry = self._pool.submit(self._write, state.step, tensors, segment_loss,
+                                      self._skipped)
+            self._skipped = []
         self._entries.append(entry)
         if isinstance(entry, Future):
             self._pending.append(entry)
