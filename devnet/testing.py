@@ -152,6 +152,21 @@ class LocalChain:
             owed += int(bound.call("totalOwed"))
         return held, owed
 
+    def extra(self, i: int, tokens: int) -> ChainClient:
+        """Dev account ``i`` past the ones the deployment funded: ether for gas and
+        ``tokens`` POL from the deployer, so a test can field more nodes than the
+        chain has funded accounts. Its client stays with the chain (a snapshot's
+        revert takes the funds back; the next call funds it again)."""
+        while len(self.clients) <= i:
+            acct = dev_accounts(len(self.clients) + 1)[-1]
+            self.accounts.append(acct)
+            self.clients.append(ChainClient(self.url, acct, self.deployment, w3=self.w3))
+        c = self.clients[i]
+        self.set_balance(c.address, 10**21)
+        if tokens:
+            self.clients[0].token.transfer(c.address, tokens)
+        return c
+
     def join(self, i: int, roles: int, stake: int, peer_id: str | None = None) -> ChainClient:
         """Register dev account ``i`` with ``roles`` and stake ``stake`` tokens."""
         c = self.clients[i]

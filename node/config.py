@@ -86,6 +86,10 @@ class NodeSettings(BaseSettings):
     keep_every: int = Field(10, ge=1, le=32, description=(
         "Solver: keep a full checkpoint every this many segments (and the last); the "
         "others are regenerated when sampled or disputed. 1 keeps all of them."))
+    watch_sample: bool = Field(True, description=(
+        "Verifier: replay the job's whole sample, not only this node's committee share "
+        "(a watchdog: a won challenge pays). Off: replay only its own share, when drawn "
+        "to the committee."))
     stake: int = Field(1000 * 10**18, ge=0, description="Stake to keep bonded (token wei).")
     poll_interval: float = Field(0.5, gt=0, le=60, description="Chain polling period (s).")
     p2p: P2PSettings = Field(default_factory=P2PSettings, description="libp2p: [p2p] section.")

@@ -149,6 +149,10 @@ def test_solidity_libraries_match_vectors() -> None:
             for seg in range(min(case["segment_count"], 80)):
                 assert h.functions.contains(case["seed"], case["segment_count"], case["n"],
                                             seg).call() == (seg in case["segments"]), (case, seg)
+                # indexOf: the draw position, which picks the committee seat answering for it
+                want = case["segments"].index(seg) if seg in case["segments"] else 2**256 - 1
+                assert h.functions.indexOf(case["seed"], case["segment_count"], case["n"],
+                                           seg).call() == want, (case, seg)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

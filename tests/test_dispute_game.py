@@ -201,6 +201,14 @@ def new_job(c: LocalChain, k: int = K, attest: bool = True, segments: int = SEGM
                list(m.attestors_of(job)))
 
 
+def liable(c: LocalChain, job: Job, *segs: int) -> list[str]:
+    """The attestors slashed when a jury finds ``segs`` invalid: each sampled segment's
+    committee seat (its sample position modulo the seats), if that seat attested."""
+    sample = c.reader.market.sampled_segments(job.id)
+    hit = {sample.index(s) % len(job.committee) for s in segs if s in sample}
+    return [a for i, a in enumerate(job.committee) if i in hit and a in job.attestors]
+
+
 def challenge(c: LocalChain, job: Job, who: int = CHAL, seg: int = SEG) -> int:
     return c[who].market.challenge(job.id, seg, job.leaves[seg], job.tree.proof(seg),
                                    job.leaves[seg + 1], job.tree.proof(seg + 1))
@@ -1130,10 +1138,11 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     assert ri.first_winner == did and not ri.settled
     check_books(c)
 
+    atts = liable(c, job, seg)  # the sampled segment's seat only: the others checked theirs
+    assert len(atts) == (1 if sampled else 0)
+    assert ri.liable_seats == (1 << job.committee.index(atts[0]) if sampled else 0)
     before, game_before = worth(c), game_credits(c)
     rf = finalize(c, job)
-    atts = job.attestors if sampled else []
-    assert len(atts) == (3 if sampled else 0)
     exp = expected_round(c, job, by_jury=True, attestors=atts)
     assert exp.per_jury > 0 and exp.per_challenger > 0
     assert [(e["attestor"], e["amount"]) for e in ev(c, rf, "AttestorSlashed", "market")] == [
@@ -1298,16 +1307,18 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
 
     assert a < b < cc and ri.first_winner == a  # opened first, by the honest challenger
 
+    atts = liable(c, job, 1)  # a's segment: b's was not judged by a jury
+    assert len(atts) == 1
     before = worth(c)
     rf = finalize(c, job)
-    exp = expected_round(c, job, by_jury=True, attestors=job.attestors)
+    exp = expected_round(c, job, by_jury=True, attestors=atts)
     jury_cred = assert_paid_in_finalize(c, job, rf, a, exp)
-    assert [e["attestor"] for e in ev(c, rf, "AttestorSlashed", "market")] == job.attestors
+    assert [e["attestor"] for e in ev(c, rf, "AttestorSlashed", "market")] == atts
     assert set(jury_cred) == set(da.jury)  # a's jury was unanimous: all three are paid
     moved: Counter[str] = Counter({addr(c, SOLVER_I): -job.bond,
                                    addr(c, SUBMITTER): exp.to_submitter,
                                    addr(c, CHAL): exp.per_challenger})
-    for at in job.attestors:
+    for at in atts:
         moved[at] -= exp.attestor_cut
     moved.update(jury_cred)
     assert diff(before, worth(c)) == nonzero(moved)

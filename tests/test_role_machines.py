@@ -507,6 +507,52 @@ def test_verifier_recovers_an_attestation_it_did_not_record(chain: LocalChain,
     assert out["phase"] == vm.VerifierPhase.DONE
 
 
+def test_verifier_attests_for_its_share_once_that_share_passed(chain: LocalChain,
+                                                               tmp_path: Path) -> None:
+    """A committee member attests when the segments of its own seat's share are judged
+    and passed, not before, and without waiting for the rest of the sample (which it
+    replays afterwards as a watchdog); a verifier holding no seat never attests."""
+    from node.proof import sample_share  # noqa: PLC0415
+    from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
+    from verifier.daemon import Verifier  # noqa: PLC0415
+
+    jid, _, _, me = committed_job(chain)
+    m = chain.reader.market
+    sample, committee = m.sampled_segments(jid), [str(a) for a in m.committee_of(jid)]
+    mine = sample_share(sample, len(committee), committee.index(chain.addresses[me]))
+    assert 0 < len(mine) < len(sample)
+    outsider = next(i for i in (5, 6, 7, 8) if chain.addresses[i] not in committee)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Runtime(node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN),
+                           "verifier") as rt:
+            v = Verifier(rt)
+            with v.state as st:  # all but the last of our share judged (and the rest)
+                st.jobs[jid] = vm.VerifierJob(round=1, verdicts={
+                    s: True for s in sample if s != mine[-1]})
+            await v._maybe_attest(jid)
+            out["early"] = await rt.chain(rt.chain_client.market.has_attested, jid, rt.address)
+            with v.state as st:  # our share whole, the others not judged yet
+                st.jobs[jid].verdicts = {s: True for s in mine}
+            await v._maybe_attest(jid)
+            out["attested"] = v.state.data.jobs[jid].attested
+        async with Runtime(node_settings(tmp_path / "o", chain, "verifier", outsider,
+                                         200 * TOKEN), "verifier") as rt:
+            w = Verifier(rt)
+            with w.state as st:
+                st.jobs[jid] = vm.VerifierJob(round=1, verdicts={s: True for s in sample})
+            await w._maybe_attest(jid)
+            out["outsider"] = (w.state.data.jobs[jid].attested,
+                               w.state.data.jobs[jid].not_in_committee)
+
+    trio.run(main)
+    assert out["early"] is False
+    assert out["attested"] is True and m.has_attested(jid, chain.addresses[me])
+    assert out["outsider"] == (False, True)
+    assert m.attestors_of(jid) == [chain.addresses[me]]
+
+
 def test_verifier_recovers_a_challenge_it_did_not_record(chain: LocalChain,
                                                          tmp_path: Path) -> None:
     """Its challenge mined, then SIGKILL before the write: the state file knows only the

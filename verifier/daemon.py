@@ -25,6 +25,7 @@ from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
 from node.errors import PolnetError
 from node.logs import get_logger
+from node.proof import sample_share
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
@@ -237,15 +238,22 @@ class Verifier:
                 if await rt.chain(c.block_number) <= job.sample_block:
                     return  # the seed block is not mined yet: next tick
                 await rt.transact_ok(c.market.fix_seed, jid, benign=SEED_BENIGN)
-            segments = await rt.chain(c.market.sampled_segments, jid)
+            sample = await rt.chain(c.market.sampled_segments, jid)
+            mine = await self._own_share(jid, sample)
+            # Our committee share first (the attestation covers it alone), then, as a
+            # watchdog, the rest of the sample.
+            segments = mine + ([s for s in sample if s not in mine]
+                               if rt.settings.watch_sample else [])
             ev = await self.evidence.for_job(jid, job)
             if ev is None:
                 return  # no manifest announced yet: next tick
-            log.info("checking", job=jid, segments=segments)
+            log.info("checking", job=jid, segments=segments, share=mine)
             # Each segment on its own: one that cannot be judged now waits for the next
             # tick; one whose committed state is unusable fails (and gets challenged).
-            unjudged = []
-            for seg in segments:
+            unjudged: list[int] = []
+            for i, seg in enumerate(segments):
+                if i == len(mine) and mine and not unjudged:
+                    await self._maybe_attest(jid)  # our share is judged: attest before watching
                 if seg in self.state.data.jobs[jid].verdicts:
                     continue
                 verdict = await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
@@ -273,9 +281,19 @@ class Verifier:
         finally:
             self._busy.discard(f"j{jid}")
 
+    async def _own_share(self, jid: int, sample: list[int]) -> list[int]:
+        """Our committee seat's share of the sample ([] when we hold no seat): the
+        segments our attestation answers for (node.proof.sample_share)."""
+        committee = [a.lower() for a in await self.rt.chain(
+            self.rt.chain_client.market.committee_of, jid)]
+        me = self.rt.address.lower()
+        return sample_share(sample, len(committee), committee.index(me)) \
+            if me in committee else []
+
     async def _maybe_attest(self, jid: int) -> None:
-        """One attestation per job, for the whole sample, if the seed's committee holds
-        us and every sampled segment passed."""
+        """One attestation per job, for our committee share of the sample, if the
+        seed's committee holds us, every segment of the share passed and no segment we
+        judged failed."""
         rt, c = self.rt, self.rt.chain_client
         info = self.state.data.jobs[jid]
         if info.attested or info.not_in_committee or not info.verdicts \
@@ -286,13 +304,15 @@ class Verifier:
             # Not drawn yet as of the latest block: our fixSeed was refused because another
             # one is pending. Deciding "not in committee" now would be for good: next tick.
             return
-        committee = [a.lower() for a in await rt.chain(c.market.committee_of, jid)]
-        if rt.address.lower() not in committee:
+        mine = await self._own_share(jid, await rt.chain(c.market.sampled_segments, jid))
+        if not mine:
             self._set(jid, not_in_committee=True)
             return
+        if any(s not in info.verdicts for s in mine):
+            return  # our share is not judged yet
         await rt.transact_ok(c.market.attest, jid, benign=BENIGN_ATTEST)
         self._set(jid, attested=True)
-        log.info("attested", job=jid, segments=len(info.verdicts))
+        log.info("attested", job=jid, share=mine)
 
     async def _maybe_challenge(self, jid: int) -> None:
         """Dispute one failing segment, whatever other disputes on the job are doing:

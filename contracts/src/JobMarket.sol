@@ -399,8 +399,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                if (j.seed != 0 && SegmentSampler.contains(j.seed, j.segmentCount, _sampleCount, segment)) {
+                uint256 at = j.seed == 0
+                    ? SegmentSampler.ABSENT
+                    : SegmentSampler.indexOf(j.seed, j.segmentCount, _sampleCount, segment);
+                if (at != SegmentSampler.ABSENT) {
                     r.sampledInvalid = true;
+                    // INVARIANT: an attestor answers for its own share of the sample only
+                    // (sample position modulo the seats drawn), so a seat checks n / seats.
+                    uint256 seats = _committeeOf(jobId, false).length;
+                    if (seats != 0) r.liableSeats |= uint16(1 << (at % seats));
                 }
             } else {
                 r.timeoutWins += 1;
@@ -607,7 +614,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 toSubmitter = slashed * _submitterShareBps / BPS;
         uint256 juryPot = slashed * _jurorShareBps / BPS;
         uint256 chPot = slashed - toSubmitter - juryPot;
-        if (r.sampledInvalid) chPot += _slashAttestors(jobId);
+        if (r.liableSeats != 0) chPot += _slashAttestors(jobId, r.liableSeats);
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
         uint256 winner = r.firstWinner;
@@ -636,11 +643,22 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _reopen(jobId, j);
     }
 
-    /// @dev Before _reopen: attestorsOf reads the current round.
-    function _slashAttestors(uint256 jobId) internal returns (uint256 total) {
+    /// @dev Before _reopen: the seats are read for the current round. Only the attestors
+    ///      of `liable` seats: an honest seat whose own share passed lost nothing to check.
+    function _slashAttestors(uint256 jobId, uint256 liable) internal returns (uint256 total) {
         uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
-        address[] memory atts = attestorsOf(jobId);
-        if (cut == 0 || atts.length == 0) return 0;
+        mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
+        address[] memory atts = new address[](MAX_COMMITTEE);
+        uint256 m;
+        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+            uint256 e = _seat(words, i);
+            if (e == 0) break;
+            if (e & ATTESTED != 0 && (liable >> i) & 1 != 0) atts[m++] = address(uint160(e));
+        }
+        assembly ("memory-safe") {
+            mstore(atts, m)
+        }
+        if (cut == 0 || m == 0) return 0;
         uint256[] memory taken = _registry.slashUnlockedBatch(atts, cut, address(this));
         for (uint256 i; i < atts.length; ++i) {
             total += taken[i];

@@ -215,6 +215,7 @@ class RoundInfo:
     timeout_wins: int
     first_winner: int  # the earliest-opened dispute the solver lost: the one finalize pays
     # (what it paid is in the RoundSettled / RewardPaid events, not stored)
+    liable_seats: int  # bit i: committee seat i's share held an invalid segment (slashed)
 
 
 @dataclass(frozen=True)

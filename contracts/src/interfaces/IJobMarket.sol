@@ -135,11 +135,14 @@ interface IJobMarket {
     /// @notice Settlement state of one round of a job.
     struct RoundInfo {
         bool condemned; // some dispute of the round ended Invalid or SolverTimedOut
-        bool sampledInvalid; // a jury found a sampled segment invalid: the attestors are slashed
+        bool sampledInvalid; // a jury found a sampled segment invalid
         bool settled; // the condemned round's bond was split (finalize)
         uint32 juryWins; // disputes of the round that ended Invalid
         uint32 timeoutWins; // disputes of the round that ended SolverTimedOut
         uint64 firstWinner; // the earliest-opened dispute the solver lost: the one paid
+        // Bit i: committee seat i's share of the sample held a segment a jury found
+        // invalid; seat i's attestor (if it attested) is slashed at settlement.
+        uint16 liableSeats;
     }
 
     // --- events ---

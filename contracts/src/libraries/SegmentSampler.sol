@@ -26,20 +26,33 @@ library SegmentSampler {
         }
     }
 
+    uint256 internal constant ABSENT = type(uint256).max;
+
     /// @notice True when `segment` is among `sample(seed, segmentCount, n)`.
     function contains(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment) internal pure returns (bool) {
-        if (segment >= segmentCount) return false;
-        if (n >= segmentCount) return true;
+        return indexOf(seed, segmentCount, n, segment) != ABSENT;
+    }
+
+    /// @notice `segment`'s position in `sample(seed, segmentCount, n)` (its draw order
+    ///         among distinct segments), or ABSENT. The committee seat that answers for
+    ///         it is `position % seats` (`node/proof.py` `sample_share`).
+    function indexOf(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment)
+        internal
+        pure
+        returns (uint256)
+    {
+        if (segment >= segmentCount) return ABSENT;
+        if (n > segmentCount) n = segmentCount;
         uint256[] memory seen = new uint256[]((segmentCount + 255) >> 8);
         uint256 filled;
         for (uint256 i; filled < n; ++i) {
             uint256 s = uint256(keccak256(abi.encode(seed, i))) % segmentCount;
-            if (s == segment) return true;
             uint256 bit = uint256(1) << (s & 255);
             if (seen[s >> 8] & bit != 0) continue;
+            if (s == segment) return filled;
             seen[s >> 8] |= bit;
             ++filled;
         }
-        return false;
+        return ABSENT;
     }
 }

@@ -33,6 +33,14 @@ contract LibHarness {
         return SegmentSampler.sample(seed, segmentCount, n);
     }
 
+    function indexOf(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment)
+        external
+        pure
+        returns (uint256)
+    {
+        return SegmentSampler.indexOf(seed, segmentCount, n, segment);
+    }
+
     function contains(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment) external pure returns (bool) {
         return SegmentSampler.contains(seed, segmentCount, n, segment);
     }
