@@ -27,11 +27,12 @@ NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "Committe
             "Attested", "Challenged", "MidsPosted", "RangeNarrowed", "JuryRequested",
             "JuryDrawn", "VoteRevealed", "TimedOut", "DisputeResolved", "RoundCondemned",
             "RoundSettled", "RewardPaid", "Burned", "JobReopened", "JobFinalized",
-            "AttestorSlashed", "Slashed", "JurorSlashed", "JobReclaimed"}
+            "AttestorSlashed", "AttestorSlashesBurned", "Slashed", "JurorSlashed",
+            "JobReclaimed"}
 GOOD = {"JobFinalized", "SubJobAccepted", "OuterAccepted", "CollabFinished"}
 ALARM = {"SubJobDropped", "OuterChallenged", "CollabFailed",
          "Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
-         "RoundCondemned", "Burned"}
+         "RoundCondemned", "Burned", "AttestorSlashesBurned"}
 
 
 def demo_params() -> Any:

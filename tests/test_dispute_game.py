@@ -316,7 +316,8 @@ def worth(c: LocalChain) -> dict[str, int]:
 
 def check_books(c: LocalChain) -> None:
     """Each contract holds exactly what it owes; no token outside accounts, contracts and
-    the burn address; the burn address holds exactly what the game burned."""
+    the burn address; the burn address holds exactly what the game and the market
+    (attestor slashes) burned."""
     r = c.reader
     cons = (r.registry, r.market, r.dispute)
     out = uints(c, [(r.token, "balanceOf", (b.address,)) for b in cons]
@@ -325,7 +326,7 @@ def check_books(c: LocalChain) -> None:
     held, owed, supply, wallets = out[0:3], out[3:6], out[6], out[7:]
     assert held == owed, f"registry/market/game hold {held} but owe {owed}"
     assert sum(held) + sum(wallets) == supply
-    assert wallets[-1] == r.dispute.total_burned()
+    assert wallets[-1] == r.dispute.total_burned() + r.market.total_burned()
 
 
 def diff(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -404,7 +405,7 @@ def expected_round(c: LocalChain, job: Job, by_jury: bool,
     att = int(c.reader.registry.call("minVerifierStake")) * mp.attestor_slash_bps // BPS
     to_sub = job.bond * mp.submitter_share_bps // BPS
     jury_pot = job.bond * mp.juror_share_bps // BPS
-    ch_pot = job.bond - to_sub - jury_pot + att * len(attestors)
+    ch_pot = job.bond - to_sub - jury_pot  # the attestors' slashes are burned, not paid
     per_jury = jury_pot if by_jury else 0
     return RoundSplit(to_sub, ch_pot + jury_pot - per_jury, per_jury, att)
 
@@ -1154,9 +1155,10 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     moved: Counter[str] = Counter({d.solver: -job.bond, addr(c, SUBMITTER): exp.to_submitter,
                                    d.challenger: exp.per_challenger})
     moved.update({a: -exp.attestor_cut for a in atts})
+    moved[BURN] += exp.attestor_cut * len(atts)  # burned: no party of the round gets them
     moved.update(jury_cred)
     assert diff(before, worth(c)) == nonzero(moved)
-    assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
+    assert sum(moved.values()) == 0  # the whole bond paid out, the attestor slashes burned
     j = m.get_job(job.id)
     assert (j.status, j.bond, j.open_disputes, j.trace_root, j.round) == (
         JobStatus.OPEN, 0, 0, ZERO, 1)
@@ -1320,9 +1322,10 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
                                    addr(c, CHAL): exp.per_challenger})
     for at in atts:
         moved[at] -= exp.attestor_cut
+        moved[BURN] += exp.attestor_cut
     moved.update(jury_cred)
     assert diff(before, worth(c)) == nonzero(moved)
-    assert sum(moved.values()) == 0  # the whole bond and the attestor slashes are paid out
+    assert sum(moved.values()) == 0  # the whole bond paid out, the attestor slashes burned
     # the puppet's timeout win and the lost challenge are paid nothing (a seat on a's jury
     # is paid as any juror's)
     assert m.credits(addr(c, CHAL2)) == jury_cred.get(addr(c, CHAL2), 0)

@@ -637,7 +637,8 @@ def test_jury_verdict_pays_the_provers_and_slashes_the_attestors(chain: LocalCha
     assert attestor.registry.free_stake(attestor.address) == VSTAKE - cut
     to_sub = bond * mp.submitter_share_bps // BPS
     per_jury = bond * mp.juror_share_bps // BPS
-    per_ch = bond - to_sub - per_jury + cut  # the jury win alone: the clock win gets nothing
+    per_ch = bond - to_sub - per_jury  # the jury win alone: the clock win gets nothing
+    assert [e["args"]["amount"] for e in m.events(r, "AttestorSlashesBurned")] == [cut]
     st = m.events(r, "RoundSettled")[0]["args"]
     assert (st["slashedBond"], st["perChallenger"], st["perJury"]) == (bond, per_ch, per_jury)
     paid = m.events(r, "RewardPaid")

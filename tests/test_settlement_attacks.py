@@ -23,6 +23,7 @@ from node.proof import MerkleTree, TraceLeaf
 
 SEGMENTS, K = 8, 4
 REWARD, BUDGET = 100 * TOKEN, 30 * TOKEN
+BURN = "0x000000000000000000000000000000000000dEaD"
 
 
 revert = expect_revert
@@ -418,6 +419,71 @@ def test_an_attestor_answers_for_its_own_share_only(net: Net) -> None:
     assert free[committee[1]] - reg.free_stake(committee[1]) == cut
     assert [reg.free_stake(a) for a in (committee[0], committee[2])] == \
         [free[committee[0]], free[committee[2]]]
+    conserved(net)
+
+
+def test_a_thrown_dispute_earns_the_solver_nothing_from_the_attestors(net: Net) -> None:
+    """Before: a condemned round paid the attestors' slashes to its winning challenger.
+    The attack: a solver (its own submitter) serves the committee honest states, so
+    every seat attests; its puppet then challenges one segment of each seat's share,
+    and the solver withholds the state inside each dispute, so honest jurors find
+    every step Invalid. On a small job the three slashes (25 POL a seat) paid the
+    puppet more than the bond the solver lost. Now the slashes are burned: the
+    coalition of submitter, solver and puppet ends poorer than it started."""
+    c = net.chain
+    for i in range(10, 16):  # juries for three disputes, outside committee and parties
+        c.extra(i, 200 * TOKEN)
+    net.honest += [c.join(i, VERIFIER, 200 * TOKEN) for i in (0, 9, *range(10, 16))]
+    m, reg = c.reader.market, c.reader.registry
+    reward = 20 * TOKEN  # a small job: its bond (1.5x) is less than the slashes it reaps
+    t = job_terms(reward, BUDGET, segments=SEGMENTS, k=K)
+    job = net.submitter.post_job(t)
+    net.solver.market.claim_job(job)
+    leaves, tree = fake_trace(job, SEGMENTS, K)
+    net.solver.market.commit_trace(job, leaves, tree)
+    c.mine(3)
+    net.honest[0].market.fix_seed(job)
+    committee, sample = m.committee_of(job), m.sampled_segments(job)
+    verifiers = [net.puppet, *net.honest]
+    for x in verifiers:
+        if x.address in committee:
+            x.market.attest(job)
+    puppet = next(x for x in verifiers if x.address not in committee)
+    coalition = [net.submitter, net.solver, puppet]
+    before = sum(net.holdings(x) for x in coalition) + reward + BUDGET  # the escrow is theirs
+    burned0 = c.reader.token.balance_of(BURN)
+    dids = [open_dispute(puppet, job, sample[seat], leaves, tree) for seat in range(3)]
+    for did in dids:
+        bisect_to_step(net, did, {})
+    juries = {did: draw(net, did) for did in dids}
+    assert all(len(j) == 3 and not set(j) & set(committee) for j in juries.values())
+    by = {x.address: x for x in verifiers}
+    for did, jury in juries.items():  # the solver withholds the state: Invalid, all three
+        for a in jury:
+            by[a].dispute.commit_vote(did, False, keccak(a.encode()))
+    last = max(c.reader.dispute.get_dispute(d).commit_end for d in dids)
+    c.advance(last - c.timestamp())
+    for did, jury in juries.items():
+        for a in jury:
+            by[a].dispute.reveal_vote(did, False, keccak(a.encode()))
+    last = max(c.reader.dispute.get_dispute(d).reveal_end for d in dids)
+    c.advance(last - c.timestamp())
+    for did in dids:
+        net.honest[0].dispute.resolve(did)
+        assert c.reader.dispute.get_dispute(did).verdict == Verdict.INVALID
+    assert m.round_info(job, 1).liable_seats == 0b111
+    finalize_after_window(net, job)
+    net.submitter.market.cancel(job)  # the reopened job's escrow back to the submitter
+    for x in coalition:
+        for contract in (x.market, x.dispute):
+            if contract.credits(x.address):
+                contract.withdraw()
+    cut = int(reg.call("minVerifierStake")) * m.market_params().attestor_slash_bps // 10_000
+    assert c.reader.token.balance_of(BURN) - burned0 == 3 * cut == m.total_burned()
+    after = sum(net.holdings(x) for x in coalition)
+    bond = reward * m.market_params().bond_factor_bps // 10_000
+    assert 3 * cut > bond  # what the attack reaped before: the slashes beat the bond
+    assert after < before
     conserved(net)
 
 

@@ -23,6 +23,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal constant MAX_DURATION = 365 days;
     uint256 internal constant MAX_AMOUNT = type(uint96).max;
     uint256 internal constant MAX_COMMITTEE = 16;
+    /// @dev Where attestor slashes go: nobody holds its key.
+    address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
     IERC20 internal immutable _token;
     INodeRegistry internal immutable _registry;
@@ -50,6 +52,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     ///      the real amounts.
     uint256 internal _escrowPlusOne = 1;
     uint256 internal _creditsTotalPlusOne = 1;
+    /// @dev Attestor slashes sent to BURN, ever (with the game's `totalBurned`: the burn
+    ///      address's whole balance).
+    uint256 public override totalBurned;
     /// @dev Credit + 1 once an account was ever credited: a drained account stays at 1, so
     ///      its next credit rewrites a dirty word (2.9k gas) instead of a zero one (22.1k),
     ///      the trick of OZ's ReentrancyGuard. The 1 is no token: `credits` and
@@ -614,7 +619,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 toSubmitter = slashed * _submitterShareBps / BPS;
         uint256 juryPot = slashed * _jurorShareBps / BPS;
         uint256 chPot = slashed - toSubmitter - juryPot;
-        if (r.liableSeats != 0) chPot += _slashAttestors(jobId, r.liableSeats);
+        if (r.liableSeats != 0) {
+            // INVARIANT: an attestor's slash reaches no party of the round. Paid to the
+            // winner, a solver could serve an attestor honest states, have its puppet
+            // challenge that segment, withhold the state in the dispute (the jury then
+            // finds it Invalid) and collect the slash: more than it lost on a small job.
+            uint256 burned = _slashAttestors(jobId, r.liableSeats);
+            if (burned != 0) {
+                totalBurned += burned;
+                _token.safeTransfer(BURN, burned);
+                emit AttestorSlashesBurned(jobId, round, burned);
+            }
+        }
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
         uint256 winner = r.firstWinner;

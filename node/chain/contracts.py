@@ -344,6 +344,10 @@ class Market(Bound):
     def credits(self, who: str) -> int:
         return int(self.call("credits", who))
 
+    def total_burned(self) -> int:
+        """Attestor slashes burned, ever (the dispute game's burns are its own)."""
+        return int(self.call("totalBurned"))
+
     def seed_of(self, job_id: int) -> bytes:
         return bytes(self.call("seedOf", job_id))
 

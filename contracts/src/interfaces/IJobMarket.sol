@@ -187,6 +187,9 @@ interface IJobMarket {
         uint256 indexed jobId, uint256 indexed disputeId, address indexed challenger, uint256 amount, uint256 juryAmount
     );
     event AttestorSlashed(uint256 indexed jobId, address indexed attestor, uint256 amount);
+    /// @notice A condemned round's attestor slashes, sent to the burn address (no party of
+    ///         the round is paid them: see JobMarket._settleCondemned).
+    event AttestorSlashesBurned(uint256 indexed jobId, uint32 indexed round, uint256 amount);
     event JobReopened(uint256 indexed jobId, address indexed formerSolver, uint32 round);
     event JobReclaimed(uint256 indexed jobId, address indexed solver, uint256 slashed, uint256 unlocked);
     event JobFinalized(
@@ -358,6 +361,8 @@ interface IJobMarket {
     function disputeGame() external view returns (address);
     /// @notice Escrow of unsettled jobs + unpaid credits: what the market owes.
     function totalOwed() external view returns (uint256);
+    /// @notice Attestor slashes burned, ever (`AttestorSlashesBurned`).
+    function totalBurned() external view returns (uint256);
     function totalEscrow() external view returns (uint256);
     function totalCredits() external view returns (uint256);
 }
