@@ -157,8 +157,7 @@ class LocalChain:
         ``tokens`` POL from the deployer, so a test can field more nodes than the
         chain has funded accounts. Its client stays with the chain (a snapshot's
         revert takes the funds back; the next call funds it again)."""
-        while len(self.clients) <= i:
-            acct = dev_accounts(len(self.clients) + 1)[-1]
+        for acct in dev_accounts(i + 1)[len(self.clients):]:
             self.accounts.append(acct)
             self.clients.append(ChainClient(self.url, acct, self.deployment, w3=self.w3))
         c = self.clients[i]

@@ -52,6 +52,15 @@ def net(chain: LocalChain) -> Net:
                honest=[chain.join(i, VERIFIER, 200 * TOKEN) for i in (4, 5, 6, 7, 8)])
 
 
+def more_verifiers(net: Net, extra: int) -> None:
+    """Dev accounts 0 and 9 plus ``extra`` funded past the chain's ten join as honest
+    verifiers: juries drawn outside a committee, a challenger and the solver."""
+    c = net.chain
+    for i in range(10, 10 + extra):
+        c.extra(i, 200 * TOKEN)
+    net.honest += [c.join(i, VERIFIER, 200 * TOKEN) for i in (0, 9, *range(10, 10 + extra))]
+
+
 def post_commit(net: Net, tag: str = "state") -> tuple[int, list[TraceLeaf], MerkleTree]:
     job = net.submitter.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
     net.solver.market.claim_job(job)
@@ -390,9 +399,7 @@ def test_an_attestor_answers_for_its_own_share_only(net: Net) -> None:
     share. A watchdog outside the committee proves it invalid: the puppet's seat is
     slashed, and the honest seats, whose shares passed, keep their stake."""
     c = net.chain
-    for i in range(10, 16):  # enough verifiers outside committee and dispute for a jury
-        c.extra(i, 200 * TOKEN)
-    net.honest += [c.join(i, VERIFIER, 200 * TOKEN) for i in (0, 9, *range(10, 16))]
+    more_verifiers(net, 6)  # enough verifiers outside committee and dispute for a jury
     job, leaves, tree = post_commit(net)
     c.mine(3)
     m, reg = c.reader.market, c.reader.registry
@@ -431,9 +438,7 @@ def test_a_thrown_dispute_earns_the_solver_nothing_from_the_attestors(net: Net) 
     puppet more than the bond the solver lost. Now the slashes are burned: the
     coalition of submitter, solver and puppet ends poorer than it started."""
     c = net.chain
-    for i in range(10, 16):  # juries for three disputes, outside committee and parties
-        c.extra(i, 200 * TOKEN)
-    net.honest += [c.join(i, VERIFIER, 200 * TOKEN) for i in (0, 9, *range(10, 16))]
+    more_verifiers(net, 6)  # juries for three disputes, outside committee and parties
     m, reg = c.reader.market, c.reader.registry
     reward = 20 * TOKEN  # a small job: its bond (1.5x) is less than the slashes it reaps
     t = job_terms(reward, BUDGET, segments=SEGMENTS, k=K)
@@ -499,9 +504,7 @@ def test_attestors_never_judge_and_silence_decides_nothing(net: Net) -> None:
     # Committee (3), challenger and solver sit out the jury, and a draw tries each seat
     # at most 8 times: with 8 verifiers a random block hash left a seat empty about one
     # run in ten (Hardhat's hashes differ every run), so 10 more make a full jury sure.
-    for i in range(10, 20):
-        c.extra(i, 200 * TOKEN)
-    net.honest += [c.join(i, VERIFIER, 200 * TOKEN) for i in (0, 9, *range(10, 20))]
+    more_verifiers(net, 10)
     job, leaves, tree = post_commit(net)
     c.mine(3)
     net.honest[0].market.fix_seed(job)

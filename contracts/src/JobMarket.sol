@@ -23,6 +23,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal constant MAX_DURATION = 365 days;
     uint256 internal constant MAX_AMOUNT = type(uint96).max;
     uint256 internal constant MAX_COMMITTEE = 16;
+    uint256 internal constant ALL_SEATS = type(uint256).max;
     /// @dev Where attestor slashes go: nobody holds its key.
     address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
@@ -411,7 +412,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
                     r.sampledInvalid = true;
                     // INVARIANT: an attestor answers for its own share of the sample only
                     // (sample position modulo the seats drawn), so a seat checks n / seats.
-                    uint256 seats = _committeeOf(jobId, false).length;
+                    uint256 seats = _committeeOf(jobId, false, ALL_SEATS).length;
                     if (seats != 0) r.liableSeats |= uint16(1 << (at % seats));
                 }
             } else {
@@ -468,7 +469,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         v.seed = j.seed;
         v.openDisputes = j.openDisputes;
         v.round = j.round;
-        v.attestations = uint32(_committeeOf(jobId, true).length); // counted, never stored
+        v.attestations = uint32(_committeeOf(jobId, true, ALL_SEATS).length); // counted, never stored
         v.totalSteps = uint64(j.segmentCount) * j.stepsPerSegment;
         v.initStateHash = j.initStateHash;
         v.snapshotBlock = j.snapshotBlock;
@@ -503,11 +504,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function committeeOf(uint256 jobId) external view returns (address[] memory) {
-        return _committeeOf(jobId, false);
+        return _committeeOf(jobId, false, ALL_SEATS);
     }
 
     function attestorsOf(uint256 jobId) public view returns (address[] memory) {
-        return _committeeOf(jobId, true);
+        return _committeeOf(jobId, true, ALL_SEATS);
     }
 
     function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
@@ -663,18 +664,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     ///      of `liable` seats: an honest seat whose own share passed lost nothing to check.
     function _slashAttestors(uint256 jobId, uint256 liable) internal returns (uint256 total) {
         uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
-        mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        address[] memory atts = new address[](MAX_COMMITTEE);
-        uint256 m;
-        for (uint256 i; i < MAX_COMMITTEE; ++i) {
-            uint256 e = _seat(words, i);
-            if (e == 0) break;
-            if (e & ATTESTED != 0 && (liable >> i) & 1 != 0) atts[m++] = address(uint160(e));
-        }
-        assembly ("memory-safe") {
-            mstore(atts, m)
-        }
-        if (cut == 0 || m == 0) return 0;
+        address[] memory atts = _committeeOf(jobId, true, liable);
+        if (cut == 0 || atts.length == 0) return 0;
         uint256[] memory taken = _registry.slashUnlockedBatch(atts, cut, address(this));
         for (uint256 i; i < atts.length; ++i) {
             total += taken[i];
@@ -694,14 +685,22 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
     }
 
-    function _committeeOf(uint256 jobId, bool attestedOnly) internal view returns (address[] memory out) {
+    /// @dev The current round's seats in seat order: those whose bit is set in `seatMask`
+    ///      (ALL_SEATS: every one) and, with `attestedOnly`, that attested.
+    function _committeeOf(uint256 jobId, bool attestedOnly, uint256 seatMask)
+        internal
+        view
+        returns (address[] memory out)
+    {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
         out = new address[](MAX_COMMITTEE);
         uint256 m;
         for (uint256 i; i < MAX_COMMITTEE; ++i) {
             uint256 e = _seat(words, i);
             if (e == 0) break;
-            if (!attestedOnly || e & ATTESTED != 0) out[m++] = address(uint160(e));
+            if ((!attestedOnly || e & ATTESTED != 0) && (seatMask >> i) & 1 != 0) {
+                out[m++] = address(uint160(e));
+            }
         }
         assembly ("memory-safe") {
             mstore(out, m)

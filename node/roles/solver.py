@@ -138,8 +138,11 @@ class Solver:
                                start_block=c.deployment.deploy_block,
                                confirmations=rt.settings.confirmations)
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
+        from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_prepare_torch)  # in the background: never delays a restart
+            # in the background: never delays a restart
+            nursery.start_soon(trio.to_thread.run_sync, prepare_torch)
             nursery.start_soon(self._announcer)
             if self.collab.forge_outer:  # a test cheat's own race (behaviour wrong_outer)
                 nursery.start_soon(self.collab.forge_loop)
@@ -556,9 +559,3 @@ class Solver:
             log.info("mids_posted", dispute=did, job=jid, steps=steps)
         finally:
             self._busy.discard(f"d{did}")
-
-
-async def _prepare_torch() -> None:
-    from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
-
-    await trio.to_thread.run_sync(prepare_torch)
