@@ -17,9 +17,10 @@ docs/protocol.md), all through node.train.diloco:
   slots' batches of that step) for H x R steps: synchronous data parallel.
 
 Verification share: one sub-job (round 0, slot 0) traced as the market sees it
-(``k`` = the spec's inner checkpoint interval) and one segment verified from that
-trace; a verifier replays min(n, S) of the S = H / k segments of every sub-job (n:
-the devnet's derived sample count), and each of the committee's members does.
+(``k`` = the spec's inner checkpoint interval, ``--k``) and one segment verified
+from that trace; the market samples a sub-job's final segment plus n of its other
+S - 1 = H / k - 1 segments (n: the devnet's ``reserved_sample_count``), and the
+committee's seats split that sample.
 
 Eval loss: mean cross-entropy in eval mode over held-out windows (in no shard).
 Bytes: a worker sends one fp32 delta per round; synchronous data parallel
@@ -50,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from devnet.params import DevnetParams  # noqa: E402
 from node.datasets import Dataset, pack_text, parse_dataset  # noqa: E402
+from node.proof import sample_segments_with_final  # noqa: E402
 from node.spec import (  # noqa: E402
     CollaborativeSpec,
     load_collaborative_spec,
@@ -72,10 +74,18 @@ from verifier.replay import verify_trace_segment  # noqa: E402
 
 
 def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 1.0,
-              outer_momentum: float = 0.5) -> CollaborativeSpec:
-    """examples/collab_lm_text.toml at the given size."""
+              outer_momentum: float = 0.5, schedule: str | None = None,
+              min_lr_ratio: float = 0.0, k: int | None = None) -> CollaborativeSpec:
+    """examples/collab_lm_text.toml at the given size (``k``: the inner checkpoint
+    interval, the example's by default)."""
     d = load_collaborative_spec(ROOT / "examples" / "collab_lm_text.toml").model_dump(mode="json")
-    d["inner"].update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=h)
+    k = k or d["inner"]["checkpoint_interval"]
+    if h % k:
+        raise SystemExit(f"--k {k} must divide the inner steps H = {h}")
+    d["inner"].update(dataset_hash=dataset_hash, total_steps=h * r, checkpoint_interval=k)
+    if schedule is not None:
+        d["inner"]["schedule"] = {"kind": schedule, "warmup_steps": 0,
+                                  "min_lr_ratio": min_lr_ratio}
     d.update(workers={"min": workers, "max": workers}, inner_steps=h, outer_rounds=r,
              outer_optimizer={"name": "nesterov", "lr": outer_lr, "momentum": outer_momentum})
     return parse_collaborative_spec(d)
@@ -90,11 +100,12 @@ def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainSta
 def verification_share(spec: CollaborativeSpec, ds: Dataset, theta_0: Params,
                        threads: int) -> dict[str, Any]:
     """One sub-job (round 0, slot 0) traced as the market sees it, and one of its
-    segments verified from the trace as a verifier does (load, hash, replay, compare):
-    a verifier replays min(n, S) of a sub-job's S = H / k segments, and every member
-    of the committee does."""
+    segments verified from the trace as a verifier does (load, hash, replay, compare).
+    A sub-job's sample is its final segment plus ``reserved_sample_count`` of the
+    other S - 1 (``sample_segments_with_final``); the committee's seats split it by
+    position, so the committee replays the sample once in all."""
     params = DevnetParams()
-    n, committee = params.market.sample_count, params.market.attestors_per_job
+    n, seats = params.market.reserved_sample_count, params.market.attestors_per_job
     ctx = round_context(spec, ds, 0, 0, threads=threads)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
@@ -105,11 +116,13 @@ def verification_share(spec: CollaborativeSpec, ds: Dataset, theta_0: Params,
         verify_s = time.perf_counter() - t0
     assert verdict.passed, verdict.reason
     segments = manifest.segment_count
-    per_verifier = min(n, segments) * verify_s / traced_s
-    return {"segments_per_sub_job": segments, "sample_count": n, "committee": committee,
+    sampled = len(sample_segments_with_final(bytes(32), segments, n))  # its size: any seed
+    per_segment = verify_s / traced_s
+    return {"segments_per_sub_job": segments, "reserved_sample_count": n,
+            "sampled_per_sub_job": sampled, "committee_seats": seats,
             "sub_job_traced_s": round(traced_s, 2), "verify_segment_s": round(verify_s, 2),
-            "share_per_verifier_pct": round(100 * per_verifier, 1),
-            "share_committee_pct": round(100 * per_verifier * committee, 1)}
+            "share_committee_pct": round(100 * sampled * per_segment, 1),
+            "share_busiest_seat_pct": round(100 * -(-sampled // seats) * per_segment, 1)}
 
 
 def main() -> None:
@@ -122,6 +135,10 @@ def main() -> None:
     ap.add_argument("--outer-lr", type=float, default=1.0)
     ap.add_argument("--outer-momentum", type=float, default=0.5,
                     help="0 with --outer-lr 1 is plain averaging of the workers' weights")
+    ap.add_argument("--schedule", choices=["constant", "cosine"], default=None)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.0)
+    ap.add_argument("--k", type=int, default=None,
+                    help="inner checkpoint interval (steps per segment); the example's by default")
     args = ap.parse_args()
     n, h, r = args.workers, args.inner_steps, args.rounds
     if args.quick:
@@ -129,7 +146,8 @@ def main() -> None:
 
     started = time.perf_counter()
     ds = parse_dataset(pack_text())
-    spec = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum)
+    spec = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum, args.schedule,
+                     args.min_lr_ratio, args.k)
     ctxs = [worker_context(spec, ds, s, threads=args.threads) for s in range(n)]
     held = holdout_indices(spec, ctxs[0].num_samples)
     theta_0 = initial_outer_state(spec).theta

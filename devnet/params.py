@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.errors import ConfigError
-from node.incentives import required_sample_count
+from node.incentives import incentive_sample_count, required_sample_count
 
 TOKEN = 10**18
 BOND_FACTOR_BPS = 15_000
@@ -24,6 +24,9 @@ JURY_SIZE = 3
 # The market's sample count follows from the bond and the jury (docs/protocol.md,
 # "Incentives"): cheating on any fraction loses >= half the saved work, plus a floor.
 SAMPLE_COUNT = required_sample_count(BOND_FACTOR_BPS / 10_000, JURY_SIZE)
+# A reserved sub-job (a collaborative inner run) replays its final segment plus this
+# many others: the incentive term alone; the floor is met over a worker's rounds.
+RESERVED_SAMPLE_COUNT = incentive_sample_count(BOND_FACTOR_BPS / 10_000, JURY_SIZE)
 
 
 class RegistryParams(BaseModel):
@@ -59,6 +62,10 @@ class MarketParams(BaseModel):
     sample_count: int = Field(default=SAMPLE_COUNT, ge=1, description=(
         "segments drawn for verification; the default is required_sample_count(bond "
         "factor, jury size) of node.incentives"))
+    reserved_sample_count: int = Field(default=RESERVED_SAMPLE_COUNT, ge=1, description=(
+        "reserved sub-jobs (collaborative inner runs): segments drawn besides the final one, "
+        "which is always replayed; the default is incentive_sample_count(bond factor, jury "
+        "size) of node.incentives"))
     missed_deadline_slash_bps: int = Field(
         default=5_000,
         ge=0,

@@ -42,10 +42,11 @@ def collab_demo_params() -> Any:
     from devnet.params import DevnetParams, short_network_params
 
     d = short_network_params().model_dump()
-    # Both segments of every inner run; 50 s windows (not 35): 4 workers and 3 verifiers
-    # share 2 cores here, and a verifier replays each sub-job's segments beside the
-    # others' training (a CI run saw 25 s from a commit to the challenge).
-    d["market"].update(sample_count=2, verification_window=50)
+    # A sub-job's sample is its final segment plus reserved_sample_count (1) others: both
+    # of the demo's 2 segments. 50 s windows (not 35): 4 workers and 3 verifiers share 2
+    # cores here, and a verifier replays each sub-job's segments beside the others'
+    # training (a CI run saw 25 s from a commit to the challenge).
+    d["market"].update(verification_window=50)
     d["collab"] = {"outer_window": 20, "jury_lookahead": 2, "jury_size": 2, "quorum": 1,
                    "commit_window": 15, "reveal_window": 15, "max_round_retries": 3}
     return DevnetParams.model_validate(d)

@@ -99,11 +99,32 @@ def required_sample_count(bond_factor: float, jury_size: int, *, cost: float = 1
     per-job floor ``samples_for_detection(floor_fraction, floor_confidence)``.
     ConfigError when no n can: the bond is too small for the jury's capture risk."""
     floor = samples_for_detection(floor_fraction, floor_confidence)
+    return max(incentive_sample_count(bond_factor, jury_size, cost=cost, margin=margin,
+                                      sybil_share=sybil_share), floor)
+
+
+def incentive_sample_count(bond_factor: float, jury_size: int, *, cost: float = 1.0,
+                           margin: float = MARGIN, sybil_share: float = SYBIL_SHARE) -> int:
+    """The smallest n at which cheating on any fraction loses at least ``margin`` of the
+    saved work, with no per-job floor: a reserved sub-job's (a collaborative inner run's)
+    draws among its non-final segments. A worker's floor is met over its rounds instead
+    (:func:`rounds_for_floor`), and its final segment is always replayed.
+    ConfigError when no n can: the bond is too small for the jury's capture risk."""
     for n in range(1, MAX_SAMPLES + 1):
         if worst_gain(Incentives(bond_factor, n, jury_size, cost), sybil_share)[0] <= -margin:
-            return max(n, floor)
+            return n
     q = jury_capture(sybil_share, jury_size)
     raise ConfigError(f"no sample count makes cheating lose {margin:.0%} of the saved work: "
                       f"(1 - q) (1 + bond factor) = {(1 - q) * (1 + bond_factor):.3f} must be "
                       f">= (1 + margin) * cost = {(1 + margin) * cost:.3f} (q = {q:.3f}, the "
                       f"jury capture chance at sybil share {sybil_share:.3f}); raise the bond")
+
+
+def rounds_for_floor(reserved_samples: int, floor_fraction: float = FLOOR_FRACTION,
+                     floor_confidence: float = FLOOR_CONFIDENCE) -> int:
+    """Rounds after which a worker faking ``floor_fraction`` of every inner run's
+    non-final segments has been caught with ``floor_confidence``: its sub-jobs draw
+    ``reserved_samples`` each, and one catch condemns it and excludes it from the job,
+    so it escapes R rounds with probability (1 - f)^(n R)."""
+    return math.ceil(samples_for_detection(floor_fraction, floor_confidence) / reserved_samples)
+

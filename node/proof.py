@@ -246,6 +246,16 @@ def sample_segments(seed: bytes, segment_count: int, n: int) -> list[int]:
     return chosen
 
 
+def sample_segments_with_final(seed: bytes, segment_count: int, n: int) -> list[int]:
+    """A reserved sub-job's sample (a collaborative inner run): the final segment first,
+    then ``sample_segments(seed, segment_count - 1, n)`` among the others. The final
+    segment ends in the committed weights a worker's delta is taken from, so a forged
+    delta is replayed every round. Identical to ``SegmentSampler.sampleWithFinal``."""
+    if segment_count <= 0:
+        return []
+    return [segment_count - 1, *sample_segments(seed, segment_count - 1, n)]
+
+
 def sample_share(sample: Sequence[int], seats: int, seat: int) -> list[int]:
     """Committee seat ``seat``'s share of ``sample`` (in draw order): the segments at
     positions ``seat, seat + seats, ...``. The seat's attestation covers these, and its

@@ -26,6 +26,7 @@ from node.chain.contracts import (
     RoundPhase,
     Verdict,
 )
+from node.proof import sample_segments, sample_segments_with_final
 from node.roles.collab_submit import collab_report
 
 revert = expect_revert
@@ -296,6 +297,37 @@ def test_reserved_job_reopens_reserved(net: Net) -> None:
     assert m.get_job(jid).status == JobStatus.OPEN
     assert revert(w1.market.claim_job, jid).error == "NotReservedSolver"
     w0.market.claim_job(jid)
+    conserved(net)
+
+
+def test_a_reserved_job_samples_its_final_segment_and_few_others(net: Net) -> None:
+    """A reserved sub-job (an inner run) is sampled as its final segment plus
+    ``reservedSampleCount`` of the others, not the ordinary job's n: an inner run of S
+    segments costs a committee (1 + n_r) / S of its training, not all of it. The attack
+    it must not open: a worker that trains honestly but commits forged final weights
+    (a scaled delta, or any poison) would pass whenever the sample missed the final
+    segment; it never does, whatever the seed."""
+    chain, m = net.chain, net.chain.reader.market
+    mp = m.market_params()
+    n_r, segments = mp.reserved_sample_count, 12
+    assert 1 + n_r < segments  # a strict subset of the sub-job
+    sub = net.submitter
+    sub.token.approve(sub.market.address, 10**24)
+    for i, w in enumerate(net.workers):
+        jid = sub.market.post_reserved_job(job_terms(reward=SUB_REWARD, budget=0,
+                                                     segments=segments), w.address)
+        plain = sub.market.post_job(job_terms(reward=SUB_REWARD, budget=0, segments=segments))
+        for job, by in ((jid, w), (plain, net.workers[(i + 1) % 3])):
+            by.market.claim_job(job)
+            by.market.commit_trace(job, *fake_trace(job, segments, tag=f"w{i}-{job}"))
+        chain.mine(m.get_job(plain).sample_block - chain.w3.eth.block_number + 1)
+        for job in (jid, plain):
+            net.outsider.market.fix_seed(job)
+        got = m.sampled_segments(jid)
+        assert got == sample_segments_with_final(m.seed_of(jid), segments, n_r)
+        assert got[0] == segments - 1 and len(set(got)) == len(got) == 1 + n_r
+        assert m.sampled_segments(plain) == sample_segments(m.seed_of(plain), segments,
+                                                            mp.sample_count)
     conserved(net)
 
 

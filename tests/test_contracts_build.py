@@ -153,6 +153,14 @@ def test_solidity_libraries_match_vectors() -> None:
                 want = case["segments"].index(seg) if seg in case["segments"] else 2**256 - 1
                 assert h.functions.indexOf(case["seed"], case["segment_count"], case["n"],
                                            seg).call() == want, (case, seg)
+            # a reserved sub-job's sample: the final segment first, then the others'
+            assert h.functions.sampleWithFinal(case["seed"], case["segment_count"],
+                                               case["n"]).call() == case["with_final"], case
+            for seg in range(min(case["segment_count"] + 1, 80)):
+                want = (case["with_final"].index(seg) if seg in case["with_final"]
+                        else 2**256 - 1)
+                assert h.functions.indexOfWithFinal(case["seed"], case["segment_count"],
+                                                    case["n"], seg).call() == want, (case, seg)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -18,9 +18,11 @@ from node.incentives import (
     Incentives,
     catch_probability,
     cheating_gain,
+    incentive_sample_count,
     jury_capture,
     max_sybil_share,
     required_sample_count,
+    rounds_for_floor,
     worst_gain,
 )
 from node.proof import sample_segments
@@ -70,6 +72,25 @@ def test_the_deployed_sample_count_is_the_one_the_incentives_require(chain: Loca
     p = deployed(chain)
     assert p.sample_count == required_sample_count(p.bond_factor, p.jury_size)
     assert DevnetParams().market.sample_count == p.sample_count
+    reserved = chain.reader.market.market_params().reserved_sample_count
+    assert reserved == incentive_sample_count(p.bond_factor, p.jury_size)
+    assert DevnetParams().market.reserved_sample_count == reserved
+
+
+def test_a_reserved_sub_job_needs_the_incentive_term_and_meets_the_floor_over_rounds() -> None:
+    """A collaborative worker's inner runs draw n_r of their non-final segments each (the
+    final one is always replayed). n_r is the incentive term alone: every fraction still
+    loses the margin at n_r, and a worker faking half of every inner run is caught in 99%
+    of its runs of ``rounds_for_floor`` rounds (one catch excludes it from the job)."""
+    n_r = incentive_sample_count(1.5, 3)
+    assert n_r == 1 < required_sample_count(1.5, 3)
+    p = Incentives(1.5, n_r, 3)
+    for f in (1e-3, 0.1, 0.5, 1.0):
+        assert cheating_gain(p, f, SYBIL_SHARE) <= -MARGIN * f, f
+    rounds = rounds_for_floor(n_r)
+    assert (1 - FLOOR_FRACTION) ** (n_r * rounds) <= 1 - FLOOR_CONFIDENCE
+    assert (1 - FLOOR_FRACTION) ** (n_r * (rounds - 1)) > 1 - FLOOR_CONFIDENCE
+    assert rounds_for_floor(2) == (rounds + 1) // 2
 
 
 @pytest.mark.parametrize("bond_factor", [1.25, 1.5, 2.0, 4.0])

@@ -667,7 +667,8 @@ def test_constructor_and_wiring_guards(chain: LocalChain) -> None:
     assert revert(reg.setAuthorized, zero, owner.address).error == "ZeroAddress"
     addrs = {"PolToken": owner.token.address, "NodeRegistry": reg.address}
     good = MarketParams()
-    for bad in ({"sample_count": 0}, {"sample_lookahead": 0}, {"sample_lookahead": 129},
+    for bad in ({"sample_count": 0}, {"reserved_sample_count": 0}, {"sample_lookahead": 0},
+                {"sample_lookahead": 129},
                 {"verification_window": 0}, {"verification_window": 365 * 86400 + 1},
                 {"dispute_grace": 0}, {"dispute_grace": 365 * 86400 + 1},
                 {"attestors_per_job": 0}, {"attestors_per_job": 17},

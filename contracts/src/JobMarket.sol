@@ -36,6 +36,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal immutable _verificationWindow;
     uint256 internal immutable _sampleLookahead;
     uint256 internal immutable _sampleCount;
+    uint256 internal immutable _reservedSampleCount;
     uint256 internal immutable _missedDeadlineSlashBps;
     uint256 internal immutable _challengeBond;
     uint256 internal immutable _attestorSlashBps;
@@ -117,7 +118,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     constructor(IERC20 token_, INodeRegistry registry_, Params memory params_) Ownable(msg.sender) {
         if (address(token_) == address(0) || address(registry_) == address(0)) revert ZeroAddress();
         if (
-            params_.sampleLookahead == 0 || params_.sampleCount == 0 || params_.verificationWindow == 0
+            params_.sampleLookahead == 0 || params_.sampleCount == 0 || params_.reservedSampleCount == 0
+                || params_.verificationWindow == 0
                 || params_.verificationWindow > MAX_DURATION || params_.disputeGrace == 0
                 || params_.disputeGrace > MAX_DURATION || params_.missedDeadlineSlashBps > BPS
                 || params_.attestorSlashBps > BPS || params_.attestorsPerJob == 0
@@ -131,6 +133,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _verificationWindow = params_.verificationWindow;
         _sampleLookahead = params_.sampleLookahead;
         _sampleCount = params_.sampleCount;
+        _reservedSampleCount = params_.reservedSampleCount;
         _missedDeadlineSlashBps = params_.missedDeadlineSlashBps;
         _challengeBond = params_.challengeBond;
         _attestorSlashBps = params_.attestorSlashBps;
@@ -405,9 +408,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                uint256 at = j.seed == 0
-                    ? SegmentSampler.ABSENT
-                    : SegmentSampler.indexOf(j.seed, j.segmentCount, _sampleCount, segment);
+                uint256 at = j.seed == 0 ? SegmentSampler.ABSENT : _sampleIndexOf(jobId, j, segment);
                 if (at != SegmentSampler.ABSENT) {
                     r.sampledInvalid = true;
                     // INVARIANT: an attestor answers for its own share of the sample only
@@ -435,6 +436,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             verificationWindow: _verificationWindow,
             sampleLookahead: _sampleLookahead,
             sampleCount: _sampleCount,
+            reservedSampleCount: _reservedSampleCount,
             missedDeadlineSlashBps: _missedDeadlineSlashBps,
             challengeBond: _challengeBond,
             attestorSlashBps: _attestorSlashBps,
@@ -500,7 +502,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             seed = blockhash(j.sampleBlock);
         }
         if (seed == bytes32(0)) revert SeedNotFixed();
+        if (_reservedSolver[jobId] != address(0)) {
+            return SegmentSampler.sampleWithFinal(seed, j.segmentCount, _reservedSampleCount);
+        }
         return SegmentSampler.sample(seed, j.segmentCount, _sampleCount);
+    }
+
+    /// @dev `segment`'s position in the job's sample (`sampledSegments`), or ABSENT.
+    function _sampleIndexOf(uint256 jobId, JobRec storage j, uint256 segment) internal view returns (uint256) {
+        if (_reservedSolver[jobId] != address(0)) {
+            return SegmentSampler.indexOfWithFinal(j.seed, j.segmentCount, _reservedSampleCount, segment);
+        }
+        return SegmentSampler.indexOf(j.seed, j.segmentCount, _sampleCount, segment);
     }
 
     function committeeOf(uint256 jobId) external view returns (address[] memory) {

@@ -237,6 +237,7 @@ class MarketParamsView:
     verification_window: int
     sample_lookahead: int
     sample_count: int
+    reserved_sample_count: int
     missed_deadline_slash_bps: int
     challenge_bond: int
     attestor_slash_bps: int

@@ -3,7 +3,8 @@
     .venv/bin/python tests/vectors/generate.py
 
 trace_vectors.json: leaves, leaf hashes, roots and proofs of a few trace trees.
-sampling_vectors.json: sample_segments(seed, segment_count, n) for a few inputs.
+sampling_vectors.json: sample_segments and sample_segments_with_final(seed, segment_count,
+  n) for a few inputs.
 state_hash_vectors.json: node.proof.state_hash of small tensor sets under each scheme
 (polnet-trace/1: sha256, /2: blake3), for any other implementation of the state hash.
 Contract tests check TraceLib / SegmentSampler (through contracts/src/test/LibHarness.sol,
@@ -20,7 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from node.proof import build_trace_tree, sample_segments, state_hash  # noqa: E402
+from node.proof import (  # noqa: E402
+    build_trace_tree,
+    sample_segments,
+    sample_segments_with_final,
+    state_hash,
+)
 
 
 def _h(text: str) -> bytes:
@@ -70,8 +76,10 @@ def sampling_vectors() -> dict:
     ]
     for seed, count, n in inputs:
         cases.append({"seed": _hex(seed), "segment_count": count, "n": n,
-                      "segments": sample_segments(seed, count, n)})
-    return {"source": "node/proof.py sample_segments", "cases": cases}
+                      "segments": sample_segments(seed, count, n),
+                      "with_final": sample_segments_with_final(seed, count, n)})
+    return {"source": "node/proof.py sample_segments, sample_segments_with_final",
+            "cases": cases}
 
 
 def _tensor_sets() -> list[tuple[str, dict]]:

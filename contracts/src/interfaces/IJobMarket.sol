@@ -67,6 +67,10 @@ interface IJobMarket {
         uint256 verificationWindow; // seconds from commitResult during which attest / challenge are open
         uint256 sampleLookahead; // blocks between commit and the sampling block (>= 1)
         uint256 sampleCount; // n: segments sampled per job (min(n, segmentCount))
+        // Reserved jobs (collaborative inner runs): their final segment plus this many of
+        // the others (SegmentSampler.sampleWithFinal); the bond deters a rational cheater
+        // at n = 1 and a worker's many rounds give the per-job floor (docs/protocol.md).
+        uint256 reservedSampleCount;
         uint256 missedDeadlineSlashBps; // share of the bond a solver loses to the submitter when it misses its deadline
         uint256 challengeBond; // locked from the challenger's stake per challenge
         uint256 attestorSlashBps; // of registry.minVerifierStake, taken from each attestor of a job proven invalid on a sampled segment

@@ -55,4 +55,35 @@ library SegmentSampler {
         }
         return ABSENT;
     }
+
+    /// @notice A reserved sub-job's sample (a collaborative inner run): its final segment
+    ///         first, at position 0 (it ends in the committed weights the worker's delta
+    ///         is taken from, so a forged delta is replayed every time), then
+    ///         `sample(seed, segmentCount - 1, n)` among the others (node/proof.py
+    ///         `sample_segments_with_final`).
+    function sampleWithFinal(bytes32 seed, uint256 segmentCount, uint256 n)
+        internal
+        pure
+        returns (uint256[] memory out)
+    {
+        if (segmentCount == 0) return new uint256[](0);
+        uint256[] memory others = sample(seed, segmentCount - 1, n);
+        out = new uint256[](others.length + 1);
+        out[0] = segmentCount - 1;
+        for (uint256 i; i < others.length; ++i) {
+            out[i + 1] = others[i];
+        }
+    }
+
+    /// @notice `segment`'s position in `sampleWithFinal(seed, segmentCount, n)`, or ABSENT.
+    function indexOfWithFinal(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment)
+        internal
+        pure
+        returns (uint256)
+    {
+        if (segment >= segmentCount) return ABSENT;
+        if (segment == segmentCount - 1) return 0;
+        uint256 at = indexOf(seed, segmentCount - 1, n, segment);
+        return at == ABSENT ? ABSENT : at + 1;
+    }
 }

@@ -44,4 +44,16 @@ contract LibHarness {
     function contains(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment) external pure returns (bool) {
         return SegmentSampler.contains(seed, segmentCount, n, segment);
     }
+
+    function sampleWithFinal(bytes32 seed, uint256 segmentCount, uint256 n) external pure returns (uint256[] memory) {
+        return SegmentSampler.sampleWithFinal(seed, segmentCount, n);
+    }
+
+    function indexOfWithFinal(bytes32 seed, uint256 segmentCount, uint256 n, uint256 segment)
+        external
+        pure
+        returns (uint256)
+    {
+        return SegmentSampler.indexOfWithFinal(seed, segmentCount, n, segment);
+    }
 }
