@@ -86,8 +86,8 @@ def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float =
     if schedule is not None:
         d["inner"]["schedule"] = {"kind": schedule, "warmup_steps": 0,
                                   "min_lr_ratio": min_lr_ratio}
-    d.update(workers={"min": workers, "max": workers}, inner_steps=h, outer_rounds=r,
-             outer_optimizer={"name": "nesterov", "lr": outer_lr, "momentum": outer_momentum})
+    d["outer_optimizer"].update(lr=outer_lr, momentum=outer_momentum)  # the example's clip
+    d.update(workers={"min": workers, "max": workers}, inner_steps=h, outer_rounds=r)
     return parse_collaborative_spec(d)
 
 
@@ -197,8 +197,8 @@ def main() -> None:
         "model": {**spec.inner.model.model_dump(mode="json"), "params": params},
         "workers": n, "inner_steps": h, "rounds": r, "batch_per_worker": spec.inner.batch_size,
         "inner_optimizer": "adamw lr 3e-3, state reset per round",
-        "outer_optimizer": {"name": "nesterov", "lr": args.outer_lr,
-                            "momentum": args.outer_momentum},
+        "outer_optimizer": spec.outer_optimizer.model_dump(mode="json"),
+        "inner_schedule": spec.inner.schedule.model_dump(mode="json"),
         "heldout_windows": spec.holdout_samples, "spec_hash": spec.spec_hash_hex(),
         "eval_loss": {"solo": round(solo, 4), "collab": collab, "data_parallel": round(dp, 4)},
         "collab_eval_by_round": curve,

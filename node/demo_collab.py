@@ -67,7 +67,8 @@ def collab_spec_dict(dataset_hash: str, rounds: int, inner_steps: int = 20,
         "workers": {"min": 2, "max": 4}, "inner_steps": inner_steps, "outer_rounds": rounds,
         # Nesterov 1.0 / 0.5: bench/collab.py measured it below one worker alone at this
         # size, where OpenDiLoCo's 0.7 / 0.9 was not.
-        "outer_optimizer": {"name": "nesterov", "lr": 1.0, "momentum": 0.5},
+        # clip 2: a delta's norm is cut to twice the round's median (docs/protocol.md).
+        "outer_optimizer": {"name": "nesterov", "lr": 1.0, "momentum": 0.5, "clip_ratio": 2.0},
         "holdout_samples": 256,
     }
 

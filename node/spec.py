@@ -335,6 +335,9 @@ class NesterovConfig(_Strict):
     name: Literal["nesterov"] = "nesterov"
     lr: float = Field(default=0.7, gt=0.0, le=10.0)
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    # Byzantine damage bound: each accepted delta's L2 norm is cut to clip_ratio x the
+    # round's median norm (node.train.diloco). None: no clipping.
+    clip_ratio: float | None = Field(default=None, ge=1.0, le=100.0)
 
 
 class WorkerRange(_Strict):

@@ -4,6 +4,7 @@ Real training of a small char LM on the bundled text; nothing is mocked."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from node.train.diloco import (
     OuterState,
     RoundResult,
     check_outer,
+    clip_scales,
+    delta_norm,
     initial_outer_state,
     outer_hash,
     outer_step,
@@ -236,9 +239,11 @@ names = [k.removeprefix("theta.") for k in t if k.startswith("theta.")]
 theta = {n: t["theta." + n] for n in names}
 state = OuterState(1, theta, {n: t["momentum." + n] for n in names}, ())
 deltas = {s: {n: t[f"delta{s}." + n] for n in names} for s in range(int(sys.argv[3]))}
+clipped = spec.outer_optimizer.model_copy(update={"clip_ratio": 1.0})
 print(torch.get_num_threads(), outer_hash(outer_step(state, deltas, spec.outer_optimizer)).hex(),
       outer_hash(outer_step(state, {s: d for s, d in deltas.items() if s != 1},
-                            spec.outer_optimizer)).hex())
+                            spec.outer_optimizer)).hex(),
+      outer_hash(outer_step(state, deltas, clipped)).hex())
 """
 
 
@@ -261,14 +266,54 @@ def test_outer_step_is_bitwise_equal_across_thread_counts(rounds: list[RoundResu
         full = outer_hash(outer_step(state, deltas, spec.outer_optimizer))
         dropped = outer_hash(outer_step(state, {s: d for s, d in deltas.items() if s != 1},
                                         spec.outer_optimizer))
+        # ratio 1: every delta above the lower median is scaled, so the exact norms and
+        # the scaling are in the comparison too
+        clip = spec.outer_optimizer.model_copy(update={"clip_ratio": 1.0})
+        assert sum(v != 1.0 for v in clip_scales(deltas, 1.0).values()) >= 2
+        clipped = outer_hash(outer_step(state, deltas, clip))
     finally:
         torch.set_num_threads(before)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path / "spec.json"),
                           str(tmp_path / "round.safetensors"), str(SLOTS)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout.split()
-    assert out == ["1", full.hex(), dropped.hex()]
-    assert full == outer_hash(rounds[1].state)
+    assert out == ["1", full.hex(), dropped.hex(), clipped.hex()]
+    assert full == outer_hash(rounds[1].state) != clipped
+
+
+def test_clipping_bounds_a_scaled_delta_and_leaves_honest_rounds_alone(
+        rounds: list[RoundResult], spec: CollaborativeSpec) -> None:
+    """A poisoned delta that got past verification (say a forged interior leaf the
+    sample missed) moves the outer state by at most clip_ratio x the median delta."""
+    state, honest = rounds[0].state, deltas_of(rounds[1])
+    norms = {s: delta_norm(d) for s, d in honest.items()}
+    median = sorted(norms.values())[(len(norms) - 1) // 2]
+    loose = max(norms.values()) / median * 1.001  # binds on no honest delta
+    clip = spec.outer_optimizer.model_copy(update={"clip_ratio": loose})
+    assert clip_scales(honest, loose) == dict.fromkeys(honest, 1.0)
+    assert outer_hash(outer_step(state, honest, clip)) == outer_hash(rounds[1].state)
+
+    byzantine = {**honest, 3: {n: t * 50.0 for n, t in honest[3].items()}}
+    scales = clip_scales(byzantine, 2.0)
+    assert [scales[s] for s in (0, 1, 2)] == [1.0, 1.0, 1.0] and scales[3] < 1.0
+    # the round's lower median: the second smallest of the three honest norms and the huge one
+    second = sorted(norms[s] for s in (0, 1, 2))[1]
+    assert scales[3] * delta_norm(byzantine[3]) == pytest.approx(2.0 * second, rel=1e-12)
+
+    def distance(a: OuterState) -> float:
+        return math.sqrt(sum(float((a.theta[n].double() - t.double()).square().sum())
+                             for n, t in rounds[1].state.theta.items()))
+    two = spec.outer_optimizer.model_copy(update={"clip_ratio": 2.0})
+    unclipped = distance(outer_step(state, byzantine, spec.outer_optimizer))
+    clipped = distance(outer_step(state, byzantine, two))
+    assert clipped < unclipped / 10
+    # the bound is part of the spec, so part of what every party recomputes
+    assert check_outer(state.theta, state.momentum, byzantine,
+                       outer_hash(outer_step(state, byzantine, two)), outer=two,
+                       round_index=1)
+    assert not check_outer(state.theta, state.momentum, byzantine,
+                           outer_hash(outer_step(state, byzantine, two)),
+                           outer=spec.outer_optimizer, round_index=1)
 
 
 def test_outer_step_is_nesterov_sgd_on_the_mean_delta(rounds: list[RoundResult],

@@ -20,6 +20,13 @@ ties to even), once per round. The round commits ``outer_hash``:
 ``node.proof.state_hash`` over ``theta.<name>``, ``momentum.<name>``,
 ``meta.round`` (rounds done) and ``meta.slots`` (whose deltas it averaged).
 
+Clipping (``outer.clip_ratio``, off by default): before the sum, a delta whose L2
+norm exceeds ``clip_ratio`` x the round's median norm (the lower median of the
+accepted deltas') is scaled down to that norm, one float64 multiply per coordinate.
+The norms are exact: fp32 squares are exact in float64 and ``math.fsum`` rounds their
+sum once, so every party gets the same float whatever the order or thread count. It
+bounds what one poisoned delta that passed verification can move (docs/protocol.md).
+
 Public API::
 
     initial_outer_state(spec) -> OuterState            # theta_0 from the job seed, m_0 = 0
@@ -31,6 +38,8 @@ Public API::
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -85,17 +94,38 @@ def outer_step(state: OuterState, deltas: Mapping[int, Mapping[str, torch.Tensor
     _check_deltas(state.theta, deltas)
     slots = tuple(sorted(deltas))
     lr, mu, n = outer.lr, outer.momentum, len(slots)
+    scale = clip_scales(deltas, outer.clip_ratio) if outer.clip_ratio is not None else {}
     theta, momentum = {}, {}
     for name, p in state.theta.items():
         acc = torch.zeros(p.shape, dtype=_WIDE)
         for s in slots:
-            acc = acc + deltas[s][name].to(_WIDE)
+            d = deltas[s][name].to(_WIDE)
+            if scale.get(s, 1.0) != 1.0:
+                d = d * scale[s]
+            acc = acc + d
         g = acc / n
         m = state.momentum[name].to(_WIDE) * mu + g
         upd = g + m * mu
         theta[name] = (p.to(_WIDE) - upd * lr).to(p.dtype)
         momentum[name] = m.to(p.dtype)
     return OuterState(state.round + 1, theta, momentum, slots)
+
+
+def delta_norm(delta: Mapping[str, torch.Tensor]) -> float:
+    """The exact L2 norm of a delta's floating tensors, rounded once (see module doc)."""
+    squares = (delta[n].to(_WIDE).square().flatten().tolist()
+               for n in sorted(delta) if delta[n].is_floating_point())
+    return math.sqrt(math.fsum(itertools.chain.from_iterable(squares)))
+
+
+def clip_scales(deltas: Mapping[int, Mapping[str, torch.Tensor]],
+                ratio: float) -> dict[int, float]:
+    """Per slot, the factor its delta is scaled by: 1.0, or ``ratio`` x the lower
+    median norm / its norm when it is above that bound."""
+    norms = {s: delta_norm(d) for s, d in deltas.items()}
+    ordered = sorted(norms.values())
+    bound = ratio * ordered[(len(ordered) - 1) // 2]
+    return {s: 1.0 if v <= bound else bound / v for s, v in norms.items()}
 
 
 def outer_tensors(state: OuterState) -> dict[str, torch.Tensor]:
