@@ -111,10 +111,16 @@ def outer_step(state: OuterState, deltas: Mapping[int, Mapping[str, torch.Tensor
     return OuterState(state.round + 1, theta, momentum, slots)
 
 
+_NORM_CHUNK = 1 << 16  # coordinates turned into Python floats at a time
+
+
 def delta_norm(delta: Mapping[str, torch.Tensor]) -> float:
-    """The exact L2 norm of a delta's floating tensors, rounded once (see module doc)."""
-    squares = (delta[n].to(_WIDE).square().flatten().tolist()
-               for n in sorted(delta) if delta[n].is_floating_point())
+    """The exact L2 norm of a delta's floating tensors, rounded once (see module doc).
+    One fsum over every square, fed a chunk at a time so a large model's tensors are
+    never whole Python lists."""
+    squares = (chunk.to(_WIDE).square().tolist()
+               for n in sorted(delta) if delta[n].is_floating_point()
+               for chunk in delta[n].flatten().split(_NORM_CHUNK))
     return math.sqrt(math.fsum(itertools.chain.from_iterable(squares)))
 
 
