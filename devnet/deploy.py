@@ -17,11 +17,13 @@ from node.chain.deployment import Deployment, DevAccount
 from node.errors import ConfigError
 
 # Deployment order; each may take the addresses of those before it.
-CONTRACTS = ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "CollabMarket")
+CONTRACTS = ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "OuterJury",
+             "CollabMarket")
 _ADDRESS_KEYS = {"token": "PolToken", "poltoken": "PolToken", "registry": "NodeRegistry",
                  "noderegistry": "NodeRegistry", "market": "JobMarket",
                  "jobmarket": "JobMarket", "dispute": "DisputeGame",
-                 "disputegame": "DisputeGame", "collab": "CollabMarket",
+                 "disputegame": "DisputeGame", "jury": "OuterJury",
+                 "outerjury": "OuterJury", "collab": "CollabMarket",
                  "collabmarket": "CollabMarket"}
 
 
@@ -53,17 +55,19 @@ def constructor_args(name: str, addresses: Mapping[str, str], params: BaseModel 
 def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = None, *,
                fund: Sequence[LocalAccount] = (), rpc_url: str | None = None,
                artifacts: Path | None = None) -> Deployment:
-    """Deploy token, registry, market, dispute game and the collaborative-job market
-    (it needs no wiring: it is an ordinary submitter of the market); authorise market
-    and dispute on the registry; mint ``params.mint_per_account`` to every account in ``fund``.
-    Returns the Deployment (not yet saved)."""
+    """Deploy token, registry, market, dispute game, outer jury and the collaborative-job
+    market (an ordinary submitter of the market); authorise market, dispute game and outer
+    jury on the registry, bind the outer jury to the collaborative market; mint
+    ``params.mint_per_account`` to every account in ``fund``. Returns the Deployment (not
+    yet saved)."""
     params = params or DevnetParams()
     url = rpc_url or str(getattr(w3.provider, "endpoint_uri", ""))
     client = ChainClient(url, deployer, w3=w3, artifacts=artifacts)
     start_block = client.block_number()
     per_contract: dict[str, BaseModel | None] = {
         "PolToken": None, "NodeRegistry": params.registry, "JobMarket": params.market,
-        "DisputeGame": params.dispute, "CollabMarket": params.collab}
+        "DisputeGame": params.dispute, "OuterJury": params.outer_jury,
+        "CollabMarket": params.collab}
     addresses: dict[str, str] = {}
     for name in CONTRACTS:
         bound = client.deploy(name, *constructor_args(name, addresses, per_contract[name],
@@ -75,7 +79,8 @@ def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = N
     # a block time spends one block on them instead of one each.
     assert client.sender is not None
     txs = [client.registry.tx_params("setAuthorized", addresses["JobMarket"],
-                                     addresses["DisputeGame"])]
+                                     addresses["DisputeGame"], addresses["OuterJury"]),
+           client.outer_jury.tx_params("bind", addresses["CollabMarket"])]
     if "setDisputeGame" in client.market.functions():
         txs.append(client.market.tx_params("setDisputeGame", addresses["DisputeGame"]))
     if params.mint_per_account:

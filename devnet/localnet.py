@@ -64,7 +64,7 @@ class LocalNet:
         self.chain = ChainClient.from_deployment(self.deployment, None)
         books = [self.chain.market, self.chain.dispute, self.chain.registry]
         if "CollabMarket" in self.deployment.contracts:
-            books.append(self.chain.collab)
+            books += [self.chain.collab, self.chain.outer_jury]
         self._watcher = EventWatcher(self.chain.w3, books,
                                      start_block=self.deployment.deploy_block)
         return self
@@ -199,7 +199,8 @@ class LocalNet:
     # --- chain -------------------------------------------------------------------------
 
     def events(self) -> list[ChainEvent]:
-        """Every event so far (market, dispute game, registry), in chain order."""
+        """Every event so far (market, dispute game, registry; collab market and outer jury
+        when deployed), in chain order."""
         assert self._watcher is not None
         self._events += self._watcher.poll()
         return list(self._events)
@@ -258,4 +259,6 @@ class LocalNet:
         if self._has_collab:
             books.append(c.collab)
         held = sum(c.token.balance_of(b.address) for b in books)
+        if self._has_collab:  # the outer jury owes nothing, so holds nothing between calls
+            held += c.token.balance_of(c.outer_jury.address)
         return held == sum(b.total_owed() for b in books)

@@ -138,15 +138,6 @@ class CollabParams(BaseModel):
                     "ends leaves at least half of it)")
     outer_bond: int = Field(
         default=20 * TOKEN, ge=0, description="tokens a poster and a challenger each put up")
-    jury_lookahead: int = Field(
-        default=2, ge=1, le=128,
-        description="blocks between an outer challenge and the block whose hash seeds its jury")
-    jury_size: int = Field(default=JURY_SIZE, ge=1, le=15,
-                           description="jurors drawn (stake-weighted) per outer challenge")
-    quorum: int = Field(default=2, ge=1, description="reveals needed for an outer verdict")
-    commit_window: int = Field(default=30, ge=1,
-                               description="seconds from the outer jury draw to commit votes")
-    reveal_window: int = Field(default=30, ge=1, description="seconds after that to reveal")
     max_slots: int = Field(default=16, ge=1, le=64, description="bound on a job's worker slots")
     max_rounds: int = Field(default=1_000, ge=1, le=100_000,
                             description="bound on a job's outer rounds")
@@ -163,8 +154,28 @@ class CollabParams(BaseModel):
                     "or the job ends, lost to the round's accepted workers when the worker "
                     "leaves its reserved sub-job unclaimed (an idle slot is not free)")
 
+
+
+class OuterJuryParams(BaseModel):
+    """OuterJury ``Params`` (see IOuterJury.sol): the juries over challenged outer states."""
+
+    model_config = ConfigDict(extra="forbid")
+    jury_lookahead: int = Field(
+        default=2, ge=1, le=128,
+        description="blocks between an outer challenge and the block whose hash seeds its jury")
+    jury_size: int = Field(default=JURY_SIZE, ge=1, le=15,
+                           description="jurors drawn (stake-weighted) per outer challenge")
+    quorum: int = Field(default=2, ge=1, description="reveals needed for an outer verdict")
+    commit_window: int = Field(default=30, ge=1,
+                               description="seconds from the outer jury draw to commit votes")
+    reveal_window: int = Field(default=30, ge=1, description="seconds after that to reveal")
+    juror_slash: int = Field(
+        default=10 * TOKEN, ge=0, le=2**128 - 1,
+        description="unlocked stake a drawn juror loses for not revealing, or for revealing "
+                    "against the verdict; paid to the majority (burned when nobody revealed)")
+
     @model_validator(mode="after")
-    def _quorum_fits(self) -> CollabParams:
+    def _quorum_fits(self) -> OuterJuryParams:
         if self.quorum > self.jury_size:
             raise ValueError("quorum must not exceed jury_size")
         return self
@@ -176,6 +187,7 @@ class DevnetParams(BaseModel):
     market: MarketParams = Field(default_factory=MarketParams)
     dispute: DisputeParams = Field(default_factory=DisputeParams)
     collab: CollabParams = Field(default_factory=CollabParams)
+    outer_jury: OuterJuryParams = Field(default_factory=OuterJuryParams)
     accounts: int = Field(default=10, ge=2, le=100, description="funded dev accounts")
     mint_per_account: int = Field(default=1_000_000 * TOKEN, ge=0)
 

@@ -140,8 +140,8 @@ class LocalChain:
         self.mine(blocks)
 
     def conservation(self) -> tuple[int, int]:
-        """(tokens held by registry + market + dispute game (+ collab market, when
-        deployed), what they say they owe)."""
+        """(tokens held by registry + market + dispute game (+ collab market and outer
+        jury, when deployed), what they say they owe)."""
         r = self.reader
         held = owed = 0
         bounds = [r.registry, r.market, r.dispute]
@@ -150,6 +150,8 @@ class LocalChain:
         for bound in bounds:
             held += r.token.balance_of(bound.address)
             owed += int(bound.call("totalOwed"))
+        if "OuterJury" in self.deployment.contracts:  # owes nothing, so holds nothing
+            held += r.token.balance_of(r.outer_jury.address)
         return held, owed
 
     def extra(self, i: int, tokens: int) -> ChainClient:

@@ -47,8 +47,9 @@ def collab_demo_params() -> Any:
     # cores here, and a verifier replays each sub-job's segments beside the others'
     # training (a CI run saw 25 s from a commit to the challenge).
     d["market"].update(verification_window=50)
-    d["collab"] = {"outer_window": 20, "jury_lookahead": 2, "jury_size": 2, "quorum": 1,
-                   "commit_window": 15, "reveal_window": 15, "max_round_retries": 3}
+    d["collab"] = {"outer_window": 20, "max_round_retries": 3}
+    d["outer_jury"] = {"jury_lookahead": 2, "jury_size": 2, "quorum": 1, "commit_window": 15,
+                       "reveal_window": 15}
     return DevnetParams.model_validate(d)
 
 

@@ -22,12 +22,14 @@ from node.chain.contracts import (
     CollabStatus,
     CollabTerms,
     JobStatus,
+    JuryPhase,
     OuterVerdict,
     RoundPhase,
     Verdict,
 )
 from node.proof import sample_segments, sample_segments_with_final
 from node.roles.collab_submit import collab_report
+from node.roles.leafserve import sample_size_of
 
 revert = expect_revert
 
@@ -39,6 +41,7 @@ OUTER0 = keccak(b"outer0")
 VSTAKE = 200 * TOKEN  # = the devnet's sortition cap: every eligible draw is accepted
 RATE = 1_000  # claimed milli-steps/s, well above H * 1000 / ROUND = 17 per slot
 BPS = 10_000
+BURN = "0x000000000000000000000000000000000000dEaD"
 
 
 def outer(r: int) -> bytes:
@@ -95,6 +98,8 @@ def conserved(net: Net) -> None:
     r = net.chain.reader
     for b in (r.registry, r.market, r.dispute, r.collab):
         assert r.token.balance_of(b.address) == int(b.call("totalOwed")), b.name
+    # INVARIANT of the OuterJury: what a tally slashes leaves in the same call.
+    assert r.token.balance_of(r.outer_jury.address) == 0
 
 
 def sub_jobs(net: Net, job: int, r: int) -> list[int]:
@@ -328,6 +333,9 @@ def test_a_reserved_job_samples_its_final_segment_and_few_others(net: Net) -> No
         assert got[0] == segments - 1 and len(set(got)) == len(got) == 1 + n_r
         assert m.sampled_segments(plain) == sample_segments(m.seed_of(plain), segments,
                                                             mp.sample_count)
+        # the solver sizes its sparse checkpoints (keep_every_for) for what is sampled
+        for job in (jid, plain):
+            assert sample_size_of(net.chain.reader, job) == len(m.sampled_segments(job))
     conserved(net)
 
 
@@ -424,39 +432,57 @@ def test_below_min_workers_retries_then_fails_and_refunds(net: Net) -> None:
 # --- (e) the outer state: first poster + jury challenge ---------------------------------------
 
 
-def _jury_round(net: Net, job: int, r: int, challenger: ChainClient, vote: bool,
-                reveal: int | None = None) -> Any:
-    """Challenge the posted outer state, draw the jury, every juror votes ``vote`` (the
-    first ``reveal`` of them reveal), resolve. Returns (jury, the resolve receipt)."""
-    chain, c = net.chain, net.chain.reader.collab
-    cp = c.collab_params()
-    challenger.token.approve(c.address, cp.outer_bond)
+def _challenge_and_draw(net: Net, job: int, r: int,
+                        challenger: ChainClient) -> tuple[int, list[Any]]:
+    """Challenge the posted outer state and draw its OuterJury case: (case id, jury)."""
+    chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
+    jp = oj.jury_params()
+    challenger.token.approve(c.address, c.collab_params().outer_bond)
     challenger.collab.challenge_outer(job, r)
     rd = c.get_round(job, r)
-    assert (rd.challenge_phase, rd.challenger) == (ChallengePhase.DRAWING, challenger.address)
-    e = revert(net.outsider.collab.draw_outer_jury, job, r)
-    assert e.error == "JuryNotReady"
-    chain.mine(cp.jury_lookahead + 1)
-    net.outsider.collab.draw_outer_jury(job, r)
-    rd = c.get_round(job, r)
-    jury = rd.jury
-    assert rd.challenge_phase == ChallengePhase.VOTING and len(jury) == cp.jury_size
-    assert rd.poster not in jury and challenger.address not in jury
-    assert set(jury) <= {v.address for v in net.verifiers}
+    assert (rd.challenge_phase, rd.challenger) == (ChallengePhase.LIVE, challenger.address)
+    case = rd.jury_case
+    assert oj.get_case(case).phase == JuryPhase.DRAWING
+    assert revert(net.outsider.outer_jury.draw, case).error == "JuryNotReady"
+    chain.mine(jp.jury_lookahead + 1)
+    net.outsider.outer_jury.draw(case)
+    cs = oj.get_case(case)
+    assert (cs.phase, cs.job_id, cs.round) == (JuryPhase.VOTING, job, r)
+    assert len(cs.jury) == jp.jury_size
+    assert rd.poster not in cs.jury and challenger.address not in cs.jury
+    assert set(cs.jury) <= {v.address for v in net.verifiers}
+    return case, cs.jury
+
+
+def _jury_round(net: Net, job: int, r: int, challenger: ChainClient, vote: bool | list[bool],
+                reveal: int | None = None) -> Any:
+    """Challenge the posted outer state, draw the jury, juror i votes ``vote`` (or
+    ``vote[i]``; the first ``reveal`` of them reveal), resolve. Returns (jury, the
+    resolve receipt)."""
+    chain, oj = net.chain, net.chain.reader.outer_jury
+    jp = oj.jury_params()
+    case, jury = _challenge_and_draw(net, job, r, challenger)
+    votes = vote if isinstance(vote, list) else [vote] * len(jury)
     salt = keccak(b"salt")
-    for a in jury:
-        net.by_address(a).collab.commit_outer_vote(job, r, vote, salt)
-    assert revert(net.by_address(jury[0]).collab.reveal_outer_vote, job, r, vote, salt).error \
+    for a, v in zip(jury, votes, strict=True):
+        net.by_address(a).outer_jury.commit_vote(case, v, salt)
+    assert revert(net.by_address(jury[0]).outer_jury.reveal_vote, case, votes[0], salt).error \
         == "RevealNotOpen"
-    assert revert(net.outsider.collab.commit_outer_vote, job, r, vote, salt).error == "NotJuror"
-    chain.advance(cp.commit_window)
-    assert revert(net.by_address(jury[0]).collab.reveal_outer_vote, job, r, not vote,
+    assert revert(net.outsider.outer_jury.commit_vote, case, votes[0], salt).error == "NotJuror"
+    chain.advance(jp.commit_window)
+    assert revert(net.by_address(jury[0]).outer_jury.reveal_vote, case, not votes[0],
                   salt).error == "BadReveal"
-    for a in jury[:reveal]:
-        net.by_address(a).collab.reveal_outer_vote(job, r, vote, salt)
+    for a, v in list(zip(jury, votes, strict=True))[:reveal]:
+        net.by_address(a).outer_jury.reveal_vote(case, v, salt)
     assert revert(net.outsider.collab.resolve_outer, job, r).error == "RevealNotOver"
-    chain.advance(cp.reveal_window)
+    chain.advance(jp.reveal_window)
     return jury, net.outsider.collab.resolve_outer(job, r)
+
+
+def _shares(amount: int, n: int) -> list[int]:
+    """How the CollabMarket splits ``amount`` over n majority jurors (dust to the first)."""
+    each = amount // n
+    return [amount - each * (n - 1)] + [each] * (n - 1)
 
 
 def test_outer_challenge_wrong_hash_and_griefer(net: Net) -> None:
@@ -477,10 +503,9 @@ def test_outer_challenge_wrong_hash_and_griefer(net: Net) -> None:
     jury, r = _jury_round(net, job, 0, sub, vote=False)
     ev = c.events(r, "OuterResolved")[0]["args"]
     assert (ev["verdict"], ev["validVotes"], ev["invalidVotes"]) == (OuterVerdict.INVALID, 0, 3)
-    per = bond // 2 // 3
-    for a in jury:
-        assert c.credits(a) == per
-    assert c.credits(sub.address) == 2 * bond - 3 * per  # its bond back + the rest
+    per = _shares(bond // 2, 3)
+    assert [c.credits(a) for a in jury] == per
+    assert c.credits(sub.address) == 2 * bond - bond // 2  # its bond back + the rest
     rd = c.get_round(job, 0)
     assert (rd.poster, rd.outer_hash, rd.last_verdict) == ("0x" + "00" * 20, bytes(32),
                                                            OuterVerdict.INVALID)
@@ -493,10 +518,10 @@ def test_outer_challenge_wrong_hash_and_griefer(net: Net) -> None:
     jury2, r = _jury_round(net, job, 0, cheat, vote=True)
     ev = c.events(r, "OuterResolved")[0]["args"]
     assert (ev["verdict"], ev["validVotes"]) == (OuterVerdict.VALID, 3)
-    credits = {a: c.credits(a) for a in jury2}
-    for a in jury2:
-        assert credits[a] == per + (per if a in jury else 0)
-    assert c.credits(sub.address) == 2 * bond - 3 * per + bond - 3 * per
+    first = dict(zip(jury, per, strict=True))
+    for a, share in zip(jury2, per, strict=True):
+        assert c.credits(a) == share + first.get(a, 0)
+    assert c.credits(sub.address) == 2 * bond - bond // 2 + bond - bond // 2
     rd = c.get_round(job, 0)
     assert rd.poster == sub.address and rd.window_end >= chain.timestamp() + cp.outer_window // 2
     assert rd.window_end >= posted.window_end
@@ -511,8 +536,14 @@ def test_outer_challenge_wrong_hash_and_griefer(net: Net) -> None:
 
 
 def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
-    chain, c = net.chain, net.chain.reader.collab
+    """Too few reveals: Void, the challenger's bond back, the post stays. The silent jurors
+    are slashed (the OuterJury holds the registry authority the CollabMarket lacks): their
+    stake goes to the juror who revealed, or is burned when nobody did, never to the poster
+    or the challenger, who could own the silent jurors and would profit from a stall."""
+    chain, c, reg = net.chain, net.chain.reader.collab, net.chain.reader.registry
     bond = c.collab_params().outer_bond
+    cut = net.chain.reader.outer_jury.jury_params().juror_slash
+    assert cut > 0
     job = post(net, terms(rounds=1))
     claim_all(net, job)
     net.outsider.collab.start_round(job)
@@ -521,34 +552,109 @@ def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
     net.outsider.collab.settle_round(job)
     sub, w = net.submitter, net.workers[0]
     post_outer(net, w, job, 0)
+    free = {v.address: reg.free_stake(v.address) for v in net.verifiers}
     jury, r = _jury_round(net, job, 0, sub, vote=False, reveal=1)  # one reveal < quorum 2
     ev = c.events(r, "OuterResolved")[0]["args"]
     assert ev["verdict"] == OuterVerdict.VOID
+    slashed = net.chain.reader.outer_jury.events(r, "JurorSlashed")
+    assert [(e["args"]["juror"], e["args"]["amount"], e["args"]["burned"]) for e in slashed] \
+        == [(a, cut, False) for a in jury[1:]]
     assert c.credits(sub.address) == bond and c.credits(w.address) == 0
-    assert all(c.credits(a) == 0 for a in jury)  # silent jurors are not slashed here either
+    assert c.credits(jury[0]) == 2 * cut  # the one who revealed takes the silent ones' stake
+    assert [reg.free_stake(a) for a in jury] == [free[jury[0]]] + [free[a] - cut
+                                                                   for a in jury[1:]]
     assert c.get_round(job, 0).poster == w.address  # the post stays, open to others
     conserved(net)
     # another challenger; nobody draws its jury for 256 blocks: the request re-arms
     other = net.workers[1]
     other.token.approve(c.address, bond)
     other.collab.challenge_outer(job, 0)
+    case = c.get_round(job, 0).jury_case
+    oj = net.chain.reader.outer_jury
     chain.mine(300)
-    r = net.outsider.collab.draw_outer_jury(job, 0)
-    assert c.events(r, "OuterJuryRearmed")
-    rd = c.get_round(job, 0)
-    assert rd.challenge_phase == ChallengePhase.DRAWING and rd.request_block == r["blockNumber"]
+    r = net.outsider.outer_jury.draw(case)
+    assert oj.events(r, "JuryRequested")
+    cs = oj.get_case(case)
+    assert cs.phase == JuryPhase.DRAWING and cs.request_block == r["blockNumber"]
     assert revert(net.outsider.collab.accept_outer, job, 0).error == "ChallengeLive"
-    chain.mine(c.collab_params().jury_lookahead + 1)
-    net.outsider.collab.draw_outer_jury(job, 0)
-    assert c.get_round(job, 0).challenge_phase == ChallengePhase.VOTING
-    chain.advance(c.collab_params().commit_window + c.collab_params().reveal_window)
-    r = net.outsider.collab.resolve_outer(job, 0)  # nobody voted: Void
+    chain.mine(oj.jury_params().jury_lookahead + 1)
+    net.outsider.outer_jury.draw(case)
+    assert oj.get_case(case).phase == JuryPhase.VOTING
+    jury2 = oj.get_case(case).jury
+    before = {a: reg.free_stake(a) for a in jury2}
+    burned = net.chain.reader.token.balance_of(BURN)
+    chain.advance(oj.jury_params().commit_window + oj.jury_params().reveal_window)
+    r = net.outsider.collab.resolve_outer(job, 0)  # nobody voted: Void, all three burned
     assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VOID
-    assert c.credits(other.address) == bond
+    assert oj.get_case(case).phase == JuryPhase.TALLIED
+    assert all(e["args"]["burned"] for e in oj.events(r, "JurorSlashed"))
+    assert [reg.free_stake(a) for a in jury2] == [before[a] - cut for a in jury2]
+    assert net.chain.reader.token.balance_of(BURN) == burned + len(jury2) * cut
+    assert c.credits(other.address) == bond  # its bond back, none of the slashed stake
     conserved(net)
     accept_outer(net, job, 0)
     assert c.credits(w.address) == bond + slot_bond(net)  # + its slot's: the job is over
     conserved(net)
+
+
+def test_minority_and_silent_outer_jurors_pay_the_majority(net: Net) -> None:
+    """A forged outer state, and a juror who votes for it without recomputing (or is the
+    forger's puppet), and one who stays silent: both lose stake to the two who voted right;
+    the forger loses its bond. Then the honest re-post: a juror voting against it loses."""
+    chain, c, reg = net.chain, net.chain.reader.collab, net.chain.reader.registry
+    bond = c.collab_params().outer_bond
+    cut = net.chain.reader.outer_jury.jury_params().juror_slash
+    job = post(net, terms(rounds=1))
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    work(net, job, 0)
+    chain.advance(window(net))
+    net.outsider.collab.settle_round(job)
+    cheat, sub = net.workers[2], net.submitter
+    post_outer(net, cheat, job, 0, keccak(b"forged"))
+    free = {v.address: reg.free_stake(v.address) for v in net.verifiers}
+    # jurors 0, 1 vote invalid; juror 2 votes valid but only the first two reveal
+    jury, r = _jury_round(net, job, 0, sub, vote=[False, False, True], reveal=2)
+    ev = c.events(r, "OuterResolved")[0]["args"]
+    assert (ev["verdict"], ev["validVotes"], ev["invalidVotes"]) == (OuterVerdict.INVALID, 0, 2)
+    assert [reg.free_stake(a) for a in jury] == [free[jury[0]], free[jury[1]],
+                                                 free[jury[2]] - cut]
+    assert [c.credits(a) for a in jury] == [*_shares(bond // 2 + cut, 2), 0]
+    assert c.credits(sub.address) == 2 * bond - bond // 2
+    assert c.credits(cheat.address) == 0
+    conserved(net)
+    # the honest re-post, a griefer's challenge, and a juror voting against the truth
+    post_outer(net, sub, job, 0)
+    griefer = net.workers[1]
+    paid = {a: c.credits(a) for a in jury}
+    free = {v.address: reg.free_stake(v.address) for v in net.verifiers}
+    jury2, r = _jury_round(net, job, 0, griefer, vote=[True, False, True])
+    ev = c.events(r, "OuterResolved")[0]["args"]
+    assert (ev["verdict"], ev["validVotes"], ev["invalidVotes"]) == (OuterVerdict.VALID, 2, 1)
+    assert [reg.free_stake(a) for a in jury2] == [free[jury2[0]], free[jury2[1]] - cut,
+                                                  free[jury2[2]]]
+    got = [c.credits(a) - paid.get(a, 0) for a in jury2]
+    assert got == [_shares(bond // 2 + cut, 2)[0], 0, _shares(bond // 2 + cut, 2)[1]]
+    assert c.credits(sub.address) == 2 * bond - bond // 2 + bond - bond // 2
+    conserved(net)
+    accept_outer(net, job, 0)
+    assert c.get_collab(job).outer_hash == outer(0)
+    conserved(net)
+
+
+def test_only_the_collab_market_opens_and_tallies_jury_cases(net: Net) -> None:
+    """A stranger cannot open a case (to have jurors drawn against anyone) or tally one
+    (to slash jurors, or end a case whose bonds the CollabMarket holds); the binding is
+    the deployer's, once; the registry lets the OuterJury take unlocked stake only."""
+    oj, me = net.outsider.outer_jury, net.outsider.address
+    e = revert(oj.transact, "open", 1, 0, me, me)
+    assert (e.error, e.error_args) == ("NotCollab", {"caller": me})
+    assert revert(oj.transact, "tally", 1).error == "NotCollab"
+    assert revert(oj.transact, "bind", me).error == "NotDeployer"
+    assert revert(net.chain[0].outer_jury.transact, "bind", me).error == "AlreadyBound"
+    assert net.chain.reader.registry.call("outerJury") == oj.address
+    assert net.chain.reader.outer_jury.call("collab") == net.chain.reader.collab.address
+    assert revert(oj.draw, 99).error == "UnknownCase"
 
 
 # --- (f) a condemned sub-job --------------------------------------------------------------
@@ -687,19 +793,27 @@ def test_bad_inputs_revert_with_named_errors(net: Net) -> None:
     assert revert(net.outsider.collab.withdraw).error == "NothingToWithdraw"
     # deployment guards
     addrs = {n: net.chain.deployment.address_of(n) for n in ("PolToken", "NodeRegistry",
-                                                             "JobMarket")}
-    base = net.chain.deployment.params["collab"]
-    from devnet.params import CollabParams
+                                                             "JobMarket", "OuterJury")}
+    from devnet.params import CollabParams, OuterJuryParams
 
-    good = CollabParams.model_validate(base)
-    for update in ({"outer_window": 1}, {"jury_lookahead": 0}, {"jury_lookahead": 129},
-                   {"jury_size": 0}, {"quorum": 0}, {"max_slots": 0}, {"max_slots": 65},
+    good = CollabParams.model_validate(net.chain.deployment.params["collab"])
+    for update in ({"outer_window": 1}, {"max_slots": 0}, {"max_slots": 65},
                    {"max_rounds": 0}, {"max_round_retries": 101},
-                   {"throughput_tolerance_bps": 10_001}, {"commit_window": 0},
-                   {"reveal_window": 0}):
+                   {"throughput_tolerance_bps": 10_001}):
         p = good.model_copy(update=update)
         e = revert(net.chain[0].deploy, "CollabMarket", addrs["PolToken"],
-                   addrs["NodeRegistry"], addrs["JobMarket"], tuple(p.model_dump().values()))
+                   addrs["NodeRegistry"], addrs["JobMarket"], addrs["OuterJury"],
+                   tuple(p.model_dump().values()))
+        assert e.error == "InvalidParams", update
+    jgood = OuterJuryParams.model_validate(net.chain.deployment.params["outer_jury"])
+    unbond = net.chain.reader.registry.call("unbondDelay")
+    for update in ({"jury_lookahead": 0}, {"jury_lookahead": 129}, {"jury_size": 0},
+                   {"quorum": 0}, {"commit_window": 0}, {"reveal_window": 0},
+                   # a juror could unbond before the tally and escape its slash
+                   {"commit_window": unbond // 2, "reveal_window": 1}):
+        jp = jgood.model_copy(update=update)
+        e = revert(net.chain[0].deploy, "OuterJury", addrs["PolToken"], addrs["NodeRegistry"],
+                   tuple(jp.model_dump().values()))
         assert e.error == "InvalidParams", update
     conserved(net)
 

@@ -664,7 +664,8 @@ def test_constructor_and_wiring_guards(chain: LocalChain) -> None:
     owner = chain[0]
     zero = "0x" + "00" * 20
     reg = owner.deploy("NodeRegistry", owner.token.address, 60, 1, 1, 1)
-    assert revert(reg.setAuthorized, zero, owner.address).error == "ZeroAddress"
+    assert revert(reg.setAuthorized, zero, owner.address, owner.address).error == "ZeroAddress"
+    assert revert(reg.setAuthorized, owner.address, owner.address, zero).error == "ZeroAddress"
     addrs = {"PolToken": owner.token.address, "NodeRegistry": reg.address}
     good = MarketParams()
     for bad in ({"sample_count": 0}, {"reserved_sample_count": 0}, {"sample_lookahead": 0},

@@ -133,11 +133,30 @@ def test_authorities_are_fixed_once(chain: LocalChain) -> None:
     owner, stranger = chain[0], chain[1]
     assert owner.registry.market() == owner.market.address
     assert owner.registry.dispute() == owner.dispute.address
-    assert revert(owner.registry.setAuthorized, stranger.address,
+    assert owner.registry.call("outerJury") == owner.outer_jury.address
+    assert revert(owner.registry.setAuthorized, stranger.address, stranger.address,
                   stranger.address).error == "AlreadyAuthorized"
-    e = revert(stranger.registry.setAuthorized, stranger.address, stranger.address)
+    e = revert(stranger.registry.setAuthorized, stranger.address, stranger.address,
+               stranger.address)
     assert e.error == "OwnableUnauthorizedAccount"
     assert revert(owner.market.setDisputeGame, stranger.address).error == "AlreadySet"
+
+
+def test_the_outer_jury_only_takes_unlocked_stake(chain: LocalChain) -> None:
+    """The OuterJury's authority is the least it needs (slashing silent and minority
+    jurors' free or unbonding stake, to itself): it never locks, unlocks or slashes a bond."""
+    owner, a, b = chain[0], chain[1], chain[2]
+    reg = owner.deploy("NodeRegistry", owner.token.address, 60, 1, 1, 1)
+    reg.setAuthorized(a.address, b.address, owner.address)  # owner plays the outer jury
+    for fn, args in (("lock", (a.address, 1)), ("unlock", (a.address, 1)),
+                     ("slash", (a.address, 1, owner.address)),
+                     ("slashUnlockedBatch", ([a.address], 1, owner.address))):
+        e = revert(reg.transact, fn, *args)
+        assert (e.error, e.error_args) == ("Unauthorized", {"caller": owner.address}), fn
+    r = reg.transact("slashUnlocked", a.address, 1, owner.address)  # allowed; a has nothing
+    assert [e["args"]["amount"] for e in reg.events(r, "Slashed")] == [0]
+    e = revert(reg.transact, "slashUnlocked", a.address, 1, chain[3].address)
+    assert e.error == "InvalidSlashRecipient"
 
 
 def test_only_free_stake_makes_a_verifier(chain: LocalChain) -> None:

@@ -7,6 +7,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {ICollabMarket} from "./interfaces/ICollabMarket.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+import {IOuterJury} from "./interfaces/IOuterJury.sol";
 
 /// @title CollabMarket
 /// @notice Collaborative (DiLoCo) jobs over the JobMarket. See {ICollabMarket}.
@@ -21,7 +22,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint256 internal constant MAX_DURATION = 365 days;
     uint256 internal constant MAX_AMOUNT = type(uint96).max;
     uint256 internal constant MAX_SLOTS = 64;
-    uint256 internal constant MAX_JURY = 15;
 
     uint8 internal constant RELEASE_LEFT = 0;
     uint8 internal constant RELEASE_DROPPED = 1;
@@ -34,15 +34,11 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     IERC20 internal immutable _token;
     INodeRegistry internal immutable _registry;
     IJobMarket internal immutable _market;
+    IOuterJury internal immutable _jury;
 
     uint256 internal immutable _outerWindow;
     uint256 internal immutable _outerBond;
     uint256 internal immutable _slotBond;
-    uint256 internal immutable _juryLookahead;
-    uint256 internal immutable _jurySize;
-    uint256 internal immutable _quorum;
-    uint256 internal immutable _commitWindow;
-    uint256 internal immutable _revealWindow;
     uint256 internal immutable _maxSlots;
     uint256 internal immutable _maxRounds;
     uint256 internal immutable _maxRoundRetries;
@@ -91,15 +87,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint64 postedAt;
         uint64 windowEnd;
         uint32 postNonce; // posts so far: bars are per post
-        uint32 challengeNonce; // challenges so far: votes are per challenge
         address challenger;
-        uint64 requestBlock;
-        uint32 poolLen;
-        uint64 commitEnd;
-        uint64 revealEnd;
+        uint256 juryCase; // the OuterJury case of the live (or last) challenge
         bytes32 outerHash;
         bytes32 nextInitHash;
-        address[] jury;
     }
 
     mapping(uint256 => CollabRec) internal _collabs;
@@ -113,9 +104,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     mapping(uint256 => mapping(address => bool)) internal _excluded;
     mapping(address => uint64) internal _claimed;
     mapping(address => uint256) internal _credits;
-    /// @dev keccak256(jobId, round, challengeNonce, juror) => commitment; votes: 1 valid, 2 invalid
-    mapping(bytes32 => bytes32) internal _commits;
-    mapping(bytes32 => uint8) internal _votes;
     /// @dev keccak256(jobId, round, postNonce, challenger) => already challenged this post
     mapping(bytes32 => bool) internal _challenged;
 
@@ -136,30 +124,32 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint64 innerSteps;
     }
 
-    constructor(IERC20 token_, INodeRegistry registry_, IJobMarket market_, Params memory params_) {
-        if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
+    constructor(
+        IERC20 token_,
+        INodeRegistry registry_,
+        IJobMarket market_,
+        IOuterJury jury_,
+        Params memory params_
+    ) {
+        if (
+            address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)
+                || address(jury_) == address(0)
+        ) {
             revert ZeroAddress();
         }
         if (
             params_.outerWindow < 2 || params_.outerWindow > MAX_DURATION || params_.outerBond > MAX_AMOUNT
-                || params_.juryLookahead == 0 || params_.juryLookahead > 128 || params_.jurySize == 0
-                || params_.jurySize > MAX_JURY || params_.quorum == 0 || params_.quorum > params_.jurySize
-                || params_.commitWindow == 0 || params_.commitWindow > MAX_DURATION || params_.revealWindow == 0
-                || params_.revealWindow > MAX_DURATION || params_.maxSlots == 0 || params_.maxSlots > MAX_SLOTS
+                || params_.maxSlots == 0 || params_.maxSlots > MAX_SLOTS
                 || params_.maxRounds == 0 || params_.maxRounds > 100_000 || params_.maxRoundRetries > 100
                 || params_.throughputToleranceBps > BPS || params_.slotBond > MAX_AMOUNT
         ) revert InvalidParams();
         _token = token_;
         _registry = registry_;
         _market = market_;
+        _jury = jury_;
         _outerWindow = params_.outerWindow;
         _outerBond = params_.outerBond;
         _slotBond = params_.slotBond;
-        _juryLookahead = params_.juryLookahead;
-        _jurySize = params_.jurySize;
-        _quorum = params_.quorum;
-        _commitWindow = params_.commitWindow;
-        _revealWindow = params_.revealWindow;
         _maxSlots = params_.maxSlots;
         _maxRounds = params_.maxRounds;
         _maxRoundRetries = params_.maxRoundRetries;
@@ -378,87 +368,21 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (_challenged[key]) revert AlreadyChallenged(msg.sender);
         _challenged[key] = true;
         rr.challenger = msg.sender;
-        rr.challengeNonce += 1;
-        _requestJury(rr);
+        rr.cPhase = ChallengePhase.Live;
         _takeBond(_outerBond);
-        emit OuterChallenged(jobId, round, msg.sender, uint64(block.number + _juryLookahead), rr.poolLen);
-    }
-
-    function drawOuterJury(uint256 jobId, uint32 round) external nonReentrant {
-        RoundRec storage rr = _posted(jobId, round);
-        if (rr.cPhase != ChallengePhase.Drawing) revert NoChallenge(jobId, round);
-        uint64 drawBlock = uint64(rr.requestBlock + _juryLookahead);
-        if (block.number <= drawBlock) revert JuryNotReady(drawBlock);
-        bytes32 bh = blockhash(drawBlock);
-        if (bh == 0) {
-            // Nobody drew while the hash was readable (256 blocks): ask again from now on.
-            _requestJury(rr);
-            emit OuterJuryRearmed(jobId, round, uint64(block.number + _juryLookahead));
-            return;
-        }
-        address[] memory exclude = new address[](2);
-        exclude[0] = rr.poster;
-        exclude[1] = rr.challenger;
-        address[] memory jury = _registry.sortition(
-            keccak256(abi.encode(bh, jobId, round)), _jurySize, rr.poolLen, rr.requestBlock, exclude
-        );
-        delete rr.jury;
-        for (uint256 i; i < jury.length; ++i) {
-            rr.jury.push(jury[i]);
-        }
-        if (jury.length < _quorum) {
-            emit OuterJuryDrawn(jobId, round, jury, 0, 0);
-            _resolve(jobId, round, rr, OuterVerdict.Void, 0, 0);
-            return;
-        }
-        rr.cPhase = ChallengePhase.Voting;
-        rr.commitEnd = uint64(block.timestamp + _commitWindow);
-        rr.revealEnd = uint64(rr.commitEnd + _revealWindow);
-        emit OuterJuryDrawn(jobId, round, jury, rr.commitEnd, rr.revealEnd);
-    }
-
-    function commitOuterVote(uint256 jobId, uint32 round, bytes32 commitment) external {
-        RoundRec storage rr = _voting(jobId, round);
-        if (block.timestamp >= rr.commitEnd) revert CommitClosed(rr.commitEnd);
-        if (commitment == 0) revert ZeroHash();
-        bytes32 key = _voteKey(jobId, round, rr.challengeNonce, msg.sender);
-        if (_commits[key] != 0) revert AlreadyCommitted();
-        _commits[key] = commitment;
-        emit OuterVoteCommitted(jobId, round, msg.sender);
-    }
-
-    function revealOuterVote(uint256 jobId, uint32 round, bool valid, bytes32 salt) external {
-        RoundRec storage rr = _voting(jobId, round);
-        if (block.timestamp < rr.commitEnd || block.timestamp >= rr.revealEnd) {
-            revert RevealNotOpen(rr.commitEnd, rr.revealEnd);
-        }
-        bytes32 key = _voteKey(jobId, round, rr.challengeNonce, msg.sender);
-        bytes32 commitment = _commits[key];
-        if (commitment == 0) revert NoCommitment();
-        if (_votes[key] != 0) revert AlreadyRevealed();
-        // INVARIANT: a reveal opens the commitment made before anyone could see votes.
-        if (keccak256(abi.encode(valid, salt, msg.sender, jobId, round)) != commitment) revert BadReveal();
-        _votes[key] = valid ? 1 : 2;
-        emit OuterVoteRevealed(jobId, round, msg.sender, valid);
+        uint256 caseId = _jury.open(jobId, round, rr.poster, msg.sender);
+        rr.juryCase = caseId;
+        emit OuterChallenged(jobId, round, msg.sender, caseId);
     }
 
     function resolveOuter(uint256 jobId, uint32 round) external nonReentrant {
         RoundRec storage rr = _posted(jobId, round);
-        if (rr.cPhase != ChallengePhase.Voting) revert NoChallenge(jobId, round);
-        if (block.timestamp < rr.revealEnd) revert RevealNotOver(rr.revealEnd);
-        uint32 validVotes;
-        uint32 invalidVotes;
-        uint32 nonce = rr.challengeNonce;
-        for (uint256 i; i < rr.jury.length; ++i) {
-            uint8 v = _votes[_voteKey(jobId, round, nonce, rr.jury[i])];
-            if (v == 1) ++validVotes;
-            else if (v == 2) ++invalidVotes;
-        }
-        OuterVerdict verdict;
-        // INVARIANT: no verdict without a quorum and a strict majority.
-        if (validVotes + invalidVotes < _quorum || validVotes == invalidVotes) verdict = OuterVerdict.Void;
-        else verdict = validVotes > invalidVotes ? OuterVerdict.Valid : OuterVerdict.Invalid;
-        _resolve(jobId, round, rr, verdict, validVotes, invalidVotes);
+        if (rr.cPhase != ChallengePhase.Live) revert NoChallenge(jobId, round);
+        (IOuterJury.Verdict v, uint32 validVotes, uint32 invalidVotes, address[] memory majority, uint256 slashed) =
+            _jury.tally(rr.juryCase);
+        // The jurors' slashed stake arrived with the tally: it is owed from now on.
+        totalBonds += slashed;
+        _resolve(jobId, round, rr, OuterVerdict(uint8(v)), validVotes, invalidVotes, majority, slashed);
     }
 
     function acceptOuter(uint256 jobId, uint32 round) external nonReentrant {
@@ -497,11 +421,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return Params({
             outerWindow: _outerWindow,
             outerBond: _outerBond,
-            juryLookahead: _juryLookahead,
-            jurySize: _jurySize,
-            quorum: _quorum,
-            commitWindow: _commitWindow,
-            revealWindow: _revealWindow,
             maxSlots: _maxSlots,
             maxRounds: _maxRounds,
             maxRoundRetries: _maxRoundRetries,
@@ -562,10 +481,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         v.accepted = rr.accepted;
         v.challengePhase = rr.cPhase;
         v.challenger = rr.challenger;
-        v.requestBlock = rr.requestBlock;
-        v.commitEnd = rr.commitEnd;
-        v.revealEnd = rr.revealEnd;
-        v.jury = rr.jury;
+        v.juryCase = rr.juryCase;
         v.lastVerdict = rr.lastVerdict;
     }
 
@@ -617,20 +533,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     function _posted(uint256 jobId, uint32 round) internal view returns (RoundRec storage rr) {
         rr = _outerRound(jobId, round);
         if (rr.poster == address(0)) revert NothingPosted(jobId, round);
-    }
-
-    function _voting(uint256 jobId, uint32 round) internal view returns (RoundRec storage rr) {
-        rr = _posted(jobId, round);
-        if (rr.cPhase != ChallengePhase.Voting) revert NoChallenge(jobId, round);
-        bool found;
-        for (uint256 i; i < rr.jury.length; ++i) {
-            if (rr.jury[i] == msg.sender) found = true;
-        }
-        if (!found) revert NotJuror(msg.sender);
-    }
-
-    function _voteKey(uint256 jobId, uint32 round, uint32 nonce, address juror) internal pure returns (bytes32) {
-        return keccak256(abi.encode(jobId, round, nonce, juror));
     }
 
     /// @dev Per-slot rate a round needs, in milli-steps per second, rounded up.
@@ -782,20 +684,18 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         emit SubJobAccepted(t.jobId, t.round, slot, id, worker);
     }
 
-    function _requestJury(RoundRec storage rr) internal {
-        rr.cPhase = ChallengePhase.Drawing;
-        rr.requestBlock = uint64(block.number);
-        rr.poolLen = uint32(_registry.verifierCount());
-    }
-
-    /// @dev Settle a challenge of the posted outer state.
+    /// @dev Settle a challenge of the posted outer state. `slashed`: the silent and minority
+    ///      jurors' stake the tally forwarded, already counted in totalBonds; it goes to the
+    ///      majority with their share of the losing bond.
     function _resolve(
         uint256 jobId,
         uint32 round,
         RoundRec storage rr,
         OuterVerdict verdict,
         uint32 validVotes,
-        uint32 invalidVotes
+        uint32 invalidVotes,
+        address[] memory majority,
+        uint256 slashed
     ) internal {
         uint256 bond = _outerBond;
         address poster = rr.poster;
@@ -805,15 +705,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.lastVerdict = verdict;
         if (verdict == OuterVerdict.Valid) {
             // The challenger's bond: half to the majority jurors, the rest to the poster.
-            totalBonds -= bond;
-            uint256 toJury = _payMajority(jobId, round, rr, 1, bond / 2);
-            _credit(poster, bond - toJury);
+            totalBonds -= bond + slashed;
+            _credit(poster, bond + slashed - _payMajority(majority, bond / 2 + slashed));
         } else if (verdict == OuterVerdict.Invalid) {
             // The poster's bond: half to the majority jurors, the rest to the challenger,
             // whose own bond comes back. The post is removed: anyone may post again.
-            totalBonds -= 2 * bond;
-            uint256 toJury = _payMajority(jobId, round, rr, 2, bond / 2);
-            _credit(challenger, 2 * bond - toJury);
+            totalBonds -= 2 * bond + slashed;
+            _credit(challenger, 2 * bond + slashed - _payMajority(majority, bond / 2 + slashed));
             rr.poster = address(0);
             rr.outerHash = 0;
             rr.nextInitHash = 0;
@@ -822,8 +720,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             emit OuterResolved(jobId, round, verdict, validVotes, invalidVotes, 0);
             return;
         } else {
-            totalBonds -= bond;
-            _credit(challenger, bond);
+            // Void: the challenger's bond back; the silent jurors' stake to those who revealed
+            // (none revealed: the tally burned it, slashed is 0).
+            totalBonds -= bond + slashed;
+            _credit(challenger, bond + slashed - _payMajority(majority, slashed));
         }
         // Whatever the verdict, the post stays open to others for a while.
         uint256 minEnd = block.timestamp + _outerWindow / 2;
@@ -831,24 +731,16 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         emit OuterResolved(jobId, round, verdict, validVotes, invalidVotes, rr.windowEnd);
     }
 
-    /// @dev Split `amount` equally over the jurors who revealed `vote`; returns what was paid.
-    function _payMajority(uint256 jobId, uint32 round, RoundRec storage rr, uint8 vote, uint256 amount)
-        internal
-        returns (uint256 paid)
-    {
-        uint32 nonce = rr.challengeNonce;
-        uint256 len = rr.jury.length;
-        uint256 count;
-        for (uint256 i; i < len; ++i) {
-            if (_votes[_voteKey(jobId, round, nonce, rr.jury[i])] == vote) ++count;
+    /// @dev Split `amount` over `majority` (dust to the first); returns what was paid.
+    function _payMajority(address[] memory majority, uint256 amount) internal returns (uint256) {
+        uint256 n = majority.length;
+        if (n == 0) return 0;
+        uint256 each = amount / n;
+        _credit(majority[0], amount - each * (n - 1));
+        for (uint256 i = 1; i < n; ++i) {
+            _credit(majority[i], each);
         }
-        if (count == 0) return 0;
-        uint256 each = amount / count;
-        for (uint256 i; i < len; ++i) {
-            address juror = rr.jury[i];
-            if (_votes[_voteKey(jobId, round, nonce, juror)] == vote) _credit(juror, each);
-        }
-        return each * count;
+        return amount;
     }
 
     function _takeBond(uint256 bond) internal {

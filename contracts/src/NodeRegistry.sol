@@ -9,8 +9,9 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 
 /// @title NodeRegistry
 /// @notice Roles, identities and stake of polnet nodes. See {INodeRegistry}.
-/// @dev The owner wires the market and the dispute game once (`setAuthorized`);
-///      from then on only they can lock, unlock and slash stake.
+/// @dev The owner wires the market, the dispute game and the outer jury once
+///      (`setAuthorized`); from then on only the first two lock, unlock and slash stake,
+///      and the outer jury may only take unlocked stake of its jurors (`slashUnlocked`).
 contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
@@ -30,6 +31,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     address public override market;
     address public override dispute;
+    address public override outerJury;
 
     /// @dev Sum of free + locked + unbonding over all nodes; moved with every bucket change.
     uint256 internal _totalStaked;
@@ -43,6 +45,14 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     modifier onlyAuthorized() {
         // INVARIANT: only the market and the dispute game move locked stake or slash.
         if (msg.sender != market && msg.sender != dispute) revert Unauthorized(msg.sender);
+        _;
+    }
+
+    modifier onlySlasher() {
+        // INVARIANT: the outer jury takes unlocked stake only; it never touches a bond.
+        if (msg.sender != market && msg.sender != dispute && msg.sender != outerJury) {
+            revert Unauthorized(msg.sender);
+        }
         _;
     }
 
@@ -65,14 +75,15 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         sortitionCap = sortitionCap_;
     }
 
-    /// @notice Wire the market and the dispute game. Once, by the owner.
-    function setAuthorized(address market_, address dispute_) external onlyOwner {
+    /// @notice Wire the market, the dispute game and the outer jury. Once, by the owner.
+    function setAuthorized(address market_, address dispute_, address outerJury_) external onlyOwner {
         // INVARIANT: the slashing authorities are fixed once set.
         if (market != address(0) || dispute != address(0)) revert AlreadyAuthorized();
-        if (market_ == address(0) || dispute_ == address(0)) revert ZeroAddress();
+        if (market_ == address(0) || dispute_ == address(0) || outerJury_ == address(0)) revert ZeroAddress();
         market = market_;
         dispute = dispute_;
-        emit Authorized(market_, dispute_);
+        outerJury = outerJury_;
+        emit Authorized(market_, dispute_, outerJury_);
     }
 
     // --- node actions ---
@@ -178,7 +189,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     function slashUnlocked(address node, uint256 amount, address to)
         external
-        onlyAuthorized
+        onlySlasher
         nonReentrant
         returns (uint256 slashed)
     {
@@ -336,7 +347,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function _checkRecipient(address to) internal view {
         // INVARIANT: slashed tokens only go to a contract that credits them, so the
         // three contracts together still hold exactly what they owe.
-        if (to != market && to != dispute) revert InvalidSlashRecipient(to);
+        if (to != market && to != dispute && to != outerJury) revert InvalidSlashRecipient(to);
     }
 
     /// @dev Free, then unbonding stake (never locked); emits Slashed, the caller pays out.

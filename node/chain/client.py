@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         Dispute,
         JobTerms,
         Market,
+        OuterJury,
         Registry,
         Token,
     )
@@ -47,7 +48,7 @@ class ChainClient:
 
     ``ChainClient(rpc_url, account)`` connects (raising RpcUnavailable with the fix
     if the node is down). With a ``deployment`` the polnet contracts are reachable
-    as ``client.token``, ``.registry``, ``.market``, ``.dispute``, ``.collab``.
+    as ``client.token``, ``.registry``, ``.market``, ``.dispute``, ``.collab``, ``.outer_jury``.
     """
 
     def __init__(self, rpc_url: str, account: LocalAccount | str | None = None,
@@ -143,6 +144,11 @@ class ChainClient:
     def collab(self) -> Collab:
         from node.chain.contracts import Collab  # noqa: PLC0415
         return self.contract("CollabMarket", cls=Collab)
+
+    @property
+    def outer_jury(self) -> OuterJury:
+        from node.chain.contracts import OuterJury  # noqa: PLC0415
+        return self.contract("OuterJury", cls=OuterJury)
 
     def deploy(self, name: str, *args: Any) -> Bound:
         """Deploy artifact ``name`` with constructor ``args``; returns its binding."""

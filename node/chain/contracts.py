@@ -585,8 +585,16 @@ class RoundPhase(enum.IntEnum):
 
 class ChallengePhase(enum.IntEnum):
     NONE = 0
+    LIVE = 1  # its OuterJury case (``jury_case``) is not resolved yet
+
+
+class JuryPhase(enum.IntEnum):
+    """IOuterJury.Phase."""
+
+    NONE = 0
     DRAWING = 1
     VOTING = 2
+    TALLIED = 3
 
 
 class OuterVerdict(enum.IntEnum):
@@ -661,17 +669,13 @@ class CollabRound:
     accepted: bool
     challenge_phase: ChallengePhase
     challenger: ChecksumAddress
-    request_block: int
-    commit_end: int
-    reveal_end: int
-    jury: list[ChecksumAddress]
+    jury_case: int  # OuterJury case of the live (or last) challenge; 0 if none
     last_verdict: OuterVerdict
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "challenge_phase", ChallengePhase(self.challenge_phase))
         object.__setattr__(self, "last_verdict", OuterVerdict(self.last_verdict))
         object.__setattr__(self, "sub_jobs", [int(x) for x in self.sub_jobs])
-        object.__setattr__(self, "jury", list(self.jury))
 
     def accepted_slots(self) -> list[int]:
         return [i for i in range(len(self.sub_jobs)) if self.accepted_mask >> i & 1]
@@ -688,11 +692,6 @@ class SubJobRef:
 class CollabParamsView:
     outer_window: int
     outer_bond: int
-    jury_lookahead: int
-    jury_size: int
-    quorum: int
-    commit_window: int
-    reveal_window: int
     max_slots: int
     max_rounds: int
     max_round_retries: int
@@ -700,12 +699,70 @@ class CollabParamsView:
     slot_bond: int
 
 
-def outer_vote_commitment(valid: bool, salt: bytes, juror: str, job_id: int,
-                          round_: int) -> bytes:
-    """``keccak256(abi.encode(valid, salt, juror, jobId, round))``, what
-    ``commitOuterVote`` takes."""
-    return keccak(abi_encode(["bool", "bytes32", "address", "uint256", "uint32"],
-                             [valid, salt, juror, job_id, round_]))
+def outer_vote_commitment(valid: bool, salt: bytes, juror: str, case_id: int) -> bytes:
+    """``keccak256(abi.encode(valid, salt, juror, caseId))``, what
+    ``OuterJury.commitVote`` takes."""
+    return keccak(abi_encode(["bool", "bytes32", "address", "uint256"],
+                             [valid, salt, juror, case_id]))
+
+
+@dataclass(frozen=True)
+class JuryCase:
+    """IOuterJury.Case: one challenge of a posted outer state."""
+
+    job_id: int
+    round: int
+    phase: JuryPhase
+    poster: ChecksumAddress
+    challenger: ChecksumAddress
+    request_block: int
+    pool_len: int
+    commit_end: int
+    reveal_end: int
+    jury: list[ChecksumAddress]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", JuryPhase(self.phase))
+        object.__setattr__(self, "jury", list(self.jury))
+
+
+@dataclass(frozen=True)
+class OuterJuryParamsView:
+    jury_lookahead: int
+    jury_size: int
+    quorum: int
+    commit_window: int
+    reveal_window: int
+    juror_slash: int
+
+
+class OuterJury(Bound):
+    """OuterJury: draws, votes and tallies the juries over challenged outer states (the
+    CollabMarket opens and tallies cases; jurors commit and reveal here)."""
+
+    def draw(self, case_id: int) -> TxReceipt:
+        return self.transact("draw", case_id)
+
+    def commit_vote(self, case_id: int, valid: bool, salt: bytes) -> TxReceipt:
+        assert self.sender is not None
+        return self.transact("commitVote", case_id,
+                             outer_vote_commitment(valid, salt, self.sender.address, case_id))
+
+    def reveal_vote(self, case_id: int, valid: bool, salt: bytes) -> TxReceipt:
+        return self.transact("revealVote", case_id, valid, salt)
+
+    def get_case(self, case_id: int) -> JuryCase:
+        return from_struct(JuryCase, self.call("getCase", case_id))
+
+    def vote_of(self, case_id: int, juror: str) -> int:
+        """0 none, 1 committed, 2 revealed valid, 3 revealed invalid."""
+        return int(self.call("voteOf", case_id, juror))
+
+    def jury_params(self) -> OuterJuryParamsView:
+        return from_struct(OuterJuryParamsView, self.call("params"))
+
+    def case_count(self) -> int:
+        return int(self.call("caseCount"))
 
 
 class Collab(Bound):
@@ -741,21 +798,9 @@ class Collab(Bound):
         return self.transact("postOuter", job_id, round_, outer_hash, next_init_hash)
 
     def challenge_outer(self, job_id: int, round_: int) -> TxReceipt:
-        """Needs ``outerBond`` approved for the CollabMarket."""
+        """Needs ``outerBond`` approved for the CollabMarket. Opens an OuterJury case
+        (``get_round(...).jury_case``): the jury is drawn and votes there."""
         return self.transact("challengeOuter", job_id, round_)
-
-    def draw_outer_jury(self, job_id: int, round_: int) -> TxReceipt:
-        return self.transact("drawOuterJury", job_id, round_)
-
-    def commit_outer_vote(self, job_id: int, round_: int, valid: bool, salt: bytes) -> TxReceipt:
-        assert self.sender is not None
-        return self.transact("commitOuterVote", job_id, round_,
-                             outer_vote_commitment(valid, salt, self.sender.address, job_id,
-                                                   round_))
-
-    def reveal_outer_vote(self, job_id: int, round_: int, valid: bool,
-                          salt: bytes) -> TxReceipt:
-        return self.transact("revealOuterVote", job_id, round_, valid, salt)
 
     def resolve_outer(self, job_id: int, round_: int) -> TxReceipt:
         return self.transact("resolveOuter", job_id, round_)

@@ -44,17 +44,18 @@ from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
 if TYPE_CHECKING:
-    from node.chain.contracts import CollabParamsView
+    from node.chain.contracts import CollabParamsView, JuryCase, OuterJuryParamsView
     from node.datasets import Dataset
     from node.train.diloco import OuterState
     from verifier.evidence import Evidence
 
 log = get_logger("polnet.collab")
 
-# CollabStatus / RoundPhase / ChallengePhase of ICollabMarket.
+# CollabStatus / RoundPhase / ChallengePhase of ICollabMarket; Phase of IOuterJury.
 OPEN, RUNNING, FINISHED, FAILED = 1, 2, 3, 4
 IDLE, ROUND_RUNNING, OUTER = 0, 1, 2
-NO_CHALLENGE, DRAWING, VOTING = 0, 1, 2
+NO_CHALLENGE = 0
+JURY_DRAWING = 1
 
 ZERO_ADDRESS = "0x" + "0" * 40  # an unset address in a chain view
 ANNOUNCE_EVERY_S = 5.0
@@ -71,9 +72,10 @@ ACCEPT_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowOpen", "ChallengeL
                  "NothingPosted")
 # NothingPosted: another node resolved the challenge first and an Invalid verdict cleared
 # the post (its view was read before that block).
+# WrongPhase: the OuterJury case moved on (drawn, or tallied by another node's resolve).
 JURY_BENIGN = ("WrongRoundPhase", "WrongRound", "NoChallenge", "JuryNotReady", "RevealNotOver",
-               "NothingPosted")
-VOTE_BENIGN = ("NothingPosted", "NotJuror", "AlreadyCommitted", "AlreadyRevealed", "CommitClosed",
+               "NothingPosted", "WrongPhase")
+VOTE_BENIGN = ("WrongPhase", "NotJuror", "AlreadyCommitted", "AlreadyRevealed", "CommitClosed",
                "RevealNotOpen", "BadReveal", "NoCommitment")
 SLOT_BENIGN = ("NotEnoughFreeSlots", "SlotCapExceeded", "CollabNotLive", "ThroughputTooLow",
                "ExcludedWorker")
@@ -103,7 +105,7 @@ class CollabFollower:
         self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
         self._outer: dict[tuple[int, int], OuterState] = {}
         self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
-        self._votes: dict[tuple[int, int, int], _Vote] = {}
+        self._votes: dict[int, _Vote] = {}  # by OuterJury case id
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
         self._over: set[int] = set()  # finished or failed jobs: never read again
         self._claimed_rate: dict[int, int] = {}
@@ -112,6 +114,7 @@ class CollabFollower:
         self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
+        self._outer_jury_params: OuterJuryParamsView | None = None
 
     # --- chain views ----------------------------------------------------------------
 
@@ -426,12 +429,14 @@ class CollabFollower:
             elif agrees and now >= rnd.window_end:
                 await rt.transact_ok(c.collab.accept_outer, cid, r, benign=ACCEPT_BENIGN)
             return
-        if rnd.challenge_phase == DRAWING:
-            if await rt.chain(c.block_number) > rnd.request_block + \
-                    (await self._params()).jury_lookahead:
-                await rt.transact_ok(c.collab.draw_outer_jury, cid, r, benign=JURY_BENIGN)
+        # A live challenge: its jury is drawn and votes in the OuterJury contract.
+        case = await rt.chain(c.outer_jury.get_case, rnd.jury_case)
+        if case.phase == JURY_DRAWING:
+            if await rt.chain(c.block_number) > case.request_block + \
+                    (await self._jury_params()).jury_lookahead:
+                await rt.transact_ok(c.outer_jury.draw, rnd.jury_case, benign=JURY_BENIGN)
             return
-        await self._jury_duty(cid, r, rnd, agrees, now)
+        await self._jury_duty(cid, r, rnd.jury_case, case, agrees, now)
 
     async def forge_loop(self) -> None:
         """The wrong_outer cheat (a task of its own): watch live jobs every 0.2 s and
@@ -462,23 +467,34 @@ class CollabFollower:
             self._forged.add(cid)
             log.warning("collab_outer_forged", job=cid, round=r, outer_hash=fake.hex())
 
-    async def _jury_duty(self, cid: int, r: int, rnd: Any, agrees: bool, now: int) -> None:
+    async def _jury_duty(self, cid: int, r: int, case_id: int, case: JuryCase, agrees: bool,
+                         now: int) -> None:
+        """Vote on an outer jury we sit on (valid iff the post is our recomputation: a
+        silent or minority juror loses stake), and resolve the case once reveals are over."""
         rt, c = self.rt, self.rt.chain_client
         me = rt.address.lower()
-        key = (cid, r, int(rnd.request_block))
-        if me in (str(a).lower() for a in rnd.jury):
-            vote = self._votes.get(key)
-            if vote is None and now < rnd.commit_end:
-                vote = self._votes[key] = _Vote(agrees, secrets.token_bytes(32))
-                await rt.transact_ok(c.collab.commit_outer_vote, cid, r, vote.valid, vote.salt,
+        if me in (str(a).lower() for a in case.jury):
+            vote = self._votes.get(case_id)
+            if vote is None and now < case.commit_end:
+                vote = self._votes[case_id] = _Vote(agrees, secrets.token_bytes(32))
+                await rt.transact_ok(c.outer_jury.commit_vote, case_id, vote.valid, vote.salt,
                                      benign=VOTE_BENIGN)
-                log.info("collab_outer_vote_committed", job=cid, round=r, valid=agrees)
-            elif vote is not None and not vote.revealed and rnd.commit_end <= now < rnd.reveal_end:
+                log.info("collab_outer_vote_committed", job=cid, round=r, case=case_id,
+                         valid=agrees)
+            elif vote is not None and not vote.revealed \
+                    and case.commit_end <= now < case.reveal_end:
                 vote.revealed = True
-                await rt.transact_ok(c.collab.reveal_outer_vote, cid, r, vote.valid, vote.salt,
+                await rt.transact_ok(c.outer_jury.reveal_vote, case_id, vote.valid, vote.salt,
                                      benign=VOTE_BENIGN)
-        if now >= rnd.reveal_end:
+        if now >= case.reveal_end:
             await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
+
+    async def _jury_params(self) -> OuterJuryParamsView:
+        """The OuterJury's Params: immutable, so read once."""
+        if self._outer_jury_params is None:
+            c = self.rt.chain_client
+            self._outer_jury_params = await self.rt.chain(c.outer_jury.jury_params)
+        return self._outer_jury_params
 
     async def _params(self) -> CollabParamsView:
         """The CollabMarket's Params: immutable, so read once."""

@@ -9,7 +9,8 @@ it hashes to its leaf, then published and announced like a bisection state
 Public API::
 
     leaves_to_serve(manifest, segments, served) -> list[int]   # pure
-    await keep_every_for(rt, job, step_s) -> int                 # at claim time
+    await keep_every_for(rt, jid, job, step_s) -> int            # at claim time
+    sample_size_of(chain_client, jid) -> int                      # blocking
     await serve_missing_leaves(solver, nursery, jid)             # one call per tick
 """
 
@@ -26,6 +27,7 @@ from node.logs import get_logger
 from node.roles.runtime import Runtime, guarded
 
 if TYPE_CHECKING:
+    from node.chain.client import ChainClient
     from node.chain.contracts import Job
     from node.roles.solver import Solver
     from node.train.trace import TraceManifest
@@ -42,14 +44,28 @@ def leaves_to_serve(manifest: TraceManifest, segments: Iterable[int],
     return sorted(want - kept - done)
 
 
-async def keep_every_for(rt: Runtime, job: Job, step_s: float) -> int:
+async def keep_every_for(rt: Runtime, jid: int, job: Job, step_s: float) -> int:
     """The node's ``keep_every``, lowered until regenerating a whole sample fits half
-    the market's verification window at the probed step time (node.train.sparse)."""
+    the market's verification window at the probed step time (node.train.sparse). A
+    reserved job (a collaborative inner run) is sampled as its final segment plus
+    ``reserved_sample_count`` others, not the market's ``sample_count``."""
     from node.train.sparse import fit_keep_every  # noqa: PLC0415
 
-    mp = await rt.chain(rt.chain_client.market.market_params)
+    c = rt.chain_client
+    mp = await rt.chain(c.market.market_params)
+    samples = await rt.chain(sample_size_of, c, jid)
     return fit_keep_every(rt.settings.keep_every, window_s=mp.verification_window,
-                          step_s=step_s, k=job.steps_per_segment, samples=mp.sample_count)
+                          step_s=step_s, k=job.steps_per_segment, samples=samples)
+
+
+def sample_size_of(c: ChainClient, jid: int) -> int:
+    """Segments the market will sample of job ``jid`` (at most; fewer when the job has
+    fewer): its final one plus ``reserved_sample_count`` for a reserved job, else
+    ``sample_count``. Blocking chain reads."""
+    mp = c.market.market_params()
+    if int(str(c.market.reserved_solver_of(jid)), 16) != 0:
+        return 1 + mp.reserved_sample_count
+    return mp.sample_count
 
 
 async def _needed_segments(solver: Solver, jid: int) -> list[int]:

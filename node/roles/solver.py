@@ -363,7 +363,7 @@ class Solver:
             self._drop(jid)
             return False
         job = claimed
-        keep = await keep_every_for(rt, job, probe.per_step_s)
+        keep = await keep_every_for(rt, jid, job, probe.per_step_s)
         self._adopt(jid, job, "job_claimed", keep_every=keep)
         log.info("job_claim_terms", job=jid, bond_pol=wei_to_pol(job.bond), deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,

@@ -16,6 +16,9 @@ pragma solidity ^0.8.24;
 ///            or Finished after the last round.
 ///      Rounds are sequential: round r + 1 starts only after round r's sub-jobs are final and
 ///      its outer state accepted, so no later round is ever built on a dropped delta.
+///      A challenged outer state is judged by a jury of the OuterJury contract (drawn, voted
+///      and tallied there, with the authority to slash silent and minority jurors' stake);
+///      this contract holds the bonds and pays the verdict.
 ///
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == the jobs' pools (escrow not
 ///      yet posted as sub-jobs, plus what came back) + unpaid credits + outer bonds held.
@@ -37,8 +40,7 @@ interface ICollabMarket {
 
     enum ChallengePhase {
         None,
-        Drawing, // jury requested at requestBlock; drawOuterJury after requestBlock + juryLookahead
-        Voting // jury drawn: commit before commitEnd, reveal in [commitEnd, revealEnd)
+        Live // a challenge's OuterJury case (`juryCase`) is not resolved yet
     }
 
     enum OuterVerdict {
@@ -52,11 +54,6 @@ interface ICollabMarket {
     struct Params {
         uint256 outerWindow; // seconds a posted outer state stays open to challenge
         uint256 outerBond; // tokens a poster and a challenger each put up
-        uint256 juryLookahead; // blocks from the jury request to the block whose hash seeds it
-        uint256 jurySize;
-        uint256 quorum; // reveals needed for a verdict (<= jurySize)
-        uint256 commitWindow; // seconds from the draw to commit votes
-        uint256 revealWindow; // seconds after that to reveal
         uint256 maxSlots; // bound on a job's maxWorkers (<= 64)
         uint256 maxRounds; // bound on a job's rounds
         uint256 maxRoundRetries; // retries of a round that stayed below minWorkers
@@ -119,10 +116,7 @@ interface ICollabMarket {
         bool accepted;
         ChallengePhase challengePhase;
         address challenger;
-        uint64 requestBlock;
-        uint64 commitEnd;
-        uint64 revealEnd;
-        address[] jury;
+        uint256 juryCase; // OuterJury case of the live (or last) challenge; 0 if none
         OuterVerdict lastVerdict;
     }
 
@@ -148,11 +142,7 @@ interface ICollabMarket {
     event CollabFailed(uint256 indexed jobId, uint32 round, uint256 refund);
     event CollabFinished(uint256 indexed jobId, bytes32 outerHash, uint256 refund);
     event OuterPosted(uint256 indexed jobId, uint32 round, address indexed poster, bytes32 outerHash, bytes32 nextInitHash, uint64 windowEnd);
-    event OuterChallenged(uint256 indexed jobId, uint32 round, address indexed challenger, uint64 drawBlock, uint32 poolLen);
-    event OuterJuryRearmed(uint256 indexed jobId, uint32 round, uint64 drawBlock);
-    event OuterJuryDrawn(uint256 indexed jobId, uint32 round, address[] jury, uint64 commitEnd, uint64 revealEnd);
-    event OuterVoteCommitted(uint256 indexed jobId, uint32 round, address indexed juror);
-    event OuterVoteRevealed(uint256 indexed jobId, uint32 round, address indexed juror, bool valid);
+    event OuterChallenged(uint256 indexed jobId, uint32 round, address indexed challenger, uint256 juryCase);
     event OuterResolved(uint256 indexed jobId, uint32 round, OuterVerdict verdict, uint32 validVotes, uint32 invalidVotes, uint64 windowEnd);
     event OuterAccepted(uint256 indexed jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash);
     event Credited(address indexed account, uint256 amount);
@@ -190,15 +180,6 @@ interface ICollabMarket {
     error NoChallenge(uint256 jobId, uint32 round);
     error PosterCannotChallenge();
     error AlreadyChallenged(address challenger);
-    error JuryNotReady(uint64 drawBlock);
-    error NotJuror(address caller);
-    error CommitClosed(uint64 commitEnd);
-    error RevealNotOpen(uint64 commitEnd, uint64 revealEnd);
-    error RevealNotOver(uint64 revealEnd);
-    error AlreadyCommitted();
-    error NoCommitment();
-    error AlreadyRevealed();
-    error BadReveal();
     error NothingToWithdraw();
 
     // --- submitter ---
@@ -248,32 +229,20 @@ interface ICollabMarket {
     ///         challenge (`acceptOuter`).
     function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external;
 
-    /// @notice Dispute the posted outer state within its window, with `outerBond`; a jury is
-    ///         requested now (block Q), drawn after Q + juryLookahead. Each address challenges
-    ///         a post once.
+    /// @notice Dispute the posted outer state within its window, with `outerBond`: opens an
+    ///         OuterJury case (`juryCase`), whose jury is drawn, votes and is tallied there
+    ///         (`IOuterJury`). Each address challenges a post once.
     function challengeOuter(uint256 jobId, uint32 round) external;
 
-    /// @notice After block Q + juryLookahead: jurors = registry.sortition(keccak256(blockhash(Q +
-    ///         juryLookahead), jobId, round), jurySize, pool length at Q, Q, [poster,
-    ///         challenger]). Re-arms at the current block if that hash is no longer readable;
-    ///         fewer than quorum drawn resolves Void.
-    function drawOuterJury(uint256 jobId, uint32 round) external;
-
-    /// @notice Juror, before commitEnd: commitment = keccak256(abi.encode(valid, salt, juror,
-    ///         jobId, round)). A juror votes valid iff recomputing the outer step from the
-    ///         previous outer state and the round's accepted deltas yields the posted hash.
-    function commitOuterVote(uint256 jobId, uint32 round, bytes32 commitment) external;
-
-    /// @notice Juror, in [commitEnd, revealEnd).
-    function revealOuterVote(uint256 jobId, uint32 round, bool valid, bytes32 salt) external;
-
-    /// @notice Anyone, at or after revealEnd. Majority valid: the challenger's bond, half to the
-    ///         majority jurors, half to the poster. Majority invalid: the poster's bond, half to
-    ///         the majority jurors, half to the challenger (its own bond returned), the post
-    ///         removed. Fewer than quorum reveals or a tie: Void, both bonds returned. Valid and
-    ///         Void leave the post challengeable by others for >= outerWindow / 2. Jurors who
-    ///         stay silent or vote with the minority are NOT slashed here: this contract has
-    ///         no authority over registry stake; they only miss their share.
+    /// @notice Anyone, once the case's reveals are over: the OuterJury tallies it (slashing
+    ///         silent and minority jurors' unlocked stake, forwarded here for the majority).
+    ///         Majority valid: the challenger's bond, half to the majority jurors, half to the
+    ///         poster. Majority invalid: the poster's bond, half to the majority jurors, half
+    ///         to the challenger (its own bond returned), the post removed. Fewer than quorum
+    ///         reveals or a tie: Void, the challenger's bond returned. The slashed juror stake
+    ///         goes to the majority (on Void: to the jurors who revealed; burned by the
+    ///         OuterJury when none did). Valid and Void leave the post challengeable by
+    ///         others for >= outerWindow / 2.
     function resolveOuter(uint256 jobId, uint32 round) external;
 
     /// @notice Anyone, once the window is over with no live challenge: the poster's bond is

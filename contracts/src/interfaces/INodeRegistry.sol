@@ -31,7 +31,7 @@ interface INodeRegistry {
     }
 
     // --- events ---
-    event Authorized(address indexed market, address indexed dispute);
+    event Authorized(address indexed market, address indexed dispute, address indexed outerJury);
     event NodeRegistered(address indexed node, uint8 roles, string peerId, string[] multiaddrs, string profile);
     event NodeUpdated(address indexed node, uint8 roles, string peerId, string[] multiaddrs, string profile);
     event Staked(address indexed node, uint256 amount, uint256 freeStake);
@@ -99,7 +99,9 @@ interface INodeRegistry {
 
     /// @notice Take up to `amount` from the node's free stake, then its unbonding
     ///         stake (never its locked stake, which backs other bonds), and transfer it
-    ///         to `to` (the market or the dispute game). Returns what was taken.
+    ///         to `to` (the market, the dispute game or the outer jury). The market, the
+    ///         dispute game and the outer jury (its silent or minority jurors) may call it.
+    ///         Returns what was taken.
     function slashUnlocked(address node, uint256 amount, address to) external returns (uint256 slashed);
 
     // --- views ---
@@ -140,6 +142,7 @@ interface INodeRegistry {
     function minVerifierStake() external view returns (uint256);
     function market() external view returns (address);
     function dispute() external view returns (address);
+    function outerJury() external view returns (address);
     /// @notice Sum of free + locked + unbonding stake over all nodes: what the registry owes.
     function totalOwed() external view returns (uint256);
 }
