@@ -18,9 +18,9 @@ the verifier daemons alike:
   ``startRound`` once the previous outer state is accepted, ``settleRound`` once
   the round's sub-jobs are final or late, ``postOuter`` (our recomputed hash) when
   nothing is posted, ``challengeOuter`` when what is posted is not what we recompute,
-  ``acceptOuter`` after the window, ``drawOuterJury`` / ``resolveOuter`` for
-  challenges, and jury duty (commit, then reveal, "valid" iff the posted hash is our
-  recomputation).
+  ``acceptOuter`` after the window, ``OuterJury.draw`` / ``resolveOuter`` for
+  challenges, and jury duty on the OuterJury (commit, then reveal, "valid" iff the
+  posted hash is our recomputation; a silent or minority juror loses stake).
 - **Slots** (solvers only): claim ``want_slots`` free slots with the throughput the
   probe measured for the job's inner run.
 """
