@@ -378,9 +378,12 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     function resolveOuter(uint256 jobId, uint32 round) external nonReentrant {
         RoundRec storage rr = _posted(jobId, round);
         if (rr.cPhase != ChallengePhase.Live) revert NoChallenge(jobId, round);
-        (IOuterJury.Verdict v, uint32 validVotes, uint32 invalidVotes, address[] memory majority, uint256 slashed) =
+        uint256 held = _token.balanceOf(address(this));
+        (IOuterJury.Verdict v, uint32 validVotes, uint32 invalidVotes, address[] memory majority,) =
             _jury.tally(rr.juryCase);
-        // The jurors' slashed stake arrived with the tally: it is owed from now on.
+        // INVARIANT: credit exactly what arrived: the jurors' slashed stake forwarded by the
+        // tally is owed from now on (counted with the bonds until _resolve pays it out).
+        uint256 slashed = _token.balanceOf(address(this)) - held;
         totalBonds += slashed;
         _resolve(jobId, round, rr, OuterVerdict(uint8(v)), validVotes, invalidVotes, majority, slashed);
     }
