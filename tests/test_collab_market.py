@@ -597,6 +597,44 @@ def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
     conserved(net)
 
 
+def test_a_jury_drawn_below_quorum_is_void_at_once_and_slashes_nobody(net: Net) -> None:
+    """Too few eligible jurors (here every other verifier moved stake after the request,
+    so the draw skips them): nobody was asked to vote, so nobody pays. The case tallies
+    Void at once, the challenger's bond comes back, the post stays open."""
+    chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
+    bond = c.collab_params().outer_bond
+    job = post(net, terms(rounds=1))
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    work(net, job, 0)
+    chain.advance(window(net))
+    net.outsider.collab.settle_round(job)
+    post_outer(net, net.workers[0], job, 0)
+    sub = net.submitter
+    sub.token.approve(c.address, bond)
+    sub.collab.challenge_outer(job, 0)
+    case = c.get_round(job, 0).jury_case
+    for v in net.verifiers[1:]:
+        v.registry.request_unbond(1)  # stake moved after the request: not drawable
+    stakes = {v.address: net.chain.reader.registry.free_stake(v.address) for v in net.verifiers}
+    chain.mine(oj.jury_params().jury_lookahead + 1)
+    r = net.outsider.outer_jury.draw(case)
+    cs = oj.get_case(case)
+    assert len(cs.jury) < oj.jury_params().quorum
+    assert set(cs.jury) <= {net.verifiers[0].address}
+    assert cs.phase == JuryPhase.VOTING and cs.commit_end == cs.reveal_end == chain.timestamp()
+    assert revert(net.by_address(net.verifiers[0].address).outer_jury.commit_vote, case, True,
+                  keccak(b"s")).error in ("CommitClosed", "NotJuror")
+    r = net.outsider.collab.resolve_outer(job, 0)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VOID
+    assert not oj.events(r, "JurorSlashed")
+    assert {v.address: net.chain.reader.registry.free_stake(v.address)
+            for v in net.verifiers} == stakes
+    assert c.credits(sub.address) == bond
+    assert c.get_round(job, 0).poster == net.workers[0].address
+    conserved(net)
+
+
 def test_minority_and_silent_outer_jurors_pay_the_majority(net: Net) -> None:
     """A forged outer state, and a juror who votes for it without recomputing (or is the
     forger's puppet), and one who stays silent: both lose stake to the two who voted right;
