@@ -156,6 +156,18 @@ def claim_all(net: Net, job: int) -> None:
         w.collab.claim_slot(job, 1, RATE)
 
 
+def settled_one_round_job(net: Net) -> int:
+    """A one-round job whose three slots worked their sub-jobs, settled: its outer
+    state is next (phase Outer, nothing posted)."""
+    job = post(net, terms(rounds=1))
+    claim_all(net, job)
+    net.outsider.collab.start_round(job)
+    work(net, job, 0)
+    net.chain.advance(window(net))
+    net.outsider.collab.settle_round(job)
+    return job
+
+
 # --- (a) the honest job -----------------------------------------------------------------
 
 
@@ -489,12 +501,7 @@ def test_outer_challenge_wrong_hash_and_griefer(net: Net) -> None:
     chain, c = net.chain, net.chain.reader.collab
     cp = c.collab_params()
     bond = cp.outer_bond
-    job = post(net, terms(rounds=1))
-    claim_all(net, job)
-    net.outsider.collab.start_round(job)
-    work(net, job, 0)
-    chain.advance(window(net))
-    net.outsider.collab.settle_round(job)
+    job = settled_one_round_job(net)
     cheat, sub = net.outsider, net.submitter
     chain.set_balance(cheat.address, 10**20)
     sub.token.transfer(cheat.address, 10 * bond)
@@ -544,12 +551,7 @@ def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
     bond = c.collab_params().outer_bond
     cut = net.chain.reader.outer_jury.jury_params().juror_slash
     assert cut > 0
-    job = post(net, terms(rounds=1))
-    claim_all(net, job)
-    net.outsider.collab.start_round(job)
-    work(net, job, 0)
-    chain.advance(window(net))
-    net.outsider.collab.settle_round(job)
+    job = settled_one_round_job(net)
     sub, w = net.submitter, net.workers[0]
     post_outer(net, w, job, 0)
     free = {v.address: reg.free_stake(v.address) for v in net.verifiers}
@@ -603,12 +605,7 @@ def test_a_jury_drawn_below_quorum_is_void_at_once_and_slashes_nobody(net: Net) 
     Void at once, the challenger's bond comes back, the post stays open."""
     chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
     bond = c.collab_params().outer_bond
-    job = post(net, terms(rounds=1))
-    claim_all(net, job)
-    net.outsider.collab.start_round(job)
-    work(net, job, 0)
-    chain.advance(window(net))
-    net.outsider.collab.settle_round(job)
+    job = settled_one_round_job(net)
     post_outer(net, net.workers[0], job, 0)
     sub = net.submitter
     sub.token.approve(c.address, bond)
@@ -639,15 +636,10 @@ def test_minority_and_silent_outer_jurors_pay_the_majority(net: Net) -> None:
     """A forged outer state, and a juror who votes for it without recomputing (or is the
     forger's puppet), and one who stays silent: both lose stake to the two who voted right;
     the forger loses its bond. Then the honest re-post: a juror voting against it loses."""
-    chain, c, reg = net.chain, net.chain.reader.collab, net.chain.reader.registry
+    c, reg = net.chain.reader.collab, net.chain.reader.registry
     bond = c.collab_params().outer_bond
     cut = net.chain.reader.outer_jury.jury_params().juror_slash
-    job = post(net, terms(rounds=1))
-    claim_all(net, job)
-    net.outsider.collab.start_round(job)
-    work(net, job, 0)
-    chain.advance(window(net))
-    net.outsider.collab.settle_round(job)
+    job = settled_one_round_job(net)
     cheat, sub = net.workers[2], net.submitter
     post_outer(net, cheat, job, 0, keccak(b"forged"))
     free = {v.address: reg.free_stake(v.address) for v in net.verifiers}
