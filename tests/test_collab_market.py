@@ -611,6 +611,10 @@ def test_a_jury_drawn_below_quorum_is_void_at_once_and_slashes_nobody(net: Net) 
     sub.token.approve(c.address, bond)
     sub.collab.challenge_outer(job, 0)
     case = c.get_round(job, 0).jury_case
+    # `polnet job status --collab` names the live challenge's jury case
+    rep = collab_report(net.chain.reader, job)["history"][0]
+    assert (rep["outer_challenge"], rep["jury_case"]) == \
+        (f"jury case {case} drawing (0 jurors)", case)
     for v in net.verifiers[1:]:
         v.registry.request_unbond(1)  # stake moved after the request: not drawable
     stakes = {v.address: net.chain.reader.registry.free_stake(v.address) for v in net.verifiers}

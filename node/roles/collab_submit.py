@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from node.chain.client import ChainClient
-from node.chain.contracts import CollabTerms
+from node.chain.contracts import ChallengePhase, CollabRound, CollabTerms
 from node.datasets import dataset_hash
 from node.errors import ConfigError, SpecError
 from node.logs import get_logger
@@ -116,6 +116,14 @@ async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) 
     return job.status.name.lower()
 
 
+def _challenge_text(c: ChainClient, rnd: CollabRound) -> str:
+    """"none", or the live challenge's OuterJury case: its phase and jury size."""
+    if rnd.challenge_phase == ChallengePhase.NONE:
+        return "none"
+    case = c.outer_jury.get_case(rnd.jury_case)
+    return f"jury case {rnd.jury_case} {case.phase.name.lower()} ({len(case.jury)} jurors)"
+
+
 def collab_report(c: ChainClient, cid: int,
                   losses: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """A collaborative job from the chain: status, slots, and per round its start,
@@ -144,7 +152,8 @@ def collab_report(c: ChainClient, cid: int,
             "settled": rnd.settled, "sub_jobs": subs, "accepted": accepted,
             "dropped": sorted(i for i in subs if rnd.settled and i not in accepted),
             "outer_hash": "0x" + rnd.outer_hash.hex() if rnd.accepted else None,
-            "outer_challenge": rnd.challenge_phase.name.lower(),
+            "outer_challenge": _challenge_text(c, rnd),
+            "jury_case": rnd.jury_case or None,
             "last_verdict": rnd.last_verdict.name.lower(),
             "loss": loss_of(r + 1, rnd.outer_hash) if rnd.accepted else None})
     return {
