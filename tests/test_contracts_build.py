@@ -62,7 +62,8 @@ def test_deployed_bytecode_under_eip170(name: str) -> None:
 
 
 def test_size_check_covers_the_deployed_contracts() -> None:
-    assert {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "CollabMarket"} <= \
+    assert {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "OuterJury",
+            "CollabMarket"} <= \
         set(_with_code())
 
 
