@@ -34,6 +34,7 @@ BYZANTINE, KILLED = "worker-byz", "worker-kill"
 NARRATED = {"CollabPosted", "SlotClaimed", "SlotReleased", "RoundStarted", "SubJobAccepted",
             "SubJobDropped", "RoundSettled", "RoundRetried", "OuterPosted", "OuterChallenged",
             "OuterResolved", "OuterAccepted", "CollabFinished", "CollabFailed",
+            "JuryDrawn", "CaseTallied", "JurorSlashed",
             "Challenged", "DisputeResolved", "RoundCondemned", "Slashed", "JobReclaimed"}
 
 
