@@ -47,7 +47,7 @@ SEGMENTS, K = 6, 4  # k = 4 < fanout: one bisection round, then a jury
 MAX_DURATION = 300
 WINDOW = 60  # DevnetParams().market.verification_window, asserted in the test
 BURN = "0x000000000000000000000000000000000000dEaD"
-MAX_EXAMPLES, STEPS = int(os.environ.get("POLNET_INVARIANT_EXAMPLES", 80)), 40
+MAX_EXAMPLES, STEPS = int(os.environ.get("POLNET_INVARIANT_EXAMPLES", 50)), 40
 STATS: Counter[str] = Counter()
 PICK = st.integers(0, 2**16)  # an index into a model list, taken modulo its length
 
