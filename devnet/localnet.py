@@ -133,12 +133,14 @@ class LocalNet:
 
     def submit_collab(self, name: str, dev_account: int, spec: Path, dataset: Path,
                       reward: float = 100, budget: float = 12,
-                      round_duration: int = 120) -> int:
-        """Post a collaborative job from a serving submitter process; returns its id."""
+                      round_duration: int = 120, init_weights: Path | None = None) -> int:
+        """Post a collaborative job from a serving submitter process; returns its id.
+        ``init_weights``: theta_0's file, for a spec that names one (a warm start)."""
         before = self.c.collab.collab_count()
+        init = ["--init-weights", str(init_weights)] if init_weights is not None else []
         self.polnet(name, "job", "submit", str(spec), "--dataset", str(dataset),
                     "--reward", str(reward), "--budget", str(budget),
-                    "--round-duration", str(round_duration),
+                    "--round-duration", str(round_duration), *init,
                     *self.node_args(name, dev_account))
         end = time.monotonic() + 120
         while time.monotonic() < end:

@@ -88,8 +88,37 @@ def write_collab_inputs(data: Path, rounds: int) -> tuple[Path, Path]:
     return spec, text
 
 
+def warm_start_inputs(spec_path: Path, text: Path, steps: int, seed: int = 7919) -> Path:
+    """Make the job warm-started: one worker's weights after ``steps`` steps from
+    another seed's initial weights (a stand-in for a pretrained model) become theta_0,
+    written beside the spec, whose ``init_weights`` then names them. Returns the file."""
+    import json
+
+    from node.datasets import load_dataset
+    from node.spec import load_collaborative_spec, parse_collaborative_spec
+    from node.train.diloco import initial_outer_state
+    from node.train.init_weights import write_init_weights
+    from node.train.inner import model_params
+    from node.train.rounds import sequential
+    from node.train.shards import worker_context
+
+    d = json.loads(spec_path.read_text())
+    d.pop("init_weights", None)
+    d["inner"]["seed"] = seed
+    pre = parse_collaborative_spec(d)
+    ctx = worker_context(pre, load_dataset(text, pre.inner.dataset_hash), 0)
+    theta = model_params(sequential(ctx, initial_outer_state(pre).theta, steps))
+    out = spec_path.with_name("init-weights.safetensors")
+    d = json.loads(spec_path.read_text())
+    d["init_weights"] = write_init_weights(theta, out)
+    spec_path.write_text(json.dumps(d))
+    load_collaborative_spec(spec_path)  # still a valid spec
+    return out
+
+
 def final_and_solo_loss(home: Path, spec_path: Path, text: Path, cid: int,
-                        outer_hash: bytes, workers: list[str]) -> dict[str, float]:
+                        outer_hash: bytes, workers: list[str],
+                        init: Path | None = None) -> dict[str, float]:
     """The job's final weights (a worker's cached outer state, checked against the
     chain's hash) and one solver alone for H x R steps, on the held-out windows."""
     from node.datasets import load_dataset
@@ -117,7 +146,7 @@ def final_and_solo_loss(home: Path, spec_path: Path, text: Path, cid: int,
                 break
     if final is None:
         raise IntegrityError("no worker holds the final outer state the chain committed")
-    theta_0 = initial_outer_state(spec).theta
+    theta_0 = initial_outer_state(spec, init).theta
     solo = sequential(ctx, theta_0, spec.inner_steps * spec.outer_rounds)
     return {"collab": heldout_loss(ctx, final.theta, held),
             "solo": heldout_loss(ctx, model_params(solo), held),

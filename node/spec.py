@@ -360,8 +360,12 @@ class CollaborativeSpec(_Strict):
     optimizer, per-worker batch, seed, schedule over ``H * R`` inner steps) from the
     shared weights on its own shard, and the outer optimizer turns the averaged
     deltas into the next shared weights. ``holdout_samples`` trailing samples of the
-    dataset are in no shard (held out for evaluation). A separate model, not a field
-    of :class:`JobSpec`, so single-solver specs and their hashes stay as they are."""
+    dataset are in no shard (held out for evaluation). ``init_weights`` (optional): the
+    sha256 of a safetensors file holding the inner model's weights, theta_0 of a
+    warm-started job (DiLoCo starts from a pretrained model), which the submitter
+    serves; without it theta_0 is the inner job's seeded weights. A separate model,
+    not a field of :class:`JobSpec`, so single-solver specs and their hashes stay as
+    they are."""
 
     kind: Literal["collaborative"]
     version: Literal[1] = 1
@@ -372,6 +376,8 @@ class CollaborativeSpec(_Strict):
     outer_rounds: int = Field(ge=1, le=100_000)
     outer_optimizer: NesterovConfig = NesterovConfig()
     holdout_samples: int = Field(default=0, ge=0, le=100_000_000)
+    init_weights: str | None = Field(default=None, pattern=HEX64,
+                                     description="sha256 of theta_0's safetensors file, hex")
 
     @model_validator(mode="after")
     def _cross_checks(self) -> CollaborativeSpec:
@@ -391,11 +397,18 @@ class CollaborativeSpec(_Strict):
                             field="inner.schedule.warmup_steps")
         return self
 
+    def _hashed(self) -> dict[str, Any]:
+        # A job without init_weights hashes as it did before the field existed.
+        d = self.model_dump(mode="json")
+        if d["init_weights"] is None:
+            del d["init_weights"]
+        return d
+
     def canonical_json(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json"))
+        return canonical_json(self._hashed())
 
     def spec_hash(self) -> bytes:
-        return content_hash(self.model_dump(mode="json"))
+        return content_hash(self._hashed())
 
     def spec_hash_hex(self) -> str:
         return self.spec_hash().hex()

@@ -13,6 +13,11 @@ from theta_t it recomputes over libp2p; the job finishes; every honest worker is
 per accepted inner run; the contracts hold exactly what they owe; the final outer
 state the chain committed is the one every honest node recomputed; and the serving
 submitter recorded every round's held-out loss, which `job status --collab` prints.
+
+The job is warm-started (a spec whose ``init_weights`` names theta_0's file, served by
+the submitter): every worker, verifier and the submitter's own record start from those
+weights, which a node that fell back on the seeded weights could not (outerInitHash
+would not match and it would follow nothing).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from node.demo_collab import (
     WORKERS,
     collab_demo_params,
     final_and_solo_loss,
+    warm_start_inputs,
     write_collab_inputs,
 )
 from node.roles.collab_progress import read_losses
@@ -44,19 +50,21 @@ ROUNDS = 3
 FORGER = "worker-2"
 BEHAVIOURS = {BYZANTINE: "amplify", FORGER: "wrong_outer"}
 INVALID = 2  # ICollabMarket.OuterVerdict
+WARM_STEPS = 40  # theta_0: one worker's weights after 40 steps from another seed
 
 
 def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> None:
     with LocalNet(tmp_path / "net", collab_demo_params()) as net:
         c = net.c
         spec, text = write_collab_inputs(tmp_path / "data", ROUNDS)
+        init = warm_start_inputs(spec, text, WARM_STEPS)
         for i, v in enumerate(VERIFIERS, start=1):
             net.start_verifier(f"v{i}", v)
         for name, acct in WORKERS.items():
             net.start_solver(name, acct, BEHAVIOURS.get(name, "honest"))
         before = {n: net.holdings(net.address(a)) for n, a in WORKERS.items()}
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=120, budget=12,
-                                round_duration=45)
+                                round_duration=45, init_weights=init)
         killed = restarted = False
         lost = 0  # the killed worker's round-1 sub-job
         end = time.monotonic() + 840
@@ -119,7 +127,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         assert net.conserved()
         # The chain's final model is what the honest nodes recomputed, and it learned.
         losses = final_and_solo_loss(net.home, spec, text, cid, job.outer_hash,
-                                     ["worker-1", "worker-2"])
+                                     ["worker-1", "worker-2"], init)
         assert losses["collab"] < losses["initial"]
         # The serving submitter kept every accepted theta_r and its held-out loss, and
         # `job status --collab` prints them beside the rounds.
@@ -129,9 +137,22 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
             assert rec[r + 1]["outer_hash"] == "0x" + c.collab.get_round(cid, r).outer_hash.hex()
         assert rec[ROUNDS]["loss"] == pytest.approx(losses["collab"], rel=1e-4)
         assert rec[0]["loss"] == pytest.approx(losses["initial"], rel=1e-4)
+        # theta_0 was the served file, not the spec's seeded weights.
+        warm, seeded = warm_and_seeded_outer_hashes(spec, init)
+        assert rec[0]["outer_hash"] == "0x" + warm.hex() and warm != seeded
         env = {**os.environ, "POLNET_HOME": str(net.home)}
         out = subprocess.run([sys.executable, "-m", "node.cli.main", "job", "status", str(cid),
                               "--collab", "--name", "sub"], env=env, capture_output=True,
                              text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert f"held-out loss {rec[ROUNDS]['loss']:.4f}" in out.stdout
+
+
+def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, bytes]:
+    from node.spec import load_collaborative_spec
+    from node.train.diloco import initial_outer_state, outer_hash
+
+    spec = load_collaborative_spec(spec_path)
+    seeded = spec.model_copy(update={"init_weights": None})
+    return (outer_hash(initial_outer_state(spec, init)),
+            outer_hash(initial_outer_state(seeded)))

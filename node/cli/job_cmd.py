@@ -71,6 +71,10 @@ def submit(
     round_duration: int = typer.Option(
         300, "--round-duration",
         help="Collaborative jobs: seconds a round's workers have to commit their inner run."),
+    init_weights: Path | None = typer.Option(
+        None, "--init-weights", exists=True, dir_okay=False, metavar="FILE",
+        help="Collaborative jobs: theta_0's weights, the file the spec's init_weights "
+             "names (make one with `polnet job init-weights`); served beside the inputs."),
 ) -> None:
     """Store SPEC and DATASET in this node's store, escrow the reward, post the job
     and print its id. Solvers fetch the inputs from us over p2p, so keep it serving.
@@ -79,14 +83,18 @@ def submit(
     accepted inner run."""
     import trio
 
+    from node.errors import ConfigError
     from node.roles.runtime import Runtime
     from node.roles.submitter import JobRequest, check_request, post, serve_until_final
     from node.spec import is_collaborative_file
 
     if is_collaborative_file(spec):
         _submit_collab(spec, dataset, reward, budget, round_duration, serve, config, name,
-                       dev_account, keystore, bootstrap, dry_run)
+                       dev_account, keystore, bootstrap, dry_run, init_weights)
         return
+    if init_weights is not None:
+        raise ConfigError("--init-weights is for collaborative specs (kind = "
+                          "\"collaborative\"); a single-solver job starts from its seed")
 
     req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
                      solve_duration)
@@ -112,7 +120,8 @@ def submit(
 def _submit_collab(spec: Path, dataset: Path, reward: str, budget: str, round_duration: int,
                    serve: bool, config: Path | None, name: str | None,
                    dev_account: int | None, keystore: Path | None,
-                   bootstrap: list[str] | None, dry_run: bool) -> None:
+                   bootstrap: list[str] | None, dry_run: bool,
+                   init_weights: Path | None) -> None:
     import trio
 
     from node.roles.collab_submit import (
@@ -124,7 +133,7 @@ def _submit_collab(spec: Path, dataset: Path, reward: str, budget: str, round_du
     from node.roles.runtime import Runtime
 
     req = CollabRequest(spec, dataset, pol_to_wei(reward, "--reward"),
-                        pol_to_wei(budget, "--budget"), round_duration)
+                        pol_to_wei(budget, "--budget"), round_duration, init_weights)
     cspec = check_collab_request(req)
     subs = cspec.outer_rounds * cspec.workers.max
     if dry_run:
@@ -132,6 +141,8 @@ def _submit_collab(spec: Path, dataset: Path, reward: str, budget: str, round_du
         typer.echo(f"collaborative job {cspec.name or '(unnamed)'}: {cspec.outer_rounds} rounds "
                    f"x {cspec.workers.max} slots (at least {cspec.workers.min} per round) x "
                    f"{cspec.inner_steps} inner steps; {round_duration} s per round")
+        typer.echo("theta_0: " + (f"init weights {cspec.init_weights}" if cspec.init_weights
+                                  else f"seeded weights (seed {cspec.inner.seed})"))
         typer.echo(f"you escrow {wei_to_pol(req.reward + req.budget)} POL; each of the {subs} "
                    f"sub-jobs pays its worker {wei_to_pol(req.reward // subs)} POL")
         return
@@ -192,6 +203,27 @@ def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None) 
         verdict = "enough" if balance >= total else \
             f"short by {wei_to_pol(total - balance)} POL: fund it or lower --reward/--budget"
         typer.echo(f"your balance {wei_to_pol(balance)} POL ({c.address}): {verdict}")
+
+
+@app.command("init-weights")
+def init_weights_cmd(
+    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="CHECKPOINT",
+                                      help="A polnet checkpoint, e.g. the final state of "
+                                           "a job trained with `polnet train`."),
+    spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, metavar="SPEC",
+                              help="The collaborative spec whose inner model it must fit."),
+    out: Path = typer.Option(..., "--out", dir_okay=False, metavar="FILE",
+                             help="Where to write the init-weights file."),
+) -> None:
+    """Write CHECKPOINT's model weights as theta_0 of a warm-started collaborative job
+    and print the init_weights line to put in SPEC (then submit with --init-weights)."""
+    from node.spec import load_collaborative_spec
+    from node.train.init_weights import from_checkpoint
+
+    cspec = load_collaborative_spec(spec)
+    digest = from_checkpoint(checkpoint, cspec.inner.model, out)
+    typer.echo(f"wrote {out}; put this in {spec.name}:")
+    typer.echo(f'init_weights = "{digest}"')
 
 
 @app.command("status")

@@ -173,13 +173,19 @@ class CollabFollower:
             state = await self._fetch_announced(cid, r)
         if state is None:
             if r == 0:
-                state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec)
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+                init = None
+                if spec.init_weights is not None:  # a warm start: the submitter serves it
+                    from node.train.init_weights import max_file_bytes  # noqa: PLC0415
+
+                    init = await self.rt.fetch(spec.init_weights, (job.submitter,),
+                                               expected_size=max_file_bytes(spec.inner.model))
+                state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec, init)
                 # Before round 0's outer state is accepted the job's outerHash is its
                 # outerInitHash; later rounds are checked by their accepted hashes.
                 if job.round == 0 and await _outer_hash(state) != job.outer_hash:
                     raise SpecError(f"collaborative job {cid}: outerInitHash is not the spec's "
-                                    "seeded theta_0", field="outer_init_hash")
+                                    "theta_0", field="outer_init_hash")
             else:
                 state = await self._recompute(cid, r, spec)
                 if state is None:

@@ -36,6 +36,7 @@ class CollabRequest:
     reward: int
     budget: int
     round_duration: int
+    init_weights_path: Path | None = None  # theta_0's file, if the spec names one
 
 
 def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
@@ -49,6 +50,7 @@ def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
         raise SpecError(f"the spec names dataset {spec.inner.dataset_hash} but "
                         f"{req.dataset_path} hashes to {got}: set inner.dataset_hash = "
                         f"\"{got}\" or pass the right file", field="inner.dataset_hash")
+    _check_init_weights(spec, req.init_weights_path)
     sub_jobs = spec.outer_rounds * spec.workers.max
     if req.reward < sub_jobs:
         raise ConfigError(f"--reward must pay each of the {sub_jobs} sub-jobs "
@@ -60,14 +62,38 @@ def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
     return spec
 
 
-def collab_initial_hashes(spec: CollaborativeSpec, dataset_path: Path) -> tuple[bytes, bytes]:
+def _check_init_weights(spec: CollaborativeSpec, path: Path | None) -> None:
+    from node.train.init_weights import file_sha256  # noqa: PLC0415 - torch is heavy
+
+    if path is not None and not path.is_file():
+        raise ConfigError(f"init weights {path} does not exist; make them with "
+                          "`polnet job init-weights`")
+    if spec.init_weights is None:
+        if path is not None:
+            raise SpecError("--init-weights was given but the spec names no init_weights: "
+                            f"set init_weights = \"{file_sha256(path)}\" to start from it",
+                            field="init_weights")
+        return
+    if path is None:
+        raise ConfigError(f"the spec starts from init weights {spec.init_weights}: pass "
+                          "their file with --init-weights (make one with "
+                          "`polnet job init-weights`)")
+    got = file_sha256(path)
+    if got != spec.init_weights:
+        raise SpecError(f"the spec names init weights {spec.init_weights} but {path} hashes "
+                        f"to {got}: set init_weights = \"{got}\" or pass the right file",
+                        field="init_weights")
+
+
+def collab_initial_hashes(spec: CollaborativeSpec, dataset_path: Path,
+                          init_path: Path | None = None) -> tuple[bytes, bytes]:
     """(S_0 of round 0's sub-jobs, outer hash of theta_0 with zero momentum)."""
     from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
     from node.train.diloco import initial_outer_state, outer_hash  # noqa: PLC0415
     from node.train.rounds import round_context, round_initial_hash  # noqa: PLC0415
 
     ds = load_dataset(dataset_path, spec.inner.dataset_hash)
-    state = initial_outer_state(spec)
+    state = initial_outer_state(spec, init_path)
     return round_initial_hash(round_context(spec, ds, 0, 0), state.theta), outer_hash(state)
 
 
@@ -75,10 +101,14 @@ async def post_collab(rt: Runtime, req: CollabRequest) -> int:
     """Store and serve the inputs, escrow reward + budget, post; returns the job id."""
     spec = check_collab_request(req)
     c = rt.chain_client
+    # theta_0 first: a file that is not the spec's model fails before anything is served
+    init_hash, outer0 = await trio.to_thread.run_sync(collab_initial_hashes, spec,
+                                                      req.dataset_path, req.init_weights_path)
+    if req.init_weights_path is not None:
+        init_id = await rt.p2p.publish_file(req.init_weights_path)
+        assert init_id == spec.init_weights
     spec_id, ds_id = await publish_and_approve(rt, spec, req.dataset_path,
                                                req.reward + req.budget, c.collab.address)
-    init_hash, outer0 = await trio.to_thread.run_sync(collab_initial_hashes, spec,
-                                                      req.dataset_path)
     terms = CollabTerms(
         spec_hash=spec.spec_hash(), dataset_hash=bytes.fromhex(ds_id), reward=req.reward,
         verification_budget=req.budget, min_workers=spec.workers.min,

@@ -29,7 +29,7 @@ bounds what one poisoned delta that passed verification can move (docs/protocol.
 
 Public API::
 
-    initial_outer_state(spec) -> OuterState            # theta_0 from the job seed, m_0 = 0
+    initial_outer_state(spec, init_path=None) -> OuterState   # theta_0, m_0 = 0
     outer_step(state, deltas, outer) -> OuterState     # IntegrityError on a malformed delta
     outer_hash(state) -> bytes                         # 32 bytes
     check_outer(theta_t, momentum_t, deltas, claimed_hash, *, outer, round_index) -> bool
@@ -42,12 +42,14 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from node.errors import IntegrityError, TrainingError
+from node.errors import ConfigError, IntegrityError, TrainingError
 from node.proof import state_hash
 from node.spec import CollaborativeSpec, NesterovConfig
+from node.train.init_weights import load_init_weights
 from node.train.inner import InnerRun, Params, inner_run
 from node.train.models import build_model
 from node.train.shards import ShardContext
@@ -64,11 +66,19 @@ class OuterState:
     slots: tuple[int, ...]   # the slots averaged into this state (none for round 0)
 
 
-def initial_outer_state(spec: CollaborativeSpec) -> OuterState:
-    """theta_0: the inner job's S_0 weights (``derive_seed(seed, "init")``), m_0 = 0."""
-    model = build_model(spec.inner.model, derive_seed(spec.inner.seed, "init"))
-    theta = {n: t.detach().to("cpu", torch.float32, copy=True).contiguous()
-             for n, t in model.state_dict().items()}
+def initial_outer_state(spec: CollaborativeSpec, init_path: Path | None = None) -> OuterState:
+    """theta_0, m_0 = 0. theta_0: the file the spec's ``init_weights`` names (a
+    warm start: ``init_path``, node.train.init_weights checks it), else the inner
+    job's S_0 weights (``derive_seed(seed, "init")``)."""
+    if spec.init_weights is not None:
+        if init_path is None:
+            raise ConfigError(f"the job starts from init weights {spec.init_weights}: "
+                              "pass their file (`--init-weights`)")
+        theta = load_init_weights(spec, init_path)
+    else:
+        model = build_model(spec.inner.model, derive_seed(spec.inner.seed, "init"))
+        theta = {n: t.detach().to("cpu", torch.float32, copy=True).contiguous()
+                 for n, t in model.state_dict().items()}
     return OuterState(0, theta, {n: torch.zeros_like(t) for n, t in theta.items()}, ())
 
 

@@ -1,0 +1,118 @@
+"""theta_0 of a warm-started collaborative job: a file the submitter serves.
+
+DiLoCo starts its workers from a pretrained model; a collaborative spec names such
+weights by the sha256 of a safetensors file (``init_weights``) holding exactly the
+inner model's state dict as ``model.<name>`` (fp32), the names a single-solver
+checkpoint uses, so a finished job's checkpoint gives one (``from_checkpoint``).
+Every worker and verifier fetches the file from the submitter and reads it here:
+bytes against the spec's hash, the header against the model before any tensor is
+loaded, and every value finite, so a bad file is refused whole, with its reason.
+
+Public API::
+
+    write_init_weights(theta, path) -> str     # theta: {name: tensor}; the sha256 hex
+    from_checkpoint(checkpoint, model, out) -> str   # model.* of a checkpoint; sha256 hex
+    load_init_weights(spec, path) -> Params    # IntegrityError / CheckpointError
+    max_file_bytes(model) -> int               # a bound for fetching one from a peer
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from node.errors import CheckpointError, IntegrityError
+from node.spec import CollaborativeSpec, ModelConfig
+from node.tensorfile import read_header, tensor_file_parts
+from node.train.inner import Params
+from node.train.models import build_skeleton
+
+PREFIX = "model."
+HEADER_BASE, HEADER_PER_TENSOR = 8192, 512  # as node.train.layout bounds a checkpoint's
+
+
+def expected_layout(model: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {PREFIX + n: ("F32", tuple(t.shape))
+            for n, t in build_skeleton(model).state_dict().items()}
+
+
+def max_file_bytes(model: ModelConfig) -> int:
+    want = expected_layout(model)
+    return (8 + HEADER_BASE + HEADER_PER_TENSOR * len(want)
+            + sum(4 * math.prod(shape) for _, shape in want.values()))
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_init_weights(theta: Mapping[str, torch.Tensor], path: Path) -> str:
+    """Write ``{name: tensor}`` (the model's state dict) as an init-weights file."""
+    from node.datasets import atomic_write  # noqa: PLC0415
+
+    tensors = {PREFIX + n: t.detach().to("cpu", torch.float32).contiguous()
+               for n, t in theta.items()}
+    atomic_write(path, tensor_file_parts(tensors, {}))
+    return file_sha256(path)
+
+
+def from_checkpoint(checkpoint: Path, model: ModelConfig, out: Path) -> str:
+    """The ``model.*`` tensors of a polnet checkpoint (a finished job's final state)
+    as an init-weights file for ``model``; returns its sha256 for the spec."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    want = expected_layout(model)
+    size = checkpoint.stat().st_size
+    with checkpoint.open("rb") as f:
+        header = read_header(f, size, max_header=HEADER_BASE + HEADER_PER_TENSOR * 4 * len(want),
+                             what=f"checkpoint {checkpoint}", error=CheckpointError)
+    _check(want, {n: v for n, v in header.layout().items() if n.startswith(PREFIX)},
+           f"checkpoint {checkpoint}")
+    with safe_open(str(checkpoint), framework="pt") as f:
+        theta = {n.removeprefix(PREFIX): f.get_tensor(n) for n in want}
+    return write_init_weights(theta, out)
+
+
+def load_init_weights(spec: CollaborativeSpec, path: Path) -> Params:
+    """theta_0 from the file the spec's ``init_weights`` names, checked whole."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    if spec.init_weights is None:
+        raise ValueError("the spec names no init_weights")
+    what = f"init weights {path.name}"
+    got = file_sha256(path)
+    if got != spec.init_weights:
+        raise IntegrityError(f"{what} hashes to {got}, not the spec's init_weights "
+                             f"{spec.init_weights}: pass the file the spec names")
+    want = expected_layout(spec.inner.model)
+    with path.open("rb") as f:
+        header = read_header(f, os.fstat(f.fileno()).st_size,
+                             max_header=HEADER_BASE + HEADER_PER_TENSOR * len(want),
+                             what=what, error=CheckpointError)
+    _check(want, header.layout(), what)
+    theta = {n.removeprefix(PREFIX): t.contiguous() for n, t in load_file(str(path)).items()}
+    for name, t in theta.items():
+        if not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{what}: {name} has non-finite values")
+    return theta
+
+
+def _check(want: Mapping[str, tuple[str, tuple[int, ...]]],
+           got: Mapping[str, tuple[str, tuple[int, ...]]], what: str) -> None:
+    missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
+    if missing or extra:
+        raise CheckpointError(f"{what} does not hold the spec's model: missing "
+                              f"{missing[:5]}, unexpected {[n[:80] for n in extra[:5]]}")
+    for name, shape in want.items():
+        if got[name] != shape:
+            raise CheckpointError(f"{what}: {name} is {got[name][0]}{list(got[name][1])} "
+                                  f"where the spec's model needs {shape[0]}{list(shape[1])}")
