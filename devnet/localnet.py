@@ -100,6 +100,11 @@ class LocalNet:
             args += ["--bootstrap", self._boot]
         return args
 
+    def bootstrap_from(self, name: str) -> None:
+        """Nodes started from now on bootstrap to running node NAME (e.g. a submitter
+        started before any daemon)."""
+        self._boot = self.wait_node(name)["addrs"][0]
+
     def start_verifier(self, name: str, dev_account: int, *extra: str) -> dict[str, Any]:
         self.polnet(name, "verifier", "run", *self.node_args(name, dev_account), *extra)
         info = self.wait_node(name)

@@ -156,3 +156,62 @@ def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, by
     seeded = spec.model_copy(update={"init_weights": None})
     return (outer_hash(initial_outer_state(spec, init)),
             outer_hash(initial_outer_state(seeded)))
+
+
+def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> None:
+    """The attack: post a warm-started job, serve spec and dataset but not theta_0's
+    file, and collect the slot bonds of workers that claimed and then could not train
+    round 0. A worker holds theta_0 before it probes, so it claims nothing until the
+    file is served; once it is, the same worker claims a slot (the gate is the file)."""
+    import shutil
+
+    with LocalNet(tmp_path / "net", collab_demo_params()) as net:
+        c = net.c
+        spec, text = write_collab_inputs(tmp_path / "data", 1)
+        init = warm_start_inputs(spec, text, 5)
+        cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=40, budget=4,
+                                round_duration=45, init_weights=init)
+        net.bootstrap_from("sub")
+        digest = load_spec_init(spec)
+        served = net.home / "nodes" / "sub" / "p2p" / "store" / "objects" / digest[:2] / digest
+        assert served.is_file()
+        served.unlink()  # the submitter withholds it from now on
+        worker = net.address(WORKERS["worker-1"])
+        before = net.holdings(worker)
+        net.start_solver("worker-1", WORKERS["worker-1"])
+        log = net.home / "logs" / "worker-1.log"
+        end = time.monotonic() + 240
+        while time.monotonic() < end and not _failed_on(log, digest) and not any(
+                e.event == "SlotClaimed" for e in net.events()):
+            net.check_alive()
+            time.sleep(1)
+        assert not any(e.event == "SlotClaimed" for e in net.events()), \
+            "the worker claimed a slot (its bond at stake) without theta_0"
+        assert _failed_on(log, digest), f"the worker never tried theta_0; see {log}"
+        assert not any(int(h, 16) for h in c.collab.slot_holders(cid))
+        assert net.holdings(worker) == before
+        # Served again: the same worker fetches it, probes and claims its slot.
+        shutil.copyfile(init, served)
+        end = time.monotonic() + 240
+        while time.monotonic() < end and not any(
+                e.event == "SlotClaimed" for e in net.events()):
+            net.check_alive()
+            time.sleep(1)
+        assert [str(h).lower() for h in c.collab.slot_holders(cid)][0] == worker.lower()
+        assert net.conserved()
+
+
+def load_spec_init(spec_path: Path) -> str:
+    from node.spec import load_collaborative_spec
+
+    digest = load_collaborative_spec(spec_path).init_weights
+    assert digest is not None
+    return digest
+
+
+def _failed_on(log: Path, digest: str) -> bool:
+    """Has the worker logged a failed attempt at the job that names theta_0's file?"""
+    if not log.is_file():
+        return False
+    return any("collab_follow_failed" in line and digest[:16] in line
+               for line in log.read_text(errors="replace").splitlines())

@@ -7,13 +7,15 @@ challenging and the bisection game are the solver's and verifier's ordinary work
 it. This module adds what is particular to a collaborative job, for the solver and
 the verifier daemons alike:
 
-- **theta_t, recomputed.** Round 0 starts from the spec's seeded weights (checked
-  against the job's ``outerInitHash``); round ``r + 1`` from round ``r``'s outer step
-  over the deltas of its *accepted* sub-jobs, each delta taken from that sub-job's
-  committed final leaf (fetched over libp2p and checked against the chain like any
-  checkpoint: node.train.rounds.delta_from_final). A worker never sends a delta of
-  its own: a delta that does not match its trace cannot exist. Outer states are
-  cached on disk; a node that joins late (or restarts) catches up the same way.
+- **theta_t, recomputed.** Round 0 starts from the spec's seeded weights, or from a
+  warm-started job's ``init_weights`` file, fetched from the submitter with the spec
+  and dataset (checked against the job's ``outerInitHash``); round ``r + 1`` from
+  round ``r``'s outer step over the deltas of its *accepted* sub-jobs, each delta
+  taken from that sub-job's committed final leaf (fetched over libp2p and checked
+  against the chain like any checkpoint: node.train.rounds.delta_from_final). A
+  worker never sends a delta of its own: a delta that does not match its trace
+  cannot exist. Outer states are cached on disk; a node that joins late (or
+  restarts) catches up the same way.
 - **Moves anyone may make**, each benign when someone else made it first:
   ``startRound`` once the previous outer state is accepted, ``settleRound`` once
   the round's sub-jobs are final or late, ``postOuter`` (our recomputed hash) when
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.errors import CheckpointError, ContractRevert, PolnetError, SpecError
+from node.errors import CheckpointError, ContractRevert, IntegrityError, PolnetError, SpecError
 from node.logs import get_logger
 from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
@@ -103,6 +105,7 @@ class CollabFollower:
         self._forged: set[int] = set()
         self.dir = rt.dir / "collab"
         self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
+        self._init_paths: dict[int, Path] = {}  # warm-started jobs' theta_0 files
         self._outer: dict[tuple[int, int], OuterState] = {}
         self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
         self._votes: dict[int, _Vote] = {}  # by OuterJury case id
@@ -145,8 +148,29 @@ class CollabFollower:
                                 field="spec")
             ds_path = await self.rt.fetch(job.dataset_hash.hex(), (job.submitter,))
             ds = await trio.to_thread.run_sync(load_dataset, ds_path, job.dataset_hash.hex())
+            if spec.init_weights is not None:
+                # theta_0's file is an input like the others: no probe, so no slot claim,
+                # before we hold it (a submitter withholding it reaps no slot bonds).
+                self._init_paths[cid] = await self._fetch_init_weights(cid, spec,
+                                                                       job.submitter)
             self._specs[cid] = (spec, ds)
         return self._specs[cid]
+
+    async def _fetch_init_weights(self, cid: int, spec: CollaborativeSpec,
+                                  submitter: str) -> Path:
+        """A warm-started job's theta_0 file from its submitter, checked whole; a file
+        that is not the spec's model makes the job unusable (SpecError)."""
+        from node.train.init_weights import load_init_weights, max_file_bytes  # noqa: PLC0415
+
+        assert spec.init_weights is not None
+        path = await self.rt.fetch(spec.init_weights, (submitter,), timeout=30,
+                                   expected_size=max_file_bytes(spec.inner.model))
+        try:
+            await trio.to_thread.run_sync(load_init_weights, spec, path)
+        except (IntegrityError, CheckpointError) as exc:
+            raise SpecError(f"collaborative job {cid}: its init weights are unusable: {exc}",
+                            field="init_weights") from exc
+        return path
 
     async def round_context(self, cid: int, round_index: int, slot: int) -> Any:
         spec, ds = await self.inputs(cid)
@@ -174,13 +198,8 @@ class CollabFollower:
         if state is None:
             if r == 0:
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
-                init = None
-                if spec.init_weights is not None:  # a warm start: the submitter serves it
-                    from node.train.init_weights import max_file_bytes  # noqa: PLC0415
-
-                    init = await self.rt.fetch(spec.init_weights, (job.submitter,),
-                                               expected_size=max_file_bytes(spec.inner.model))
-                state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec, init)
+                state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec,
+                                                      self._init_paths.get(cid))
                 # Before round 0's outer state is accepted the job's outerHash is its
                 # outerInitHash; later rounds are checked by their accepted hashes.
                 if job.round == 0 and await _outer_hash(state) != job.outer_hash:
