@@ -31,7 +31,13 @@ Calibration from the issue (N=4, H=50, R=20, plain loop): solo 1.503, collab 1.4
 data parallel x4 batch 1.361. Targets: collab below solo, and within 10% of data
 parallel.
 
+``--warm-start STEPS``: a warm-started job, as DiLoCo runs (it starts from a
+pretrained model): theta_0 is its spec's ``init_weights`` file, one worker's
+weights after STEPS steps from another seed, loaded as every node loads it
+(node.train.init_weights); all three arms start from it.
+
 Usage: python bench/collab.py [--quick] [--workers 4] [--inner-steps 50] [--rounds 20]
+       [--warm-start 1000]
 The last stdout line is the JSON.
 """
 
@@ -58,6 +64,7 @@ from node.spec import (  # noqa: E402
     parse_collaborative_spec,
 )
 from node.train.diloco import initial_outer_state, outer_hash, outer_step  # noqa: E402
+from node.train.init_weights import write_init_weights  # noqa: E402
 from node.train.inner import Params, inner_run, model_params  # noqa: E402
 from node.train.rounds import heldout_loss as eval_loss  # noqa: E402
 from node.train.rounds import round_context, round_start_state  # noqa: E402
@@ -75,10 +82,15 @@ from verifier.replay import verify_trace_segment  # noqa: E402
 
 def make_spec(dataset_hash: str, workers: int, h: int, r: int, outer_lr: float = 1.0,
               outer_momentum: float = 0.5, schedule: str | None = None,
-              min_lr_ratio: float = 0.0, k: int | None = None) -> CollaborativeSpec:
+              min_lr_ratio: float = 0.0, k: int | None = None,
+              seed: int | None = None, init_weights: str | None = None) -> CollaborativeSpec:
     """examples/collab_lm_text.toml at the given size (``k``: the inner checkpoint
-    interval, the example's by default)."""
+    interval, the example's by default; ``seed``: the example's by default;
+    ``init_weights``: a warm start's theta_0 file hash)."""
     d = load_collaborative_spec(ROOT / "examples" / "collab_lm_text.toml").model_dump(mode="json")
+    if seed is not None:
+        d["inner"]["seed"] = seed
+    d["init_weights"] = init_weights
     k = k or d["inner"]["checkpoint_interval"]
     if h % k:
         raise SystemExit(f"--k {k} must divide the inner steps H = {h}")
@@ -95,6 +107,19 @@ def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainSta
     t0 = time.perf_counter()
     state = run_sequential(ctx, theta_0, steps)
     return state, time.perf_counter() - t0
+
+
+def warm_start(ds: Dataset, args: argparse.Namespace, h: int) -> Params:
+    """The weights after ``args.warm_start`` steps of one worker at batch B, from a spec
+    with another seed (other initial weights, other batches), so that no arm
+    replays the warm-up's batches: the arms then all start from these weights."""
+    rounds = -(-args.warm_start // h)
+    spec = make_spec(ds.hash_hex, args.workers, h, rounds, seed=WARM_SEED)
+    ctx = worker_context(spec, ds, 0, threads=args.threads)
+    return model_params(run_sequential(ctx, initial_outer_state(spec).theta, args.warm_start))
+
+
+WARM_SEED = 7919  # the warm-up's spec seed; the example's is another
 
 
 def verification_share(spec: CollaborativeSpec, ds: Dataset, theta_0: Params,
@@ -139,6 +164,10 @@ def main() -> None:
     ap.add_argument("--min-lr-ratio", type=float, default=0.0)
     ap.add_argument("--k", type=int, default=None,
                     help="inner checkpoint interval (steps per segment); the example's by default")
+    ap.add_argument("--warm-start", type=int, default=0, metavar="STEPS",
+                    help="a warm-started job: theta_0 (its spec's init_weights file) is one "
+                         "worker's weights after STEPS steps (other seed, other batches); "
+                         "all three arms start from it")
     args = ap.parse_args()
     n, h, r = args.workers, args.inner_steps, args.rounds
     if args.quick:
@@ -146,11 +175,18 @@ def main() -> None:
 
     started = time.perf_counter()
     ds = parse_dataset(pack_text())
+    init, digest = None, None
+    if args.warm_start:  # a warm-started job, as the network runs one: its spec names the file
+        init = Path(tempfile.mkdtemp(prefix="polnet-bench-")) / "init-weights.safetensors"
+        digest = write_init_weights(warm_start(ds, args, h), init)
     spec = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum, args.schedule,
-                     args.min_lr_ratio, args.k)
+                     args.min_lr_ratio, args.k, init_weights=digest)
     ctxs = [worker_context(spec, ds, s, threads=args.threads) for s in range(n)]
     held = holdout_indices(spec, ctxs[0].num_samples)
-    theta_0 = initial_outer_state(spec).theta
+    theta_0 = initial_outer_state(spec, init).theta  # the job's theta_0, m_0 = 0
+    if args.warm_start:
+        print(f"warm start: {args.warm_start} steps, eval "
+              f"{eval_loss(ctxs[0], theta_0, held):.4f}", flush=True)
     params = sum(t.numel() for t in theta_0.values())
 
     solo_state, solo_wall = sequential(ctxs[0], theta_0, h * r)
@@ -164,7 +200,7 @@ def main() -> None:
     print(f"data parallel: {h * r} steps at batch {dp_ctx.spec.batch_size}: eval {dp:.4f} "
           f"({dp_wall:.1f}s)", flush=True)
 
-    state = initial_outer_state(spec)
+    state = initial_outer_state(spec, init)
     curve: list[float] = []
     inner_walls: list[float] = []
     round_seq, round_par, outer_walls = [], [], []
@@ -194,6 +230,7 @@ def main() -> None:
     ring = round(h * 2 * (n - 1) / n * params * 4)
     result: dict[str, Any] = {
         "bench": "collab", "quick": args.quick, "threads": args.threads,
+        "warm_start_steps": args.warm_start, "init_weights": digest,
         "model": {**spec.inner.model.model_dump(mode="json"), "params": params},
         "workers": n, "inner_steps": h, "rounds": r, "batch_per_worker": spec.inner.batch_size,
         "inner_optimizer": "adamw lr 3e-3, state reset per round",
