@@ -26,6 +26,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,11 +160,19 @@ def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, by
 
 
 def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> None:
-    """The attack: post a warm-started job, serve spec and dataset but not theta_0's
-    file, and collect the slot bonds of workers that claimed and then could not train
-    round 0. A worker holds theta_0 before it probes, so it claims nothing until the
-    file is served; once it is, the same worker claims a slot (the gate is the file)."""
+    """The attacks: make workers claim slots (bonds at stake) in a job whose round 0
+    they cannot train, and collect the bonds when they miss it. (1) Post a warm-started
+    job, serve spec and dataset but not theta_0's file: a worker holds theta_0 before
+    it probes, so it claims nothing until the file is served; then the same worker
+    claims a slot (the gate is the file). (2) Post jobs of the same spec whose
+    initStateHash or outerInitHash is not the spec's theta_0: the worker checks both
+    before claiming and never claims there."""
     import shutil
+
+    from eth_utils import keccak
+
+    from node.chain.client import ChainClient
+    from node.chain.contracts import CollabTerms
 
     with LocalNet(tmp_path / "net", collab_demo_params()) as net:
         c = net.c
@@ -172,6 +181,16 @@ def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> 
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=40, budget=4,
                                 round_duration=45, init_weights=init)
         net.bootstrap_from("sub")
+        # The same submitter posts the same inputs twice more, with forged commitments.
+        j = c.collab.get_collab(cid)
+        liar = ChainClient.from_deployment(net.deployment, SUBMITTER)
+        honest = CollabTerms(j.spec_hash, j.dataset_hash, j.reward, j.verification_budget,
+                             j.min_workers, j.max_workers, j.inner_steps, j.steps_per_segment,
+                             j.rounds, j.round_duration, j.init_state_hash, j.outer_hash)
+        forged = {liar.post_collab_job(replace(honest, init_state_hash=keccak(b"s0"))):
+                  "initStateHash",
+                  liar.post_collab_job(replace(honest, outer_init_hash=keccak(b"theta0"))):
+                  "outerInitHash"}
         digest = load_spec_init(spec)
         served = net.home / "nodes" / "sub" / "p2p" / "store" / "objects" / digest[:2] / digest
         assert served.is_file()
@@ -190,14 +209,20 @@ def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> 
         assert _failed_on(log, digest), f"the worker never tried theta_0; see {log}"
         assert not any(int(h, 16) for h in c.collab.slot_holders(cid))
         assert net.holdings(worker) == before
-        # Served again: the same worker fetches it, probes and claims its slot.
+        # Served again: the same worker fetches it, probes and claims its slot, and
+        # finds the forged jobs unusable.
         shutil.copyfile(init, served)
         end = time.monotonic() + 240
-        while time.monotonic() < end and not any(
-                e.event == "SlotClaimed" for e in net.events()):
+        while time.monotonic() < end and not (
+                any(e.event == "SlotClaimed" for e in net.events())
+                and all(_refused(log, f, what) for f, what in forged.items())):
             net.check_alive()
             time.sleep(1)
         assert [str(h).lower() for h in c.collab.slot_holders(cid)][0] == worker.lower()
+        for f, what in forged.items():
+            assert _refused(log, f, what), f"job {f} ({what} forged) not refused; see {log}"
+            assert not any(int(h, 16) for h in c.collab.slot_holders(f))
+        assert [e.args["jobId"] for e in net.events() if e.event == "SlotClaimed"] == [cid]
         assert net.conserved()
 
 
@@ -215,3 +240,10 @@ def _failed_on(log: Path, digest: str) -> bool:
         return False
     return any("collab_follow_failed" in line and digest[:16] in line
                for line in log.read_text(errors="replace").splitlines())
+
+
+def _refused(log: Path, cid: int, what: str) -> bool:
+    """Has the worker marked job ``cid`` unusable for its forged ``what``?"""
+    return log.is_file() and any(
+        "collab_follow_failed" in line and f"job {cid}: {what} is not" in line
+        for line in log.read_text(errors="replace").splitlines())

@@ -112,6 +112,7 @@ class CollabFollower:
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
         self._over: set[int] = set()  # finished or failed jobs: never read again
         self._claimed_rate: dict[int, int] = {}
+        self._round_zero_ok: set[int] = set()  # round-0 commitments checked
         self._first_seen: dict[int, float] = {}
         self._published: dict[tuple[int, int], str] = {}
         self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
@@ -545,12 +546,31 @@ class CollabFollower:
         want = min(self.want_slots - held, free)
         if want <= 0:
             return
+        await self._check_round_zero(cid, job)
         rate = await self._claimed_rate_for(cid)
         if rate is None:
             return
         await self._bond(c.collab.address, slots=want)
         if await rt.transact_ok(c.collab.claim_slot, cid, want, rate, benign=SLOT_BENIGN):
             log.info("collab_slot_claimed", job=cid, slots=want, milli_steps_per_s=rate)
+
+    async def _check_round_zero(self, cid: int, job: Any) -> None:
+        """Before a slot bond is at stake in a job not yet past round 0: the submitter's
+        round-0 commitments (outerInitHash, initStateHash) must be the spec's theta_0.
+        Posting others would let no worker commit round 0, and the slot bonds of those
+        who claimed would reach the submitter; SpecError marks the job unusable."""
+        from node.train.rounds import round_initial_hash  # noqa: PLC0415
+
+        if job.round != 0 or cid in self._round_zero_ok:
+            return
+        state = await self.outer_state(cid, 0)  # SpecError if outerInitHash is another's
+        assert state is not None  # round 0's state needs no settled round
+        ctx = await self.round_context(cid, 0, 0)
+        s0 = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
+        if s0 != job.init_state_hash:
+            raise SpecError(f"collaborative job {cid}: initStateHash is not S_0 of the "
+                            "spec's theta_0", field="init_state_hash")
+        self._round_zero_ok.add(cid)
 
     async def _claimed_rate_for(self, cid: int) -> int | None:
         """The inner run's measured speed (milli-steps per second), from the solver's
