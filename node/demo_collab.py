@@ -104,12 +104,10 @@ def warm_start_inputs(spec_path: Path, text: Path, steps: int, seed: int = 7919)
 
     d = json.loads(spec_path.read_text())
     d.pop("init_weights", None)
-    d["inner"]["seed"] = seed
-    pre = parse_collaborative_spec(d)
+    pre = parse_collaborative_spec({**d, "inner": {**d["inner"], "seed": seed}})
     ctx = worker_context(pre, load_dataset(text, pre.inner.dataset_hash), 0)
     theta = model_params(sequential(ctx, initial_outer_state(pre).theta, steps))
     out = spec_path.with_name("init-weights.safetensors")
-    d = json.loads(spec_path.read_text())
     d["init_weights"] = write_init_weights(theta, out)
     spec_path.write_text(json.dumps(d))
     load_collaborative_spec(spec_path)  # still a valid spec

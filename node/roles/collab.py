@@ -105,7 +105,7 @@ class CollabFollower:
         self._forged: set[int] = set()
         self.dir = rt.dir / "collab"
         self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
-        self._init_paths: dict[int, Path] = {}  # warm-started jobs' theta_0 files
+        self._init_states: dict[int, OuterState] = {}  # warm-started jobs' theta_0, m_0
         self._outer: dict[tuple[int, int], OuterState] = {}
         self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
         self._votes: dict[int, _Vote] = {}  # by OuterJury case id
@@ -152,26 +152,27 @@ class CollabFollower:
             if spec.init_weights is not None:
                 # theta_0's file is an input like the others: no probe, so no slot claim,
                 # before we hold it (a submitter withholding it reaps no slot bonds).
-                self._init_paths[cid] = await self._fetch_init_weights(cid, spec,
-                                                                       job.submitter)
+                self._init_states[cid] = await self._fetch_init_weights(cid, spec,
+                                                                        job.submitter)
             self._specs[cid] = (spec, ds)
         return self._specs[cid]
 
     async def _fetch_init_weights(self, cid: int, spec: CollaborativeSpec,
-                                  submitter: str) -> Path:
-        """A warm-started job's theta_0 file from its submitter, checked whole; a file
-        that is not the spec's model makes the job unusable (SpecError)."""
-        from node.train.init_weights import load_init_weights, max_file_bytes  # noqa: PLC0415
+                                  submitter: str) -> OuterState:
+        """A warm-started job's round-0 outer state from the theta_0 file its submitter
+        serves, read once and checked whole; a file that is not the spec's model makes
+        the job unusable (SpecError)."""
+        from node.train import diloco  # noqa: PLC0415
+        from node.train.init_weights import max_file_bytes  # noqa: PLC0415
 
         assert spec.init_weights is not None
         path = await self.rt.fetch(spec.init_weights, (submitter,), timeout=30,
                                    expected_size=max_file_bytes(spec.inner.model))
         try:
-            await trio.to_thread.run_sync(load_init_weights, spec, path)
+            return await trio.to_thread.run_sync(diloco.initial_outer_state, spec, path)
         except (IntegrityError, CheckpointError) as exc:
             raise SpecError(f"collaborative job {cid}: its init weights are unusable: {exc}",
                             field="init_weights") from exc
-        return path
 
     async def round_context(self, cid: int, round_index: int, slot: int) -> Any:
         spec, ds = await self.inputs(cid)
@@ -199,8 +200,9 @@ class CollabFollower:
         if state is None:
             if r == 0:
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
-                state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec,
-                                                      self._init_paths.get(cid))
+                state = self._init_states.get(cid)
+                if state is None:  # seeded: a function of the spec alone
+                    state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec)
                 # Before round 0's outer state is accepted the job's outerHash is its
                 # outerInitHash; later rounds are checked by their accepted hashes.
                 if job.round == 0 and await _outer_hash(state) != job.outer_hash:
