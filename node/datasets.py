@@ -36,7 +36,7 @@ from safetensors.torch import save as st_save
 
 from node.boundary import check_fields, decode_json_object
 from node.errors import IntegrityError
-from node.proof import canonical_json
+from node.proof import canonical_json, file_sha256
 from node.tensorfile import Header, parse_header
 
 FORMAT = "polnet-dataset/1"
@@ -147,7 +147,7 @@ def write_dataset(data: bytes, out: str | Path) -> str:
 
 
 def dataset_hash(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return file_sha256(path)
 
 
 def load_dataset(path: str | Path, expected_hash: str | None = None) -> Dataset:

@@ -19,6 +19,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from eth_abi import encode as abi_encode
@@ -57,6 +58,15 @@ def canonical_json(obj: Any) -> bytes:
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 hex of a file's bytes, read 1 MiB at a time (datasets and weights are large)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def content_hash(obj: Any) -> bytes:

@@ -219,7 +219,7 @@ def test_checkpoint_checked_from_its_header(digits: bytes, tmp_path: Path) -> No
     good = tmp_path / "good.safetensors"
     h = write_state_file(good, tensors, job_id=1, step=0)
     assert load_checkpoint(good, h, spec).state_hash == h
-    with pytest.raises(CheckpointError, match="where the spec needs"):
+    with pytest.raises(CheckpointError, match="where the job.s spec needs"):
         load_checkpoint(good, h, other)
 
     # 1 GB claimed by the file (sparse: no disk used), rejected from its size alone.

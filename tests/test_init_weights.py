@@ -19,12 +19,12 @@ from safetensors.torch import save_file
 from node.datasets import Dataset, pack_text, parse_dataset, write_dataset
 from node.demo_collab import collab_spec_dict, warm_start_inputs
 from node.errors import CheckpointError, ConfigError, IntegrityError, SpecError
+from node.proof import file_sha256
 from node.roles.collab_submit import CollabRequest, check_collab_request, collab_initial_hashes
 from node.spec import CollaborativeSpec, load_collaborative_spec, parse_collaborative_spec
 from node.train.diloco import initial_outer_state, outer_hash
 from node.train.init_weights import (
     expected_layout,
-    file_sha256,
     load_init_weights,
     max_file_bytes,
     write_init_weights,

@@ -20,6 +20,7 @@ from node.chain.contracts import ChallengePhase, CollabRound, CollabTerms
 from node.datasets import dataset_hash
 from node.errors import ConfigError, SpecError
 from node.logs import get_logger
+from node.proof import file_sha256
 from node.roles.collab import ZERO_ADDRESS
 from node.roles.runtime import Runtime
 from node.roles.submitter import MAX_AMOUNT, publish_and_approve
@@ -63,8 +64,6 @@ def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
 
 
 def _check_init_weights(spec: CollaborativeSpec, path: Path | None) -> None:
-    from node.train.init_weights import file_sha256  # noqa: PLC0415 - torch is heavy
-
     if path is not None and not path.is_file():
         raise ConfigError(f"init weights {path} does not exist; make them with "
                           "`polnet job init-weights`")

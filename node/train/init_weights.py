@@ -18,7 +18,6 @@ Public API::
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections.abc import Mapping
@@ -27,32 +26,26 @@ from pathlib import Path
 import torch
 
 from node.errors import CheckpointError, IntegrityError
+from node.proof import file_sha256
 from node.spec import CollaborativeSpec, ModelConfig
 from node.tensorfile import read_header, tensor_file_parts
 from node.train.inner import Params
+from node.train.layout import HEADER_BASE_BYTES, HEADER_BYTES_PER_TENSOR, Layout, compare_layout
 from node.train.models import build_skeleton
 
 PREFIX = "model."
-HEADER_BASE, HEADER_PER_TENSOR = 8192, 512  # as node.train.layout bounds a checkpoint's
+WHOSE = "the spec's model"
 
 
-def expected_layout(model: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+def expected_layout(model: ModelConfig) -> Layout:
     return {PREFIX + n: ("F32", tuple(t.shape))
             for n, t in build_skeleton(model).state_dict().items()}
 
 
 def max_file_bytes(model: ModelConfig) -> int:
     want = expected_layout(model)
-    return (8 + HEADER_BASE + HEADER_PER_TENSOR * len(want)
+    return (8 + HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * len(want)
             + sum(4 * math.prod(shape) for _, shape in want.values()))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_init_weights(theta: Mapping[str, torch.Tensor], path: Path) -> str:
@@ -73,10 +66,11 @@ def from_checkpoint(checkpoint: Path, model: ModelConfig, out: Path) -> str:
     want = expected_layout(model)
     size = checkpoint.stat().st_size
     with checkpoint.open("rb") as f:
-        header = read_header(f, size, max_header=HEADER_BASE + HEADER_PER_TENSOR * 4 * len(want),
+        header = read_header(f, size, max_header=HEADER_BASE_BYTES
+                             + HEADER_BYTES_PER_TENSOR * 4 * len(want),
                              what=f"checkpoint {checkpoint}", error=CheckpointError)
-    _check(want, {n: v for n, v in header.layout().items() if n.startswith(PREFIX)},
-           f"checkpoint {checkpoint}")
+    compare_layout(want, {n: v for n, v in header.layout().items() if n.startswith(PREFIX)},
+                   f"checkpoint {checkpoint}", WHOSE)
     with safe_open(str(checkpoint), framework="pt") as f:
         theta = {n.removeprefix(PREFIX): f.get_tensor(n) for n in want}
     return write_init_weights(theta, out)
@@ -96,23 +90,12 @@ def load_init_weights(spec: CollaborativeSpec, path: Path) -> Params:
     want = expected_layout(spec.inner.model)
     with path.open("rb") as f:
         header = read_header(f, os.fstat(f.fileno()).st_size,
-                             max_header=HEADER_BASE + HEADER_PER_TENSOR * len(want),
+                             max_header=HEADER_BASE_BYTES + HEADER_BYTES_PER_TENSOR * len(want),
                              what=what, error=CheckpointError)
-    _check(want, header.layout(), what)
+    compare_layout(want, header.layout(), what, WHOSE)
     theta = {n.removeprefix(PREFIX): t.contiguous() for n, t in load_file(str(path)).items()}
     for name, t in theta.items():
         if not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{what}: {name} has non-finite values")
     return theta
 
-
-def _check(want: Mapping[str, tuple[str, tuple[int, ...]]],
-           got: Mapping[str, tuple[str, tuple[int, ...]]], what: str) -> None:
-    missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
-    if missing or extra:
-        raise CheckpointError(f"{what} does not hold the spec's model: missing "
-                              f"{missing[:5]}, unexpected {[n[:80] for n in extra[:5]]}")
-    for name, shape in want.items():
-        if got[name] != shape:
-            raise CheckpointError(f"{what}: {name} is {got[name][0]}{list(got[name][1])} "
-                                  f"where the spec's model needs {shape[0]}{list(shape[1])}")

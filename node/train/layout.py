@@ -12,6 +12,7 @@ Public API::
     expected_bytes(spec) -> int                  # the tensor data section
     max_header_bytes(spec) -> int                # a generous bound on its header
     check_layout(header, spec, what) -> None     # CheckpointError naming the mismatch
+    compare_layout(want, got, what, whose)       # the same for any expected layout
 """
 
 from __future__ import annotations
@@ -67,12 +68,17 @@ def max_file_bytes(spec: JobSpec) -> int:
 
 
 def check_layout(header: Header, spec: JobSpec, what: str) -> None:
-    want, got = expected_layout(spec), header.layout()
+    compare_layout(expected_layout(spec), header.layout(), what, "the job's spec")
+
+
+def compare_layout(want: Layout, got: Layout, what: str, whose: str) -> None:
+    """CheckpointError unless ``got`` names exactly ``want``'s tensors at their dtypes and
+    shapes; ``whose`` says where ``want`` comes from, for the message."""
     missing, extra = sorted(want.keys() - got.keys()), sorted(got.keys() - want.keys())
     if missing or extra:
-        raise CheckpointError(f"{what} does not fit the job's spec: missing {missing[:5]}, "
+        raise CheckpointError(f"{what} does not fit {whose}: missing {missing[:5]}, "
                               f"unexpected {[n[:80] for n in extra[:5]]}")
     for name, (dtype, shape) in want.items():
         if got[name] != (dtype, shape):
             raise CheckpointError(f"{what}: {name} is {got[name][0]}{list(got[name][1])} "
-                                  f"where the spec needs {dtype}{list(shape)}")
+                                  f"where {whose} needs {dtype}{list(shape)}")
