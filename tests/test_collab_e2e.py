@@ -159,6 +159,7 @@ def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, by
             outer_hash(initial_outer_state(seeded)))
 
 
+@pytest.mark.daemons
 def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> None:
     """The attacks: make workers claim slots (bonds at stake) in a job whose round 0
     they cannot train, and collect the bonds when they miss it. (1) Post a warm-started

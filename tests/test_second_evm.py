@@ -132,6 +132,7 @@ def test_deploy_with_a_keystore_from_a_network_profile(hardhat: AnvilProcess,
     assert missing.returncode == 1 and "no job 1" in missing.stderr
 
 
+@pytest.mark.daemons
 def test_a_whole_job_with_real_daemons_settles_on_hardhat(tmp_path: Path) -> None:
     inputs = pack_inputs(tmp_path / "data")
     digest = hashlib.sha256(inputs["digits"].read_bytes()).hexdigest()
