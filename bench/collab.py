@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from devnet.params import DevnetParams  # noqa: E402
 from node.datasets import Dataset, pack_text, parse_dataset  # noqa: E402
+from node.demo_collab import warm_weights  # noqa: E402
 from node.proof import sample_segments_with_final  # noqa: E402
 from node.spec import (  # noqa: E402
     CollaborativeSpec,
@@ -107,19 +108,6 @@ def sequential(ctx: ShardContext, theta_0: Params, steps: int) -> tuple[TrainSta
     t0 = time.perf_counter()
     state = run_sequential(ctx, theta_0, steps)
     return state, time.perf_counter() - t0
-
-
-def warm_start(ds: Dataset, args: argparse.Namespace, h: int) -> Params:
-    """The weights after ``args.warm_start`` steps of one worker at batch B, from a spec
-    with another seed (other initial weights, other batches), so that no arm
-    replays the warm-up's batches: the arms then all start from these weights."""
-    rounds = -(-args.warm_start // h)
-    spec = make_spec(ds.hash_hex, args.workers, h, rounds, seed=WARM_SEED)
-    ctx = worker_context(spec, ds, 0, threads=args.threads)
-    return model_params(run_sequential(ctx, initial_outer_state(spec).theta, args.warm_start))
-
-
-WARM_SEED = 7919  # the warm-up's spec seed; the example's is another
 
 
 def verification_share(spec: CollaborativeSpec, ds: Dataset, theta_0: Params,
@@ -178,7 +166,10 @@ def main() -> None:
     init, digest = None, None
     if args.warm_start:  # a warm-started job, as the network runs one: its spec names the file
         init = Path(tempfile.mkdtemp(prefix="polnet-bench-")) / "init-weights.safetensors"
-        digest = write_init_weights(warm_start(ds, args, h), init)
+        pre = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum,
+                        args.schedule, args.min_lr_ratio, args.k)
+        digest = write_init_weights(warm_weights(pre, ds, args.warm_start,
+                                                 threads=args.threads), init)
     spec = make_spec(ds.hash_hex, n, h, r, args.outer_lr, args.outer_momentum, args.schedule,
                      args.min_lr_ratio, args.k, init_weights=digest)
     ctxs = [worker_context(spec, ds, s, threads=args.threads) for s in range(n)]

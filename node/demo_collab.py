@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from devnet.localnet import LocalNet
 from node.demo import Narrator, holdings_table
+
+if TYPE_CHECKING:  # torch is heavy; the functions that train import it
+    from node.datasets import Dataset
+    from node.spec import CollaborativeSpec
+    from node.train.inner import Params
 
 SUBMITTER, VERIFIERS = 1, (4, 5, 6)
 WORKERS = {"worker-1": 2, "worker-2": 3, "worker-byz": 7, "worker-kill": 8}
@@ -88,26 +93,43 @@ def write_collab_inputs(data: Path, rounds: int) -> tuple[Path, Path]:
     return spec, text
 
 
-def warm_start_inputs(spec_path: Path, text: Path, steps: int, seed: int = 7919) -> Path:
-    """Make the job warm-started: one worker's weights after ``steps`` steps from
-    another seed's initial weights (a stand-in for a pretrained model) become theta_0,
-    written beside the spec, whose ``init_weights`` then names them. Returns the file."""
-    import json
+WARM_SEED = 7919  # a warm start's pretraining seed; the example's is another
 
-    from node.datasets import load_dataset
-    from node.spec import load_collaborative_spec, parse_collaborative_spec
+
+def warm_weights(spec: CollaborativeSpec, ds: Dataset, steps: int, seed: int = WARM_SEED,
+                 threads: int = 1) -> Params:
+    """A stand-in for a pretrained model: one worker's weights after ``steps`` steps at
+    batch B of ``spec``'s model and data, from another seed (other initial weights, other
+    batches), so that no run started from them replays the warm-up's batches."""
+    from node.spec import parse_collaborative_spec
     from node.train.diloco import initial_outer_state
-    from node.train.init_weights import write_init_weights
     from node.train.inner import model_params
     from node.train.rounds import sequential
     from node.train.shards import worker_context
 
-    d = json.loads(spec_path.read_text())
-    d.pop("init_weights", None)
-    pre = parse_collaborative_spec({**d, "inner": {**d["inner"], "seed": seed}})
-    ctx = worker_context(pre, load_dataset(text, pre.inner.dataset_hash), 0)
-    theta = model_params(sequential(ctx, initial_outer_state(pre).theta, steps))
+    h = spec.inner_steps
+    rounds = -(-steps // h)
+    d = spec.model_dump(mode="json")
+    d["inner"].update(seed=seed, total_steps=h * rounds)
+    d.update(outer_rounds=rounds, init_weights=None)
+    pre = parse_collaborative_spec(d)
+    ctx = worker_context(pre, ds, 0, threads=threads)
+    return model_params(sequential(ctx, initial_outer_state(pre).theta, steps))
+
+
+def warm_start_inputs(spec_path: Path, text: Path, steps: int, seed: int = WARM_SEED) -> Path:
+    """Make the job warm-started: ``warm_weights`` become theta_0, written beside the
+    spec, whose ``init_weights`` then names them. Returns the file."""
+    import json
+
+    from node.datasets import load_dataset
+    from node.spec import load_collaborative_spec
+    from node.train.init_weights import write_init_weights
+
+    spec = load_collaborative_spec(spec_path)
+    theta = warm_weights(spec, load_dataset(text, spec.inner.dataset_hash), steps, seed)
     out = spec_path.with_name("init-weights.safetensors")
+    d = json.loads(spec_path.read_text())
     d["init_weights"] = write_init_weights(theta, out)
     spec_path.write_text(json.dumps(d))
     load_collaborative_spec(spec_path)  # still a valid spec

@@ -549,7 +549,7 @@ class CollabFollower:
         if want <= 0:
             return
         await self._check_round_zero(cid, job)
-        rate = await self._claimed_rate_for(cid)
+        rate = await self._claimed_rate_for(cid, job)
         if rate is None:
             return
         await self._bond(c.collab.address, slots=want)
@@ -574,7 +574,7 @@ class CollabFollower:
                             "spec's theta_0", field="init_state_hash")
         self._round_zero_ok.add(cid)
 
-    async def _claimed_rate_for(self, cid: int) -> int | None:
+    async def _claimed_rate_for(self, cid: int, job: Any) -> int | None:
         """The inner run's measured speed (milli-steps per second), from the solver's
         child-process probe of round 0's inner job: what the claim states."""
         from node.train.probe import probe_job  # noqa: PLC0415
@@ -590,7 +590,6 @@ class CollabFollower:
         except (OSError, ValueError):
             pass
         ctx = await self.round_context(cid, 0, 0)
-        job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
         spec_file = self.dir / str(cid) / "inner-spec.json"
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_bytes(ctx.spec.canonical_json())
