@@ -173,7 +173,10 @@ def final_and_solo_loss(home: Path, spec_path: Path, text: Path, cid: int,
             "initial": heldout_loss(ctx, theta_0, held)}
 
 
-def run_collab_demo(home: Path, timeout: float = 1500.0, rounds: int = 5) -> int:
+def run_collab_demo(home: Path, timeout: float = 1500.0, rounds: int = 5,
+                    warm_start: int = 0) -> int:
+    """``warm_start`` > 0: the job starts from the weights of that many steps of one worker
+    from another seed (its spec names the file; the submitter serves it)."""
     con = Console()
     con.rule("[bold]polnet demo --collab")
     con.print(f"chain, node state and logs under {home}")
@@ -184,13 +187,17 @@ def run_collab_demo(home: Path, timeout: float = 1500.0, rounds: int = 5) -> int
         narrate = Narrator(net, names, con, NARRATED)
         before = {n: net.holdings(a) for a, n in names.items()}
         spec, text = write_collab_inputs(home / "data", rounds)
+        init = None
+        if warm_start:
+            con.print(f"pretraining theta_0: {warm_start} steps of one worker (another seed)")
+            init = warm_start_inputs(spec, text, warm_start)
         for i, v in enumerate(VERIFIERS, start=1):
             net.start_verifier(f"verifier-{i}", v)
         for name, acct in WORKERS.items():
             net.start_solver(name, acct, "amplify" if name == BYZANTINE else "honest")
         con.print("3 verifiers and 4 workers are up (one byzantine: [red]amplify[/])")
         cid = net.submit_collab("submitter", SUBMITTER, spec, text, reward=200,
-                                budget=20, round_duration=90)
+                                budget=20, round_duration=90, init_weights=init)
         killed_at: int | None = None
         ok = True
         end = time.monotonic() + timeout
@@ -228,11 +235,12 @@ def run_collab_demo(home: Path, timeout: float = 1500.0, rounds: int = 5) -> int
         losses = None
         if ok:
             losses = final_and_solo_loss(home, spec, text, cid, job.outer_hash,
-                                         [w for w in WORKERS if w != BYZANTINE])
+                                         [w for w in WORKERS if w != BYZANTINE], init)
         report = _history(net, cid)
     con.print(report)
     if losses is not None:
-        con.print(f"held-out loss: initial {losses['initial']:.4f}; collaborative (4 slots, "
+        start = f"theta_0 after {warm_start} warm-up steps" if warm_start else "initial"
+        con.print(f"held-out loss: {start} {losses['initial']:.4f}; collaborative (4 slots, "
                   f"{rounds} rounds) [bold]{losses['collab']:.4f}[/]; one solver alone for the "
                   f"same steps {losses['solo']:.4f}")
     paid = print_collab_balances(before, after, con)

@@ -117,3 +117,14 @@ def test_bad_p2p_setting_in_the_environment_is_named(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120)
     assert env_out.returncode == 1 and "p2p.ban_s" in env_out.stderr
     assert "Traceback" not in env_out.stderr
+
+
+def test_demo_warm_start_without_collab_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    home = tmp_path / "demo"
+    out = polnet("demo", "--warm-start", "40", "--home", str(home), home=tmp_path)
+    assert out.returncode == 2
+    assert "--collab" in out.stderr and "Traceback" not in out.stderr
+    assert not home.exists()  # no devnet, no wipe
+    help_text = polnet("demo", "--help", home=tmp_path).stdout
+    assert "--warm-start" in help_text and "pretrained" in help_text
