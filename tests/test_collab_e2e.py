@@ -149,6 +149,77 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         assert f"held-out loss {rec[ROUNDS]['loss']:.4f}" in out.stdout
 
 
+@pytest.mark.daemons
+def test_a_skipping_worker_is_slashed_and_the_others_are_paid_by_contribution(
+        tmp_path: Path) -> None:
+    """Three worker nodes on 4 slots: worker-1 takes 2 (``--collab-slots 2``), worker-2
+    one, and one that skips its inner steps (``skip``: its run claims the start state,
+    no compute) the last. The skipper's run is challenged, condemned in the dispute game
+    and dropped; the skipper is slashed and excluded and never accepted. The job
+    finishes, and every node is paid by its accepted inner runs: each accepted run's
+    sub-job pays its solver the job's sub-reward, and each settled round's shared pot
+    goes per accepted run (RoundSettled.perWorker), so a node's gain is exactly that."""
+    rounds = 2
+    workers = {"worker-1": (2, "honest", "2"), "worker-2": (3, "honest", "1"),
+               "worker-skip": (7, "skip", "1")}
+    with LocalNet(tmp_path / "net", collab_demo_params()) as net:
+        c = net.c
+        spec, text = write_collab_inputs(tmp_path / "data", rounds)
+        for i, v in enumerate(VERIFIERS, start=1):
+            net.start_verifier(f"v{i}", v)
+        for name, (acct, behavior, slots) in workers.items():
+            net.start_solver(name, acct, behavior, "--collab-slots", slots)
+        addr = {n: net.address(a).lower() for n, (a, _, _) in workers.items()}
+        before = {n: net.holdings(net.address(a)) for n, (a, _, _) in workers.items()}
+        cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=80, budget=8,
+                                round_duration=60)
+        end = time.monotonic() + 600
+        while time.monotonic() < end:
+            if c.collab.get_collab(cid).status.name in ("FINISHED", "FAILED"):
+                break
+            net.check_alive()
+            time.sleep(1)
+        job = c.collab.get_collab(cid)
+        assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
+        time.sleep(6)  # the daemons withdraw what they were credited
+        events = net.events()
+        collab_evs = [e for e in events if e.contract == "CollabMarket"
+                      and e.args.get("jobId") == cid]
+        accepted = [e.args for e in collab_evs if e.event == "SubJobAccepted"]
+        dropped = [e.args for e in collab_evs if e.event == "SubJobDropped"]
+        runs = {n: [a for a in accepted if str(a["worker"]).lower() == w]
+                for n, w in addr.items()}
+        # The skipper: condemned (reason 1) through a dispute, never accepted, excluded,
+        # and it lost money.
+        assert any(str(d["worker"]).lower() == addr["worker-skip"] and d["reason"] == 1
+                   for d in dropped), dropped
+        assert not runs["worker-skip"]
+        assert c.collab.is_excluded(cid, net.address(workers["worker-skip"][0]))
+        sub_ids = {int(a["marketJobId"]) for a in accepted}
+        assert any(e.event == "DisputeResolved" and e.args.get("verdict") == 2
+                   for e in events)
+        # Every round settled with the honest runs; worker-1 held two slots.
+        assert len(runs["worker-1"]) > len(runs["worker-2"]) >= rounds
+        # Paid by contribution, to the token: sub-job rewards of its accepted runs plus
+        # the per-run share of each round's pot.
+        per_run = {int(e.args["round"]): int(e.args["perWorker"]) for e in collab_evs
+                   if e.event == "RoundSettled"}
+        assert sorted(per_run) == list(range(rounds))
+        finalized = {int(e.args["jobId"]): e.args for e in events
+                     if e.contract == "JobMarket" and e.event == "JobFinalized"}
+        assert sub_ids <= finalized.keys()
+        for name in ("worker-1", "worker-2"):
+            mine = runs[name]
+            assert all(str(finalized[int(a["marketJobId"])]["solver"]).lower() == addr[name]
+                       and int(finalized[int(a["marketJobId"])]["reward"]) == job.sub_reward
+                       for a in mine)
+            owed = sum(job.sub_reward + per_run[int(a["round"])] for a in mine)
+            gain = net.holdings(net.address(workers[name][0])) - before[name]
+            assert gain == owed, (name, gain, owed, len(mine))
+        assert net.holdings(net.address(workers["worker-skip"][0])) < before["worker-skip"]
+        assert net.conserved()
+
+
 def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, bytes]:
     from node.spec import load_collaborative_spec
     from node.train.diloco import initial_outer_state, outer_hash

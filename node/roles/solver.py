@@ -102,6 +102,10 @@ class Solver:
         self._looked_over = False  # every candidate checked once since the start
         self._contexts: dict[int, Any] = {}
         self._initial: dict[int, Any] = {}  # sub-job -> its S_0 builder (theta_t)
+        # Sub-jobs reserved for our slots: claimed whatever else is active (max_jobs), as
+        # the slot bond promised; an unclaimed one is dropped at the round's deadline and
+        # the bond lost. Rebuilt by the first pass over the candidates after a restart.
+        self._reserved_ours: set[int] = set()
         self._gflops: float | None = None
         evidence = Evidence(rt)
         # Collaborative jobs: slots, theta_t, the rounds' permissionless moves.
@@ -123,6 +127,9 @@ class Solver:
                 did = int(ev.args["id"])
                 if did not in st.disputes:
                     st.disputes.append(did)
+        if ev.event == "JobReserved" and str(ev.args.get("solver", "")).lower() \
+                == self.rt.address.lower():
+            self._reserved_ours.add(int(ev.args["jobId"]))
 
     # --- main loop --------------------------------------------------------------------
 
@@ -179,8 +186,8 @@ class Solver:
         active = sum(1 for r in self.state.data.jobs.values() if r.phase in ACTIVE)
         for jid in list(self.state.data.candidates):
             full = active >= self.max_jobs
-            if full and self._looked_over:
-                break
+            if full and self._looked_over and jid not in self._reserved_ours:
+                continue
             # The first pass looks at every candidate even when full: one the chain gives
             # us already (claimed before a kill recorded it) is adopted, never left behind.
             act = await self._candidate(jid, may_claim=not full)
@@ -266,7 +273,7 @@ class Solver:
         elif isinstance(act, Drop):
             self._drop(jid)
         elif self.collab.is_sub_job(job):
-            if may_claim and await self._claim_sub_job(jid, job):
+            if await self._claim_sub_job(jid, job):  # our slot's: not bounded by max_jobs
                 return Adopt()
         elif may_claim and await self._consider(jid, job):
             return Adopt()
@@ -279,6 +286,7 @@ class Solver:
         if str(await rt.chain(c.market.reserved_solver_of, jid)).lower() != rt.address.lower():
             self._drop(jid)  # another slot's: never ours
             return False
+        self._reserved_ours.add(jid)
         start = await self.collab.start_state_factory(jid)
         if start is None:
             log.info("sub_job_waits_for_theta", job=jid)
