@@ -450,7 +450,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         credits_left = {honest_addrs[a]: net.c.market.credits(a) + net.c.dispute.credits(a)
                         for a in honest_addrs}
         locked_left = {honest_addrs[a]: net.c.registry.locked_stake(a) for a in honest_addrs}
-        conserved_gap = contracts_gap(net)
+        conserved_gap = net.contracts_gap()
         crashes = {n.name: n.crashes for n in ch.nodes.values() if n.crashes}
 
     # --- verdicts -----------------------------------------------------------------------
@@ -567,13 +567,6 @@ def cheater_caught(evs: list[ChainEvent], cheater: str) -> bool:
     return any(e.event == "DisputeResolved" and e.contract == "DisputeGame"
                and int(e.args["id"]) in theirs and int(e.args["verdict"]) in (2, 3)
                for e in evs)
-
-
-def contracts_gap(net: LocalNet) -> int:
-    c = net.c
-    held = sum(c.token.balance_of(a) for a in
-               (c.market.address, c.registry.address, c.dispute.address))
-    return held - (c.market.total_owed() + c.registry.total_owed() + c.dispute.total_owed())
 
 
 def main(argv: list[str] | None = None) -> int:
