@@ -29,12 +29,13 @@ demo: setup
 demo-collab: setup
 	$(BIN)/polnet demo --collab
 
-# The whole-network tests (marker `daemons`) mostly wait on chain windows, so they run
-# three at a time first; the rest, CPU-bound or tight on deadlines, run one at a time.
+# Long tests that mostly wait on other processes (marker `parallel`: real daemons, a second
+# EVM) run three at a time first; the rest, CPU-bound or tight on deadlines (the chaos run,
+# the collaborative e2e's rounds), run one at a time.
 # Both halves always run; exit 5 (nothing selected, e.g. under -k) is not a failure.
 test: setup browser
-	@$(BIN)/python -m pytest -m daemons -n 3 --dist worksteal $(PYTEST_ARGS); a=$$?; \
-	$(BIN)/python -m pytest -m "not daemons" $(PYTEST_ARGS); b=$$?; \
+	@$(BIN)/python -m pytest -m parallel -n 3 --dist worksteal $(PYTEST_ARGS); a=$$?; \
+	$(BIN)/python -m pytest -m "not parallel" $(PYTEST_ARGS); b=$$?; \
 	for rc in $$a $$b; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done; \
 	[ $$a -ne 5 ] || [ $$b -ne 5 ] || exit 5
 

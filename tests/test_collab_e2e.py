@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,10 +89,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
                 restarted = True
             net.check_alive()
             time.sleep(1)
-        job = c.collab.get_collab(cid)
-        assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
-        time.sleep(6)  # the daemons withdraw what they were credited
-        events = net.events()
+        job, events = finished(net, cid)
         byz = net.address(WORKERS[BYZANTINE]).lower()
         kill = net.address(WORKERS[KILLED]).lower()
         dropped = [e.args for e in events if e.event == "SubJobDropped"]
@@ -149,7 +147,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         assert f"held-out loss {rec[ROUNDS]['loss']:.4f}" in out.stdout
 
 
-@pytest.mark.daemons
+@pytest.mark.parallel
 def test_a_skipping_worker_is_slashed_and_the_others_are_paid_by_contribution(
         tmp_path: Path) -> None:
     """Three worker nodes on 4 slots: worker-1 takes 2 (``--collab-slots 2``), worker-2
@@ -179,10 +177,7 @@ def test_a_skipping_worker_is_slashed_and_the_others_are_paid_by_contribution(
                 break
             net.check_alive()
             time.sleep(1)
-        job = c.collab.get_collab(cid)
-        assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
-        time.sleep(6)  # the daemons withdraw what they were credited
-        events = net.events()
+        job, events = finished(net, cid)
         collab_evs = [e for e in events if e.contract == "CollabMarket"
                       and e.args.get("jobId") == cid]
         accepted = [e.args for e in collab_evs if e.event == "SubJobAccepted"]
@@ -220,6 +215,15 @@ def test_a_skipping_worker_is_slashed_and_the_others_are_paid_by_contribution(
         assert net.conserved()
 
 
+def finished(net: LocalNet, cid: int) -> tuple[Any, list[Any]]:
+    """The job, which must have finished, and the chain's events once the daemons have
+    withdrawn what they were credited."""
+    job = net.c.collab.get_collab(cid)
+    assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
+    time.sleep(6)
+    return job, net.events()
+
+
 def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, bytes]:
     from node.spec import load_collaborative_spec
     from node.train.diloco import initial_outer_state, outer_hash
@@ -230,7 +234,7 @@ def warm_and_seeded_outer_hashes(spec_path: Path, init: Path) -> tuple[bytes, by
             outer_hash(initial_outer_state(seeded)))
 
 
-@pytest.mark.daemons
+@pytest.mark.parallel
 def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> None:
     """The attacks: make workers claim slots (bonds at stake) in a job whose round 0
     they cannot train, and collect the bonds when they miss it. (1) Post a warm-started

@@ -26,7 +26,7 @@ from devnet.localnet import LocalNet
 from devnet.params import short_network_params
 from node.demo import pack_inputs, spec_for
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.daemons]
+pytestmark = [pytest.mark.timeout(420), pytest.mark.parallel]
 
 SUBMITTER, HONEST, CHEATER, V1, V2, V3 = 1, 2, 3, 4, 5, 6
 

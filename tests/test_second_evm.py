@@ -66,6 +66,7 @@ def hardhat(tmp_path: Path) -> Iterator[AnvilProcess]:
         node.stop()
 
 
+@pytest.mark.parallel
 def test_contract_tests_pass_on_hardhat() -> None:
     modules = ["tests/test_market.py", "tests/test_registry.py", "tests/test_dispute_game.py",
                "tests/test_settlement_attacks.py", "tests/test_chain_client.py",
@@ -132,7 +133,7 @@ def test_deploy_with_a_keystore_from_a_network_profile(hardhat: AnvilProcess,
     assert missing.returncode == 1 and "no job 1" in missing.stderr
 
 
-@pytest.mark.daemons
+@pytest.mark.parallel
 def test_a_whole_job_with_real_daemons_settles_on_hardhat(tmp_path: Path) -> None:
     inputs = pack_inputs(tmp_path / "data")
     digest = hashlib.sha256(inputs["digits"].read_bytes()).hexdigest()
