@@ -128,3 +128,60 @@ def test_demo_warm_start_without_collab_is_refused_before_anything_starts(
     assert not home.exists()  # no devnet, no wipe
     help_text = polnet("demo", "--help", home=tmp_path).stdout
     assert "--warm-start" in help_text and "pretrained" in help_text
+
+
+def test_help_keeps_bracketed_words(tmp_path: Path) -> None:
+    """Rich markup ate ``[networks.NAME]`` and ``[registry]`` from the help texts."""
+    top = polnet("--help", home=tmp_path)
+    deploy = polnet("deploy", "--help", home=tmp_path)
+    assert "[networks.NAME]" in top.stdout
+    assert "[networks.NAME]" in deploy.stdout
+    assert "[registry]" in deploy.stdout and "[dispute]" in deploy.stdout
+
+
+def test_a_second_process_under_a_used_name_is_refused(tmp_path: Path) -> None:
+    """Two processes under one --name were one peer id on two ports: peers saw
+    equivocating records. The second is refused with the first one's pid."""
+    env = {**os.environ, "POLNET_HOME": str(tmp_path)}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "node.cli.main", "p2p", "serve", "--name", "twin",
+         "--listen", "/ip4/127.0.0.1/tcp/0"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lock = tmp_path / "nodes" / "twin" / "p2p" / "lock"
+        for _ in range(600):  # the lock holds the pid once the node is up
+            if lock.exists() and lock.read_text().strip() == str(first.pid):
+                break
+            assert first.poll() is None, first.stdout.read() if first.stdout else ""
+            subprocess.run(["sleep", "0.1"], check=True)
+        else:
+            pytest.fail("the first node never took its identity lock")
+        second = polnet("p2p", "serve", "--name", "twin", "--listen", "/ip4/127.0.0.1/tcp/0",
+                        home=tmp_path)
+        assert second.returncode != 0
+        msg = second.stdout + second.stderr
+        assert "already running" in msg and str(first.pid) in msg and "--name" in msg
+        other = subprocess.Popen(
+            [sys.executable, "-m", "node.cli.main", "p2p", "serve", "--name", "other",
+             "--listen", "/ip4/127.0.0.1/tcp/0"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            other_lock = tmp_path / "nodes" / "other" / "p2p" / "lock"
+            for _ in range(600):
+                if other_lock.exists() and other_lock.read_text().strip() == str(other.pid):
+                    break
+                assert other.poll() is None, "a node under another name must start"
+                subprocess.run(["sleep", "0.1"], check=True)
+            else:
+                pytest.fail("a node under another name never started")
+        finally:
+            other.terminate()
+            other.wait(timeout=30)
+    finally:
+        first.terminate()
+        first.wait(timeout=30)
+    # the kernel released the lock with the process: the name is free again
+    from node.p2p.identity_lock import hold_identity  # noqa: PLC0415
+
+    with hold_identity(tmp_path / "nodes" / "twin" / "p2p"):
+        pass

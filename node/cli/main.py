@@ -48,7 +48,7 @@ def _root(
         help="libp2p's own logs (default: WARNING; DEBUG with --log-level DEBUG)."),
     network: str | None = typer.Option(
         None, "--network",
-        help="Use the chain of profile [networks.NAME] from --config (RPC URL, chain id, "
+        help="Use the chain of profile \\[networks.NAME] from --config (RPC URL, chain id, "
              "deployment file): `polnet --network NAME solver run --config FILE`."),
 ) -> None:
     import os  # noqa: PLC0415

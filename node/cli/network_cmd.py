@@ -20,13 +20,13 @@ def register(app: typer.Typer) -> None:
     @app.command("deploy")
     def deploy(
         network: str = typer.Option(..., "--network",
-                                    help="Profile [networks.NAME] in --config: RPC URL, "
+                                    help="Profile \\[networks.NAME] in --config: RPC URL, "
                                          "chain id, where to write the deployment file."),
         config: ConfigOpt = None,
         keystore: KeystoreOpt = None,
         params: Path | None = typer.Option(None, "--params",
-                                           help="TOML of contract parameters ([registry], "
-                                                "[market], [dispute]); default: the devnet's."),
+                                           help="TOML of contract parameters (\\[registry], "
+                                                "\\[market], \\[dispute]); default: the devnet's."),
         mint: list[str] | None = typer.Option(None, "--mint",
                                               help="ADDRESS=POL to mint to (repeatable); the "
                                                    "deployer owns the token."),

@@ -43,6 +43,7 @@ from node.p2p.announce import Announcement, AnnouncementVerifier, make_announcem
 from node.p2p.announce_policy import ReplayGuard
 from node.p2p.config import DEFAULT_LISTEN, P2PSettings
 from node.p2p.identity import load_or_create_keypair
+from node.p2p.identity_lock import hold_identity
 from node.p2p.limits import TokenBucket
 from node.p2p.transfer import ArtifactServer, Downloader, FetchStats, Progress
 from node.p2p.wire import PROTOCOL_ID as ARTIFACT_PROTOCOL
@@ -149,6 +150,7 @@ class PolnetNode:
         stack = AsyncExitStack()
         await stack.__aenter__()
         try:
+            stack.enter_context(hold_identity(self.home))
             await stack.enter_async_context(
                 self.host.run(listen_addrs=[multiaddr.Multiaddr(self.config.listen)]))
             self.nursery = await stack.enter_async_context(trio.open_nursery())
