@@ -7,6 +7,7 @@ pid we record is anvil's own and stopping it leaves no orphan.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -173,7 +174,7 @@ def start_anvil(port: int | None = None, *, accounts: int = 10, block_time: floa
 
 def spawn_chain(args: list[str], port: int, what: str, *, env: dict[str, str] | None = None,
                 log_path: Path | None = None, detach: bool = False,
-                timeout: float = 30.0) -> AnvilProcess:
+                timeout: float = 30.0, cwd: Path | None = None) -> AnvilProcess:
     """Start a local EVM node (anvil, Hardhat) and wait until it answers JSON-RPC."""
     out: IO[bytes] | int = subprocess.DEVNULL
     if log_path is not None:
@@ -183,7 +184,7 @@ def spawn_chain(args: list[str], port: int, what: str, *, env: dict[str, str] | 
         os.fchmod(fd, 0o600)  # a log left by an older version may be world-readable
         out = os.fdopen(fd, "ab")
     try:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                 stdin=subprocess.DEVNULL, start_new_session=detach)
     finally:
         if not isinstance(out, int):
@@ -203,7 +204,12 @@ def spawn_chain(args: list[str], port: int, what: str, *, env: dict[str, str] | 
 
 
 def _log_tail(log_path: Path | None) -> str:
+    """The log's last lines, led by the first line that names an error (Hardhat prints
+    its cause, e.g. ``Error HH12: ...``, above a stack trace that fills the tail)."""
     if log_path is None or not log_path.is_file():
         return ""
-    tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
-    return f" (log {log_path}:\n  " + "\n  ".join(tail) + ")"
+    lines = log_path.read_text(errors="replace").strip().splitlines()
+    cause = next((ln.strip() for ln in lines if re.search(r"\bError\b", ln)), None)
+    tail = lines[-5:]
+    head = f"\n  cause: {cause}" if cause is not None and cause not in tail else ""
+    return f" (log {log_path}:{head}\n  " + "\n  ".join(tail) + ")"

@@ -41,8 +41,10 @@ def start_hardhat(port: int | None = None, *, accounts: int = 10,
                                   / "hardhat-cache")}
     args = [str(hardhat_binary()), "--config", str(CONFIG), "node", "--hostname", "127.0.0.1",
             "--port", str(port)]
+    # Hardhat refuses to run from a directory outside its installation (HH12): start it
+    # in the repository, wherever the command was typed.
     return spawn_chain(args, port, "hardhat", env=env, log_path=log_path, detach=detach,
-                       timeout=timeout)
+                       timeout=timeout, cwd=REPO)
 
 
 def kind(w3: Any) -> str:

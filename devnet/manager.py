@@ -36,7 +36,7 @@ def running(home: Path | None = None) -> AnvilProcess | None:
     if not pid_alive(int(info["pid"])):
         return None
     return AnvilProcess(port=int(info["port"]), pid=int(info["pid"]),
-                        log_path=devnet_dir(home) / "anvil.log")
+                        log_path=devnet_dir(home) / f"{info.get('evm', 'anvil')}.log")
 
 
 EVMS = ("anvil", "hardhat")
@@ -59,12 +59,12 @@ def start(port: int = DEFAULT_PORT, accounts: int = 10, block_time: float | None
     params = (params or DevnetParams()).model_copy(update={"accounts": accounts})
     d = devnet_dir(home)
     d.mkdir(parents=True, exist_ok=True)
-    log_path = d / "anvil.log"
-    log_path.unlink(missing_ok=True)  # a fresh log per run, created 0600 by start_anvil
+    log_path = d / f"{evm}.log"  # named after the chain it logs
+    log_path.unlink(missing_ok=True)  # a fresh log per run, created 0600 by spawn_chain
     start_node = start_hardhat if evm == "hardhat" else start_anvil
     node = start_node(port, accounts=accounts, block_time=block_time, log_path=log_path,
                       detach=True)
-    _pid_file(home).write_text(json.dumps({"pid": node.pid, "port": node.port}))
+    _pid_file(home).write_text(json.dumps({"pid": node.pid, "port": node.port, "evm": evm}))
     try:
         accts = dev_accounts(accounts)
         dep = deploy_all(make_web3(node.url), accts[0], params, fund=accts, rpc_url=node.url)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from devnet.anvil import REPO, AnvilProcess, dev_accounts
+from devnet.anvil import REPO, AnvilProcess, dev_accounts, free_port
 from devnet.hardhat import HARDHAT_CHAIN_ID, start_hardhat
 from devnet.localnet import LocalNet
 from devnet.params import TOKEN, short_network_params
@@ -161,3 +161,23 @@ def test_a_whole_job_with_real_daemons_settles_on_hardhat(tmp_path: Path) -> Non
         assert held == net.c.token.balance_of(solver)  # cast and our client agree
         assert net.holdings(solver) >= reward
         assert net.conserved()
+
+
+def test_devnet_up_hardhat_works_from_another_directory(tmp_path: Path) -> None:
+    """`polnet devnet up --evm hardhat` typed outside the clone died in stack frames
+    (Hardhat's HH12, 'non-local installation', hidden in a log named anvil.log)."""
+    env = {**os.environ, "POLNET_HOME": str(tmp_path / "home")}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def polnet(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "node.cli.main", *args], cwd=elsewhere,
+                              env=env, capture_output=True, text=True, timeout=300)
+
+    up = polnet("devnet", "up", "--evm", "hardhat", "--port", str(free_port()))
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert (tmp_path / "home" / "devnet" / "hardhat.log").is_file()
+        assert not (tmp_path / "home" / "devnet" / "anvil.log").exists()
+    finally:
+        polnet("devnet", "down")
