@@ -159,3 +159,27 @@ def test_a_deployment_of_another_chain_is_refused(chain: LocalChain) -> None:
     with pytest.raises(ConfigError, match=r"is chain 31337, but the deployment file is for "
                                           r"chain 1"):
         ChainClient(chain.url, None, wrong)
+
+
+def test_a_profile_naming_another_chain_is_refused_by_every_command(
+        chain: LocalChain, tmp_path: Path) -> None:
+    """`chain_id` in a network profile was checked by `deploy` alone: every other
+    command signed or read on whatever chain its rpc_url answered."""
+    import os
+    import subprocess
+    import sys
+
+    dep = tmp_path / "deployment.json"
+    chain.deployment.save(dep)
+    cfg = tmp_path / "polnet.toml"
+    cfg.write_text(f'[networks.wrong]\nrpc_url = "{chain.url}"\nchain_id = 10\n'
+                   f'deployment = "{dep}"\n')
+    env = {**os.environ, "POLNET_HOME": str(tmp_path / "home")}
+    for args in (["job", "list"], ["job", "status", "1"], ["dispute", "status", "1"],
+                 ["solver", "run", "--dev-account", "2"]):
+        out = subprocess.run([sys.executable, "-m", "node.cli.main", "--network", "wrong",
+                              *args, "--config", str(cfg)],
+                             env=env, capture_output=True, text=True, timeout=120)
+        msg = out.stdout + out.stderr
+        assert out.returncode != 0, (args, msg)
+        assert "chain_id = 10" in msg and "is chain 31337" in msg, (args, msg)

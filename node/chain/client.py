@@ -53,10 +53,16 @@ class ChainClient:
 
     def __init__(self, rpc_url: str, account: LocalAccount | str | None = None,
                  deployment: Deployment | None = None, *, artifacts: Path | None = None,
-                 w3: Web3 | None = None, timeout: float = 10.0) -> None:
+                 w3: Web3 | None = None, timeout: float = 10.0,
+                 expected_chain_id: int | None = None) -> None:
         self.rpc_url = rpc_url
         self.w3 = w3 or make_web3(rpc_url, timeout=timeout)
         self.chain_id = check_connected(self.w3)
+        if expected_chain_id is not None and expected_chain_id != self.chain_id:
+            # A profile names its chain so that a wrong RPC URL never signs for another.
+            raise ConfigError(f"the node at {rpc_url} is chain {self.chain_id}, but the "
+                              f"network profile says chain_id = {expected_chain_id}: fix "
+                              "the profile's rpc_url or chain_id")
         if deployment is not None and deployment.chain_id != self.chain_id:
             # Other contracts, or none, live at these addresses on this chain.
             raise ConfigError(f"the node at {rpc_url} is chain {self.chain_id}, but the "
@@ -73,7 +79,8 @@ class ChainClient:
     @classmethod
     def from_deployment(cls, deployment: Deployment | Path | None = None,
                         account: LocalAccount | str | int | None = 0,
-                        rpc_url: str | None = None) -> ChainClient:
+                        rpc_url: str | None = None,
+                        expected_chain_id: int | None = None) -> ChainClient:
         """Client for a deployment file; ``account`` may be a dev-account index."""
         dep = deployment if isinstance(deployment, Deployment) else Deployment.load(deployment)
         if isinstance(account, int):
@@ -81,7 +88,7 @@ class ChainClient:
                 raise ConfigError(f"dev account {account} does not exist "
                                   f"(the deployment has {len(dep.accounts)})")
             account = dep.accounts[account].private_key
-        return cls(rpc_url or dep.rpc_url, account, dep)
+        return cls(rpc_url or dep.rpc_url, account, dep, expected_chain_id=expected_chain_id)
 
     def with_account(self, account: LocalAccount | str) -> ChainClient:
         """Another account over the same connection and deployment."""

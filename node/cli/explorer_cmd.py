@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
         from node.explorer.server import ExplorerServer
 
         s = settings_from(config)
-        c = ChainClient.from_deployment(Deployment.load(s.deployment_path), None, s.rpc_url)
+        c = ChainClient.from_deployment(Deployment.load(s.deployment_path), None, s.rpc_url,
+                                        s.expected_chain_id)
         srv = ExplorerServer(ChainIndex(c, home or s.home), host, port)
         typer.echo(f"polnet explorer on {srv.url} (chain {c.chain_id}); Ctrl-C stops it")
         try:

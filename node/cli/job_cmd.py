@@ -47,7 +47,8 @@ def _client(config: Path | None, dev_account: int | None = None,  # type: ignore
     s = settings_from(config, dev_account=dev_account, keystore=keystore)
     key = s.load_private_key() if (s.dev_account is not None or s.private_key or s.keystore) \
         else None
-    return ChainClient.from_deployment(Deployment.load(s.deployment_path), key, s.rpc_url)
+    return ChainClient.from_deployment(Deployment.load(s.deployment_path), key, s.rpc_url,
+                                       s.expected_chain_id)
 
 
 @app.command("submit")
