@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from devnet.localnet import REPO, TOKEN, LocalNet
+from node.event_text import field_text
 
 # dev account indices
 SUBMITTER, HONEST, CHEATER, VERIFIERS = 1, 2, 3, (4, 5, 6)
@@ -81,26 +82,17 @@ class Narrator:
         self.net, self.names, self.con = net, names, console
         self.events = NARRATED if events is None else events
 
-    def who(self, v: Any) -> str:
-        return self.names.get(str(v), str(v)[:10])
-
-    def fmt(self, v: Any) -> str:
-        if isinstance(v, bytes):
-            return "0x" + v.hex()[:12] + "…"
-        if isinstance(v, str) and v.startswith("0x") and len(v) == 42:
-            return self.who(v)
-        if isinstance(v, list | tuple):
-            return "[" + ", ".join(self.fmt(x) for x in v) + "]"
-        if isinstance(v, int) and not isinstance(v, bool) and v > 10**15:
-            return f"{v / TOKEN:g} POL"
-        return str(v)
+        # the contracts by name too: slashes and payouts name where tokens went
+        dep = net.deployment
+        self.known = {**{a: n for n, a in (dep.contracts.items() if dep else ())}, **names}
 
     def __call__(self) -> None:
         for ev in self.net.new_events():
             if ev.event not in self.events:
                 continue
             # escaped: a list like jury=[verifier-1, ...] is not rich markup
-            parts = [escape(f"{k}={self.fmt(v)}") for k, v in ev.args.items()]
+            parts = [escape(f"{k}={field_text(ev.event, k, v, self.known)}")
+                     for k, v in ev.args.items()]
             style = "red" if ev.event in ALARM else "green" if ev.event in GOOD \
                 else "white"
             self.con.print(f"[dim]#{ev.block_number}[/] [{style}]{ev.contract}.{ev.event}[/] "

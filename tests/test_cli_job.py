@@ -145,3 +145,20 @@ def test_collaborative_spec_dry_run_and_status(chain: LocalChain, tmp_path: Path
     missing = run(env, "job", "status", "7", "--collab")
     assert missing.returncode == 1 and "no collaborative job 7" in missing.stderr
     assert "Traceback" not in missing.stderr + bad.stderr
+
+
+def test_status_and_list_read_as_people_say_them(chain: LocalChain, tmp_path: Path) -> None:
+    """`job status` printed "reward": 100000000000000000000 and unix times in its events
+    table; `job list` showed only open disputes. Amounts are POL (2 decimals, exact with
+    --exact), times are dates, parties have roles."""
+    env = polnet_env(tmp_path, chain)
+    jid = chain[SUBMITTER].post_job(job_terms(reward=100 * 10**18 + 1))
+    out = run(env, "job", "status", str(jid))
+    assert out.returncode == 0, out.stderr
+    assert "100000000000000000001" not in out.stdout and "100 POL" in out.stdout
+    assert "submitter" in out.stdout and "JobPosted" in out.stdout
+    exact = run(env, "job", "status", str(jid), "--exact")
+    assert "100.000000000000000001 POL" in exact.stdout
+    listed = run(env, "job", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert "(0 open)" in listed.stdout

@@ -238,6 +238,8 @@ def status(
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="--watch: poll period (s)."),
     collab: bool = typer.Option(False, "--collab",
                                 help="JOB_ID is a collaborative job (CollabMarket)."),
+    exact: bool = typer.Option(False, "--exact",
+                               help="Amounts to the last wei (default: 2 decimals)."),
     name: NameOpt = None,
 ) -> None:
     """State, solver, sampled segments, verdicts (attestations, challenges) and payouts.
@@ -265,7 +267,7 @@ def status(
         while True:
             rep = job_report(c, job_id)
             if rep != last:
-                _print_report(job_id, rep, as_json, watch)
+                _print_report(job_id, rep, as_json, watch, exact, c)
                 last = rep
             if not watch or rep["status"] in ("finalized", "cancelled"):
                 return
@@ -303,42 +305,68 @@ def _collab_status(c: Any, cid: int, as_json: bool,
                    "data dir; pass --name/--config for that node)")
 
 
-def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool) -> None:
+def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool,
+                  exact: bool = False, c: Any = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+
+    from node.event_text import event_line, pol
 
     if as_json:  # a watch prints one document per change: JSON lines
         typer.echo(json.dumps(rep, indent=None if lines else 2, default=str))
         return
+    names = _party_names(rep, c)
     t = Table(title=f"job {job_id}")
     t.add_column("field")
     t.add_column("value", overflow="fold")
     for k, v in rep.items():
         if k not in ("events", "payouts"):
-            t.add_row(k, _human(k, v))
+            t.add_row(k, escape(_human(k, v, rep["status"], exact, names)))
     Console().print(t)
     pay = Table(title="payouts (credited; each account pulls with withdraw)")
     for col in ("to", "POL", "why"):
         pay.add_column(col, overflow="fold")
     for p in rep["payouts"]:
-        pay.add_row(p["to"], wei_to_pol(p["amount"]), p["why"])
+        pay.add_row(escape(f"{names.get(p['to'], '')} {p['to']}".strip()),
+                    pol(p["amount"], exact).removesuffix(" POL"), p["why"])
     Console().print(pay if rep["payouts"] else "payouts: none yet")
     ev = Table(title="events")
     for col in ("block", "event", "details"):
         ev.add_column(col, overflow="fold")
     for e in rep["events"]:
-        details = {k: v for k, v in e.items() if k not in ("event", "block", "jobId")}
-        ev.add_row(str(e["block"]), e["event"], json.dumps(details, default=str))
+        args = {k: v for k, v in e.items() if k not in ("event", "block")}
+        ev.add_row(str(e["block"]), e["event"],
+                   escape(event_line(e["event"], args, names, exact=exact, skip=("jobId",))))
     Console().print(ev)
 
 
-def _human(key: str, value: object) -> str:
+def _party_names(rep: dict[str, Any], c: Any) -> dict[str, str]:
+    """The job's parties and the contracts by role, for the tables."""
+    names = {a: n for n, a in (c.deployment.contracts.items()
+                               if c is not None and c.deployment is not None else ())}
+    names[rep["submitter"]] = "submitter"
+    if rep["solver"] and int(rep["solver"], 16):
+        names[rep["solver"]] = "solver"
+    for i, a in enumerate(rep.get("committee") or ()):
+        names.setdefault(a, f"committee-{i}")
+    return names
+
+
+def _human(key: str, value: object, status: str = "", exact: bool = False,
+           names: dict[str, str] | None = None) -> str:
     """Amounts in POL, times as local time and "in 42 s", for people; --json keeps the
-    raw numbers."""
+    raw numbers. A settled job's deadlines are history, not a countdown."""
+    from node.event_text import address_text, pol
+
     if key in ("reward", "verification_budget", "bond") and isinstance(value, int):
-        return f"{wei_to_pol(value)} POL"
+        return pol(value, exact)
     if key in ("deadline", "window_end") and isinstance(value, int):
+        if status in ("finalized", "cancelled") and value:
+            return when(value).split(" (")[0] + " (passed or met)"
         return when(value)
+    if key in ("submitter", "solver") and isinstance(value, str) and names:
+        return f"{address_text(value, names)} {value}" if value in names else value
     return str(value)
 
 
@@ -349,14 +377,32 @@ def list_jobs(config: ConfigOpt = None) -> None:
     from rich.table import Table
 
     c = _client(config)
+    from node.event_text import pol
+
+    opened = _disputes_per_job(c)
     t = Table(title="jobs")
-    for col in ("id", "status", "reward (POL)", "solver", "segments", "disputes"):
+    for col in ("id", "status", "reward", "solver", "segments", "disputes"):
         t.add_column(col)
     for jid in range(1, c.market.job_count() + 1):
         j = c.market.get_job(jid)
-        t.add_row(str(jid), j.status.name.lower(), wei_to_pol(j.reward), j.solver,
-                  str(j.segment_count), str(j.open_disputes))
+        t.add_row(str(jid), j.status.name.lower(), pol(j.reward), j.solver,
+                  str(j.segment_count), f"{opened.get(jid, 0)} ({j.open_disputes} open)")
     Console().print(t)
+
+
+def _disputes_per_job(c: Any) -> dict[int, int]:
+    """Disputes ever opened per job (the job record counts only open ones), from one
+    read of the market's ``Challenged`` events."""
+    from collections import Counter
+
+    from node.chain.events import EventWatcher
+
+    if c.deployment is None:
+        return {}
+    start = c.deployment.deploy_block
+    watcher = EventWatcher(c.w3, [c.market], start_block=start)
+    return dict(Counter(int(e.args["jobId"]) for e in watcher.fetch(start, c.block_number())
+                        if e.event == "Challenged"))
 
 
 @app.command("cancel")

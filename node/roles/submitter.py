@@ -163,7 +163,8 @@ def job_report(c: ChainClient, job_id: int) -> dict[str, Any]:
     events = [e for e in watcher.fetch(c.deployment.deploy_block, c.block_number())
               if int(e.args.get("jobId", -1)) == job_id]
     sampled: list[int] = []
-    if job.status == JobStatus.COMMITTED and job.seed != bytes(32):
+    # the sample stays part of a final job's record: which segments were checked
+    if job.status in (JobStatus.COMMITTED, JobStatus.FINALIZED) and job.seed != bytes(32):
         sampled = c.market.sampled_segments(job_id)
     return {
         "job_id": job_id, "status": job.status.name.lower(), "round": job.round,
