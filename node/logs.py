@@ -16,7 +16,13 @@ import structlog
 # routine on a network with churn, and most of a node's log otherwise. Kept at DEBUG.
 _DEPARTED_PEER_NOISE = ("Failed to open TCP stream", "ADD_PROVIDER", "negative cache",
                         "Failed to open stream", "unable to connect to",
-                        "all attempts to connect")
+                        "all attempts to connect",
+                        # A peer's stale or duplicated signed record (a restarted node, or
+                        # before the identity lock two processes under one name) and
+                        # gossipsub's per-forwarder limit (raised: p2p.gossip_receive_rate):
+                        # what is left of them is one peer's problem, not this node's.
+                        "Rate limit exceeded", "Certified-Addr-Book",
+                        "invalid-signed-record", "Equivocation detected")
 
 
 class DepartedPeerFilter(logging.Filter):

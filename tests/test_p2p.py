@@ -127,6 +127,33 @@ def test_gossip_signed_announcements(tmp_path: Path) -> None:
     trio.run(main)
 
 
+def test_a_forwarder_relaying_several_publishers_is_not_cut_off(tmp_path: Path) -> None:
+    """gossipsub's receive limit (10 msgs/s per forwarding peer and topic) counted what a
+    mesh neighbour *relayed*: two publishers each paced at 5/s through one neighbour went
+    over it, the rest were dropped with "Rate limit exceeded" (261 such lines in one
+    `job fetch`) and the neighbour penalised. 20/s through one peer now all arrive."""
+    kind = "artifact_available"
+
+    async def main() -> None:
+        with trio.fail_after(60):
+            async with nodes(tmp_path, 2) as (hub, relay):
+                rx = await hub.subscribe(kind)
+                await relay.wait_for_topic_peers(kind, 1)
+                await trio.sleep(1.5)  # one heartbeat: meshes form
+                for i in range(30):  # as two publishers at 10/s each would arrive
+                    raw = make_announcement(relay.key_pair.private_key, relay.peer_id, kind,
+                                            {"artifact_ids": [f"{i:064x}"]}, i + 1)
+                    await relay.pubsub.publish("polnet/artifacts/1", raw)
+                    await trio.sleep(0.05)
+                got = set()
+                with trio.move_on_after(10):
+                    while len(got) < 30:
+                        got.add((await rx.receive()).payload["artifact_ids"][0])
+                assert len(got) == 30
+
+    trio.run(main)
+
+
 def test_token_bucket_paces_without_dropping() -> None:
     async def main() -> None:
         bucket = TokenBucket(rate=5, burst=5)

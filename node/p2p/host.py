@@ -131,6 +131,7 @@ class PolnetNode:
             protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12,
             heartbeat_initial_delay=0.2, heartbeat_interval=config.gossip_heartbeat_s,
             eclipse_protection_enabled=not config.gossip_single_ip_ok,
+            max_messages_per_topic_per_second=config.gossip_receive_rate,
         )
         self.pubsub = Pubsub(self.host, self.gossipsub)
         self.dht = KadDHT(self.host, DHTMode.SERVER)
