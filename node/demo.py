@@ -30,6 +30,11 @@ NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "Committe
             "RoundSettled", "RewardPaid", "Burned", "JobReopened", "JobFinalized",
             "AttestorSlashed", "AttestorSlashesBurned", "Slashed", "JurorSlashed",
             "JobReclaimed"}
+# CollabMarket events whose jobId is the collaborative job's, not a market job's.
+_COLLAB_EVENTS = frozenset({"CollabPosted", "SlotClaimed", "SlotReleased", "RoundStarted",
+                            "RoundSettled", "RoundRetried", "OuterPosted", "OuterChallenged",
+                            "OuterResolved", "OuterAccepted", "CollabFinished", "CollabFailed",
+                            "SubJobPosted", "SubJobAccepted", "SubJobDropped"})
 GOOD = {"JobFinalized", "SubJobAccepted", "OuterAccepted", "CollabFinished"}
 ALARM = {"SubJobDropped", "OuterChallenged", "CollabFailed",
          "Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
@@ -85,14 +90,27 @@ class Narrator:
         # the contracts by name too: slashes and payouts name where tokens went
         dep = net.deployment
         self.known = {**{a: n for n, a in (dep.contracts.items() if dep else ())}, **names}
+        # market job id -> "round r slot s, worker": a collaborative inner run by its owner
+        self.sub_jobs: dict[int, str] = {}
+
+    def _text(self, event: str, field: str, value: Any) -> str:
+        text = field_text(event, field, value, self.known)
+        market_job = field == "marketJobId" or (field == "jobId" and event not in _COLLAB_EVENTS)
+        if market_job and isinstance(value, int) and value in self.sub_jobs:
+            text += f" ({self.sub_jobs[value]})"
+        return text
 
     def __call__(self) -> None:
         for ev in self.net.new_events():
+            if ev.event == "SubJobPosted":
+                a = ev.args
+                self.sub_jobs[int(a["marketJobId"])] = (
+                    f"round {a['round']} slot {a['slot']}, "
+                    f"{field_text(ev.event, 'worker', a['worker'], self.known)}")
             if ev.event not in self.events:
                 continue
             # escaped: a list like jury=[verifier-1, ...] is not rich markup
-            parts = [escape(f"{k}={field_text(ev.event, k, v, self.known)}")
-                     for k, v in ev.args.items()]
+            parts = [escape(f"{k}={self._text(ev.event, k, v)}") for k, v in ev.args.items()]
             style = "red" if ev.event in ALARM else "green" if ev.event in GOOD \
                 else "white"
             self.con.print(f"[dim]#{ev.block_number}[/] [{style}]{ev.contract}.{ev.event}[/] "

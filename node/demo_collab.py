@@ -243,6 +243,11 @@ def run_collab_demo(home: Path, timeout: float = 1500.0, rounds: int = 5,
         con.print(f"held-out loss: {start} {losses['initial']:.4f}; collaborative (4 slots, "
                   f"{rounds} rounds) [bold]{losses['collab']:.4f}[/]; one solver alone for the "
                   f"same steps {losses['solo']:.4f}")
+        gain = losses["solo"] - losses["collab"]
+        con.print(f"[green]collaborative training is {gain:.4f} below one solver alone: four "
+                  "workers' data per round for one worker's wall time" if gain > 0 else
+                  f"[yellow]collaborative training is {-gain:.4f} above one solver alone here "
+                  "(few rounds from scratch: try --warm-start 100 or more --rounds)")
     paid = print_collab_balances(before, after, con)
     con.print("contracts' token balance equals what they owe: " +
               ("[green]every token accounted for" if conserved else "[red]MISMATCH"))

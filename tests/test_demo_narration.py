@@ -75,3 +75,22 @@ def test_amounts_read_to_a_sensible_precision() -> None:
     assert pol(10**20 // 3, exact=True) == "33.333333333333333333 POL"
     assert pol(1) == "1e-18 POL" and pol(42 * 10**13) == "0.00042 POL"
     assert pol(0) == "0 POL" and pol(-5 * 10**17) == "-0.5 POL"
+
+
+def test_a_collaborative_inner_run_is_named_by_its_round_slot_and_worker() -> None:
+    evs = [ChainEvent("CollabMarket", "SubJobPosted",
+                      {"jobId": 1, "round": 2, "slot": 3, "marketJobId": 12, "worker": A1},
+                      5, "0x", 0, "0x"),
+           ChainEvent("JobMarket", "Challenged",
+                      {"jobId": 12, "round": 1, "segment": 4, "challenger": A2,
+                       "disputeId": 1}, 6, "0x", 1, "0x"),
+           ChainEvent("CollabMarket", "SubJobDropped",
+                      {"jobId": 1, "round": 2, "slot": 3, "marketJobId": 12, "worker": A1,
+                       "reason": 1}, 7, "0x", 2, "0x")]
+    con = Console(record=True, width=400)
+    Narrator(_Events(evs), {A1: "worker-1", A2: "verifier-2"}, con,  # type: ignore[arg-type]
+             {"Challenged", "SubJobDropped"})()
+    out = con.export_text()
+    assert "Challenged jobId=12 (round 2 slot 3, worker-1)" in out
+    assert "SubJobDropped jobId=1 round=2" in out and "reason=condemned" in out
+    assert "marketJobId=12 (round 2 slot 3, worker-1)" in out
