@@ -135,3 +135,30 @@ def status(home: Path | None = None) -> DevnetStatus:
     except PolnetError as exc:
         st.problem = str(exc)
     return st
+
+
+def fund(address: str, pol: int, eth: int, home: Path | None = None) -> tuple[int, int]:
+    """Give ``address`` ``pol`` POL (minted by the deployer, who owns the devnet's token)
+    and ``eth`` more wei of gas money; returns its (ETH, POL) balances after."""
+    from eth_utils import is_address, to_checksum_address  # noqa: PLC0415
+
+    from devnet.hardhat import kind  # noqa: PLC0415
+    from node.chain.client import ChainClient  # noqa: PLC0415
+
+    if not is_address(address):
+        raise DevnetError(f"{address!r} is not an address: pass 0x followed by 40 hex digits")
+    addr = to_checksum_address(address)
+    if running(home) is None:
+        raise DevnetError("the devnet is not running: `polnet devnet up` first")
+    dep = Deployment.load(devnet_dir(home) / "deployment.json")
+    owner = ChainClient.from_deployment(dep, 0)  # the deployer owns the token
+    if pol:
+        owner.token.mint_to(addr, pol)
+    if eth:
+        # A dev chain's own call (anvil_ / hardhat_setBalance): no account pays for it.
+        new = owner.eth_balance(addr) + eth
+        resp = owner.w3.provider.make_request(f"{kind(owner.w3)}_setBalance",  # type: ignore[arg-type]
+                                              [addr, hex(new)])
+        if "error" in resp:
+            raise DevnetError(f"setBalance failed: {resp['error']}")
+    return owner.eth_balance(addr), int(owner.token.balanceOf(addr))

@@ -48,6 +48,15 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         assert st.returncode == 0, st.stderr
         assert st.stdout.count("code ok") == 6 and "block" in st.stdout
 
+        # a keystore's fresh address gets POL and gas without `cast`
+        fresh = "0x" + "ab" * 20
+        funded = polnet(tmp_path, "devnet", "fund", fresh, "--pol", "250", "--eth", "2")
+        assert funded.returncode == 0, funded.stderr
+        assert client.token.balance_of(fresh) == 250 * 10**18
+        assert client.eth_balance(fresh) == 2 * 10**18
+        bad = polnet(tmp_path, "devnet", "fund", "0xnope")
+        assert bad.returncode == 1 and "not an address" in bad.stderr
+
         again = polnet(tmp_path, "devnet", "up", "--port", str(free_port()))
         assert again.returncode == 1 and "already running" in again.stderr
         assert "polnet devnet down" in again.stderr

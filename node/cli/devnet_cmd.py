@@ -1,4 +1,4 @@
-"""`polnet devnet up|down|status`: a local chain with the contracts deployed."""
+"""`polnet devnet up|down|status|fund`: a local chain with the contracts deployed."""
 
 from __future__ import annotations
 
@@ -38,6 +38,21 @@ def register(app: typer.Typer) -> None:
         import devnet  # noqa: PLC0415
 
         typer.echo("devnet stopped" if devnet.stop() else "devnet was not running")
+
+    @devnet_app.command("fund")
+    def fund(
+        address: str = typer.Argument(..., help="The account to fund (0x...), e.g. a "
+                                                "keystore's address from `polnet key new`."),
+        pol: float = typer.Option(1000.0, "--pol", min=0, help="POL to mint to it."),
+        eth: float = typer.Option(10.0, "--eth", min=0, help="ETH to add for gas."),
+    ) -> None:
+        """Give an account of your own POL and gas on the running devnet (the dev
+        accounts are funded at `devnet up`; a fresh keystore's address is not)."""
+        import devnet  # noqa: PLC0415
+        from node.units import TOKEN  # noqa: PLC0415
+
+        eth_after, pol_after = devnet.manager.fund(address, int(pol * TOKEN), int(eth * TOKEN))
+        typer.echo(f"{address}: {eth_after / TOKEN:,.4f} ETH, {pol_after / TOKEN:,.4f} POL")
 
     @devnet_app.command("status")
     def status() -> None:
