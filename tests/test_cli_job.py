@@ -162,3 +162,40 @@ def test_status_and_list_read_as_people_say_them(chain: LocalChain, tmp_path: Pa
     listed = run(env, "job", "list")
     assert listed.returncode == 0, listed.stderr
     assert "(0 open)" in listed.stdout
+
+
+def test_dry_run_with_a_keystore_shows_its_balance(chain: LocalChain, tmp_path: Path) -> None:
+    """`--dry-run --keystore` left out the balance line the dev accounts get."""
+    env = {**polnet_env(tmp_path, chain), "POLNET_KEYSTORE_PASSWORD": "correct horse"}
+    ks = tmp_path / "me.json"
+    made = run(env, "key", "new", "--out", str(ks))
+    assert made.returncode == 0, made.stderr
+    addr = json.loads(ks.read_text())["address"].lower()
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits(), data)
+    out = run(env, "job", "submit", str(REPO / "examples" / "mlp_digits.toml"), "--dataset",
+              str(data), "--reward", "5", "--dry-run", "--keystore", str(ks))
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("your balance"))
+    assert "0 POL" in line and addr in line.lower() and "short by" in line
+
+
+def test_watch_prints_changes_not_the_table_again(chain: LocalChain, tmp_path: Path) -> None:
+    env = polnet_env(tmp_path, chain)
+    jid = chain[SUBMITTER].post_job(job_terms())
+    watch = subprocess.Popen([sys.executable, "-m", "node.cli.main", "job", "status", str(jid),
+                              "--watch", "--interval", "0.2"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert watch.stdout is not None
+        for line in watch.stdout:  # the first report is the whole table
+            if "events" in line:
+                break
+        time.sleep(1.0)
+        chain[SUBMITTER].market.cancel(jid)
+        rest, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    assert "status: open -> cancelled" in rest and "JobCancelled" in rest
+    assert "job " + str(jid) not in rest  # no second table

@@ -101,7 +101,7 @@ def submit(
                      solve_duration)
     job_spec = check_request(req)  # fail before starting anything
     if dry_run:
-        _dry_run(req, job_spec, config, dev_account)
+        _dry_run(req, job_spec, config, dev_account, keystore)
         return
     settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
                              keystore=keystore, bootstrap=bootstrap)
@@ -177,7 +177,8 @@ def _check_balance(c: Any, total: int) -> None:
                           "--reward/--budget")
 
 
-def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None) -> None:
+def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None,
+             keystore: Path | None = None) -> None:
     """What `submit` would escrow and what a solver would lock, read from the chain's
     parameters (the bond is the contract's own integer arithmetic); nothing is sent."""
     from node.errors import ChainError
@@ -191,7 +192,7 @@ def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None) 
     typer.echo(f"you escrow   {wei_to_pol(total)} POL = reward {wei_to_pol(req.reward)} POL + "
                f"verification budget {wei_to_pol(req.budget)} POL")
     try:
-        c = _client(config, dev_account)
+        c = _client(config, dev_account, keystore)  # a keystore's balance too
         bps = c.market.market_params().bond_factor_bps
         balance = c.token.balance_of(c.address) if c.sender is not None else None
     except (ChainError, OSError) as exc:  # offline is fine for a dry run: say what is missing
@@ -267,7 +268,10 @@ def status(
         while True:
             rep = job_report(c, job_id)
             if rep != last:
-                _print_report(job_id, rep, as_json, watch, exact, c)
+                if last is None or as_json:
+                    _print_report(job_id, rep, as_json, watch, exact, c)
+                else:  # a watch prints what changed, not the whole table again
+                    _print_changes(last, rep, exact, c)
                 last = rep
             if not watch or rep["status"] in ("finalized", "cancelled"):
                 return
@@ -339,6 +343,20 @@ def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool,
         ev.add_row(str(e["block"]), e["event"],
                    escape(event_line(e["event"], args, names, exact=exact, skip=("jobId",))))
     Console().print(ev)
+
+
+def _print_changes(old: dict[str, Any], new: dict[str, Any], exact: bool, c: Any) -> None:
+    from node.event_text import event_line
+
+    names = _party_names(new, c)
+    for k, v in new.items():
+        if k not in ("events", "payouts") and old.get(k) != v:
+            typer.echo(f"{k}: {_human(k, old.get(k), old['status'], exact, names)} -> "
+                       f"{_human(k, v, new['status'], exact, names)}")
+    for e in new["events"][len(old["events"]):]:
+        args = {k: v for k, v in e.items() if k not in ("event", "block")}
+        typer.echo(f"#{e['block']} {e['event']} "
+                   + event_line(e["event"], args, names, exact=exact, skip=("jobId",)))
 
 
 def _party_names(rep: dict[str, Any], c: Any) -> dict[str, str]:
