@@ -13,7 +13,7 @@ from web3 import Web3
 from node.chain.artifacts import ErrorTable, artifacts_dir, load_artifact, load_error_table
 from node.chain.bound import Bound
 from node.chain.deployment import Deployment
-from node.chain.rpc import check_connected, make_web3, rpc_guard
+from node.chain.rpc import RpcSettings, check_connected, make_web3, rpc_guard
 from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
 
@@ -53,9 +53,10 @@ class ChainClient:
 
     def __init__(self, rpc_url: str, account: LocalAccount | str | None = None,
                  deployment: Deployment | None = None, *, artifacts: Path | None = None,
-                 w3: Web3 | None = None, timeout: float = 10.0) -> None:
+                 w3: Web3 | None = None, timeout: float | None = None,
+                 rpc: RpcSettings | None = None) -> None:
         self.rpc_url = rpc_url
-        self.w3 = w3 or make_web3(rpc_url, timeout=timeout)
+        self.w3 = w3 or make_web3(rpc_url, timeout=timeout, settings=rpc)
         self.chain_id = check_connected(self.w3)
         if deployment is not None and deployment.chain_id != self.chain_id:
             # Other contracts, or none, live at these addresses on this chain.
@@ -73,7 +74,8 @@ class ChainClient:
     @classmethod
     def from_deployment(cls, deployment: Deployment | Path | None = None,
                         account: LocalAccount | str | int | None = 0,
-                        rpc_url: str | None = None) -> ChainClient:
+                        rpc_url: str | None = None, rpc: RpcSettings | None = None
+                        ) -> ChainClient:
         """Client for a deployment file; ``account`` may be a dev-account index."""
         dep = deployment if isinstance(deployment, Deployment) else Deployment.load(deployment)
         if isinstance(account, int):
@@ -81,7 +83,7 @@ class ChainClient:
                 raise ConfigError(f"dev account {account} does not exist "
                                   f"(the deployment has {len(dep.accounts)})")
             account = dep.accounts[account].private_key
-        return cls(rpc_url or dep.rpc_url, account, dep)
+        return cls(rpc_url or dep.rpc_url, account, dep, rpc=rpc)
 
     def with_account(self, account: LocalAccount | str) -> ChainClient:
         """Another account over the same connection and deployment."""

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
         if warning:
             typer.secho(warning, fg=typer.colors.YELLOW, err=True)
         s = settings_from(config)
-        c = ChainClient.from_deployment(Deployment.load(s.deployment_path), None, s.rpc_url)
+        c = ChainClient.from_deployment(Deployment.load(s.deployment_path), None, s.rpc_url,
+                                        rpc=s.rpc)
         srv = ExplorerServer(ChainIndex(c, home or s.home), host, port)
         typer.echo(f"polnet explorer on {srv.url} (chain {c.chain_id}); Ctrl-C stops it")
         try:
