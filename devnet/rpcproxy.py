@@ -5,8 +5,9 @@ Each request is forwarded to the upstream node unless the proxy's :class:`Thrott
 picks one of the provider's failures for it: HTTP 429, JSON-RPC -32005 ("limit
 exceeded", HTTP 200), JSON-RPC -32000 "header not found" (a load-balanced node behind
 its peers), a stall (held ``stall_s`` before it is forwarded, so a client that gave up
-may find its request executed anyway), or a reset connection. ``burst(n)`` answers the
-next ``n`` requests 429. Everything it did is counted (:attr:`RpcProxy.counts`).
+may find its request executed anyway), or a reset connection. ``burst(n)`` answers
+the next ``n`` requests 429; ``stall_next(method)`` stalls the next call of one
+method. Everything it did is counted (:attr:`RpcProxy.counts`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class RpcProxy(ThreadingHTTPServer):
         self.methods: Counter[str] = Counter()  # forwarded, by JSON-RPC method
         self.arrivals: list[float] = []  # monotonic time of each request
         self._burst = 0
+        self._stall_methods: set[str] = set()
         self._lock = threading.Lock()
 
     @property
@@ -148,6 +150,11 @@ class RpcProxy(ThreadingHTTPServer):
         with self._lock:
             self._burst = n
 
+    def stall_next(self, method: str) -> None:
+        """Hold the next request for ``method`` ``throttle.stall_s`` before forwarding it."""
+        with self._lock:
+            self._stall_methods.add(method)
+
     def burst_left(self) -> int:
         with self._lock:
             return self._burst
@@ -159,6 +166,9 @@ class RpcProxy(ThreadingHTTPServer):
             if self._burst > 0:
                 self._burst -= 1
                 kind = "429"
+            elif self._stall_methods.intersection(methods):
+                self._stall_methods.difference_update(methods)
+                kind = "stall"
             else:
                 kind = self.throttle.pick()
             self.counts[kind] += 1

@@ -382,3 +382,5 @@ def test_binding_beyond_loopback_needs_public(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="--public"):
             check_bind(host, public=False)
         assert "warning" in (check_bind(host, public=True) or "")
+    with pytest.raises(ConfigError, match="--public"):  # the class refuses too, before binding
+        ExplorerServer(None, "0.0.0.0", 0)  # type: ignore[arg-type]

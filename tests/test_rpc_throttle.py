@@ -169,3 +169,22 @@ def test_a_verifier_daemon_lives_through_a_burst_of_429s_and_does_its_job(
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
+
+
+def test_a_send_whose_answer_was_lost_lands_once(chain: LocalChain, proxy: RpcProxy) -> None:
+    """The provider takes a transaction but its answer never comes (the client times out;
+    the proxy forwards the send to anvil afterwards, where it is mined). A blind retry
+    of the raw transaction gets "nonce too low", and the sender's nonce resync then
+    signed the transfer again under a new nonce: paid twice. The retry now looks the
+    transaction up by its hash and takes it as sent."""
+    proxy.throttle = Throttle(stall_s=0.6)
+    slow_retry = RpcSettings(timeout=0.3, retries=3, backoff=2.0, max_backoff=3.0)
+    c = ChainClient(proxy.url, chain.accounts[3], chain.deployment, rpc=slow_retry)
+    to = chain.addresses[4]
+    before = chain.reader.token.balance_of(to)
+    proxy.stall_next("eth_sendRawTransaction")
+    c.token.transfer(to, 5 * TOKEN)
+    assert chain.reader.token.balance_of(to) == before + 5 * TOKEN  # not 10: sent once
+    assert proxy.counts["stall"] == 1 and proxy.methods["eth_sendRawTransaction"] == 2
+    c.token.transfer(to, 1 * TOKEN)  # and the local nonce is still right
+    assert chain.reader.token.balance_of(to) == before + 6 * TOKEN

@@ -129,8 +129,10 @@ def is_rate_limited(response: Any) -> bool:
     err = response.get("error") if isinstance(response, dict) else None
     if not isinstance(err, dict):
         return False
-    return err.get("code") in RATE_LIMIT_CODES or bool(
-        _RATE_LIMIT_TEXT.search(str(err.get("message", ""))))
+    if err.get("code") in RATE_LIMIT_CODES:
+        return True
+    # code 3 is a revert: its text is the contract's, whatever words it contains
+    return err.get("code") != 3 and bool(_RATE_LIMIT_TEXT.search(str(err.get("message", ""))))
 
 
 def _refused(exc: BaseException) -> bool:

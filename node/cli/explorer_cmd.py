@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         s = settings_from(config)
         c = ChainClient.from_deployment(Deployment.load(s.deployment_path), None, s.rpc_url,
                                         rpc=s.rpc)
-        srv = ExplorerServer(ChainIndex(c, home or s.home), host, port)
+        srv = ExplorerServer(ChainIndex(c, home or s.home), host, port, public=public)
         typer.echo(f"polnet explorer on {srv.url} (chain {c.chain_id}); Ctrl-C stops it")
         try:
             srv.serve_forever()

@@ -122,8 +122,9 @@ class ExplorerServer(ThreadingHTTPServer):
     request_queue_size = 128  # accepted promptly anyway; the cap is MAX_CONNECTIONS
 
     def __init__(self, index: ChainIndex, host: str = "127.0.0.1", port: int = 0, *,
-                 read_timeout: float = READ_TIMEOUT_S,
+                 public: bool = False, read_timeout: float = READ_TIMEOUT_S,
                  max_connections: int = MAX_CONNECTIONS) -> None:
+        self.warning = check_bind(host, public)  # raises ConfigError before binding
         super().__init__((host, port), _Handler)
         self.index = index
         self.read_timeout = read_timeout
