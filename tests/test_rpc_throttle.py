@@ -89,6 +89,27 @@ def test_request_budget_spreads_requests(chain: LocalChain, proxy: RpcProxy) -> 
     assert worst <= 2 * rate, f"{worst} requests in one second at rate {rate}"
 
 
+def test_rpc_section_from_file_and_environment_reaches_the_provider(
+        chain: LocalChain, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[rpc] in the config file and POLNET_RPC__* in the environment are the settings
+    the node's provider runs with; a bad value is named."""
+    from node.chain.rpc import ResilientHTTPProvider
+    from node.config import load_config
+    from node.errors import ConfigError
+
+    cfg = tmp_path / "node.toml"
+    cfg.write_text("[rpc]\nrate = 5\nretries = 2\n")
+    monkeypatch.setenv("POLNET_RPC__TIMEOUT", "3")
+    s = load_config(cfg)
+    assert (s.rpc.rate, s.rpc.retries, s.rpc.timeout) == (5.0, 2, 3.0)
+    provider = ChainClient(chain.url, None, chain.deployment, rpc=s.rpc).w3.provider
+    assert isinstance(provider, ResilientHTTPProvider)
+    assert provider.settings == s.rpc and provider.budget.rate == 5.0
+    cfg.write_text("[rpc]\nrate = -1\n")
+    with pytest.raises(ConfigError, match="rpc.rate"):
+        load_config(cfg)
+
+
 def _alive(p: subprocess.Popen[str], log: Path) -> None:
     assert p.poll() is None, f"the daemon exited ({p.returncode}):\n{log.read_text()[-4000:]}"
 
