@@ -339,6 +339,39 @@ def test_idle_connections_are_closed_and_their_threads_bounded(chain: LocalChain
         srv.stop()
 
 
+def test_a_request_trickled_byte_by_byte_is_cut_off(chain: LocalChain, tmp_path: Path) -> None:
+    """A read timeout alone does not stop a client that sends one byte of its headers
+    every half second (slowloris): each read succeeds, and its thread and slot were held
+    for as long as it kept trickling. Now the whole request must arrive within the
+    request deadline, and the server closes the connection when it does not."""
+    import socket
+
+    srv = ExplorerServer(ChainIndex(chain.reader, tmp_path, min_age_s=0.0),
+                         read_timeout=1.0, request_deadline=2.0).start()
+    host, port = srv.server_address[:2]
+    s = socket.create_connection((str(host), port), timeout=5)
+    closed = False
+    try:
+        s.sendall(b"GET / HTTP/1.1\r\n")
+        for _ in range(40):  # 20 s of trickling, ten times the deadline
+            try:
+                s.sendall(b"X")
+                s.settimeout(0.5)
+                if s.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:  # reset or broken pipe: closed by the server
+                closed = True
+                break
+        assert closed, "the trickling client kept its connection"
+        assert _get(srv.url + "/")[0] == 200  # others are served meanwhile and after
+    finally:
+        s.close()
+        srv.stop()
+
+
 def test_invisible_and_bidi_characters_render_escaped(chain: LocalChain, tmp_path: Path) -> None:
     """Before the fix a registrant's U+202E (right-to-left override), U+2066 (isolate)
     and U+200B (zero-width space) reached the page as they were: a peer id could pass for

@@ -6,16 +6,21 @@ shared), GET/HEAD only, and every page is built from one snapshot per chain head
 
 A thread serves each connection, so a connection costs a thread for as long as it
 lives: every socket read has a timeout (an idle keep-alive connection is closed after
-it) and at most ``max_connections`` are served at once (the rest are answered 503 and
-closed), so a few hundred idle sockets cannot grow the process without bound.
+it), a request's line and headers must all arrive within ``request_deadline`` (a
+client trickling bytes cannot hold its thread either), and at most
+``max_connections`` are served at once (the rest are answered 503 and closed), so a
+few hundred idle sockets cannot grow the process without bound.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
+import socket
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -31,6 +36,7 @@ log = get_logger("polnet.explorer")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 MAX_PATH = 200
 READ_TIMEOUT_S = 10.0  # per socket read: an idle connection is closed after this
+REQUEST_DEADLINE_S = 20.0  # a request's line and headers, however slowly they trickle
 MAX_CONNECTIONS = 64  # served at once; each holds a thread
 _BUSY_BODY = b"too many connections, try again\n"
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close"
@@ -64,6 +70,18 @@ def check_bind(host: str, public: bool) -> str | None:
 class _Handler(BaseHTTPRequestHandler):
     server: ExplorerServer
     protocol_version = "HTTP/1.1"
+
+    def handle_one_request(self) -> None:
+        self.server.reading(self.connection, True)  # the request's clock starts
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.reading(self.connection, False)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # the request line and headers are in
+        self.server.reading(self.connection, False)
+        return ok
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self._serve(head=False)
@@ -123,11 +141,15 @@ class ExplorerServer(ThreadingHTTPServer):
 
     def __init__(self, index: ChainIndex, host: str = "127.0.0.1", port: int = 0, *,
                  public: bool = False, read_timeout: float = READ_TIMEOUT_S,
+                 request_deadline: float = REQUEST_DEADLINE_S,
                  max_connections: int = MAX_CONNECTIONS) -> None:
         self.warning = check_bind(host, public)  # raises ConfigError before binding
         super().__init__((host, port), _Handler)
         self.index = index
         self.read_timeout = read_timeout
+        self.request_deadline = request_deadline
+        self._reading: dict[socket.socket, float] = {}  # connection -> when its request began
+        self._reading_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._thread: threading.Thread | None = None
 
@@ -149,6 +171,27 @@ class ExplorerServer(ThreadingHTTPServer):
         except BaseException:
             self._slots.release()
             raise
+
+    def reading(self, conn: socket.socket, started: bool) -> None:
+        with self._reading_lock:
+            if started:
+                self._reading[conn] = time.monotonic()
+            else:
+                self._reading.pop(conn, None)
+
+    def service_actions(self) -> None:
+        """Between accepts (every 0.5 s): end connections whose request has not arrived
+        within the deadline. The read timeout alone lets a client that sends a byte
+        every few seconds (slowloris) hold a slot forever."""
+        now = time.monotonic()
+        with self._reading_lock:
+            late = [c for c, t in self._reading.items() if now - t > self.request_deadline]
+            for c in late:
+                del self._reading[c]
+        for c in late:
+            log.warning("explorer_request_too_slow", deadline_s=self.request_deadline)
+            with contextlib.suppress(OSError):  # its thread's read returns; the thread ends
+                c.shutdown(socket.SHUT_RDWR)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
