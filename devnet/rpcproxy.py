@@ -4,7 +4,8 @@ of a real anvil.
 Each request is forwarded to the upstream node unless the proxy's :class:`Throttle`
 picks one of the provider's failures for it: HTTP 429, JSON-RPC -32005 ("limit
 exceeded", HTTP 200), JSON-RPC -32000 "header not found" (a load-balanced node behind
-its peers), a stall (held ``stall_s`` before it is forwarded, so a client that gave up
+its peers), JSON-RPC -32603 "internal error" (not transient: the caller must cope), a
+stall (held ``stall_s`` before it is forwarded, so a client that gave up
 may find its request executed anyway), or a reset connection. ``burst(n)`` answers
 the next ``n`` requests 429; ``stall_next(method)`` stalls the next call of one
 method. Everything it did is counted (:attr:`RpcProxy.counts`).
@@ -33,6 +34,7 @@ class Throttle:
     p429: float = 0.0
     p32005: float = 0.0
     p_header: float = 0.0  # -32000 "header not found"
+    p_internal: float = 0.0  # -32603 "internal error"
     p_stall: float = 0.0
     p_reset: float = 0.0
     stall_s: float = 2.0
@@ -45,7 +47,8 @@ class Throttle:
     def pick(self) -> str:
         x = self._rng.random()
         for kind, p in (("429", self.p429), ("-32005", self.p32005),
-                        ("-32000", self.p_header), ("stall", self.p_stall),
+                        ("-32000", self.p_header), ("-32603", self.p_internal),
+                        ("stall", self.p_stall),
                         ("reset", self.p_reset)):
             if x < p:
                 return kind
@@ -85,6 +88,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(_error(req, -32005, "request rate exceeded, retry later"))
         elif kind == "-32000":
             self._json(_error(req, -32000, "header not found"))
+        elif kind == "-32603":
+            self._json(_error(req, -32603, "internal error"))
         elif kind == "reset":
             # SO_LINGER 0: close sends RST, what a provider's dropped connection looks like
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,

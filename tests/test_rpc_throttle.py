@@ -43,8 +43,8 @@ def test_reads_and_a_transaction_get_through_a_throttling_provider(
     no caller handled), and -32005 was a Web3RPCError: no read survived this proxy. The
     transfer also shows a send whose answer was lost (a stall past the client's timeout,
     executed upstream anyway) is not sent twice."""
-    proxy.throttle = Throttle(p429=0.2, p32005=0.15, p_stall=0.1, p_reset=0.05, stall_s=1.0,
-                              seed=7)
+    proxy.throttle = Throttle(p429=0.2, p32005=0.15, p_header=0.05, p_stall=0.1, p_reset=0.05,
+                              stall_s=1.0, seed=7)
     c = ChainClient(proxy.url, chain.accounts[3], chain.deployment, rpc=FAST)
     truth = chain.reader
     for _ in range(15):
@@ -56,14 +56,15 @@ def test_reads_and_a_transaction_get_through_a_throttling_provider(
         c.token.transfer(to, 7 * TOKEN)
     assert truth.token.balance_of(to) == before + 21 * TOKEN  # each once, none twice
     assert proxy.methods["eth_sendRawTransaction"] >= 3
-    for kind in ("429", "-32005", "stall", "reset", "forward"):
+    for kind in ("429", "-32005", "-32000", "stall", "reset", "forward"):
         assert proxy.counts[kind] > 0, (kind, proxy.counts)  # the test saw each failure
 
 
 @pytest.mark.parametrize("throttle", [Throttle(p429=1.0), Throttle(p32005=1.0),
+                                      Throttle(p_header=1.0),
                                       Throttle(p_stall=1.0, stall_s=1.0),
                                       Throttle(p_reset=1.0)],
-                         ids=["429", "-32005", "stall", "reset"])
+                         ids=["429", "-32005", "header-not-found", "stall", "reset"])
 def test_exhausted_retries_are_rpc_unavailable(chain: LocalChain, proxy: RpcProxy,
                                                throttle: Throttle) -> None:
     """Each way a provider refuses ends, after the retries, in RpcUnavailable (a
@@ -120,8 +121,9 @@ def test_a_verifier_daemon_lives_through_a_burst_of_429s_and_does_its_job(
     a PolnetError, so the verifier's run loop let it through and the process exited.
     Here a real `polnet verifier run` reaches anvil only through the proxy: it starts
     and registers through 429s, -32005s, stalls and resets, outlives a burst of 429s
-    (plus "header not found" answers) with its loop running, and then fixes the seed of
-    a job committed after the burst (its first duty to a committed job)."""
+    (then "internal error" answers, which no retry hides) with its loop running, and
+    then fixes the seed of a job committed after the burst (its first duty to a
+    committed job)."""
     proxy.throttle = Throttle(p429=0.15, p32005=0.1, p_stall=0.03, p_reset=0.03,
                               stall_s=1.5, seed=3)
     chain.deployment.save(tmp_path / "devnet" / "deployment.json")
@@ -139,14 +141,15 @@ def test_a_verifier_daemon_lives_through_a_burst_of_429s_and_does_its_job(
                              start_new_session=True)
     try:
         reg = chain.reader.registry
-        for _ in range(400):  # started: registered and staked, through the throttle
-            if reg.node_of(me).free_stake > 0:
+        for _ in range(400):  # started: registered, staked and in its loop, through it all
+            if "verifier_running" in log.read_text():
                 break
             _alive(p, log)
             time.sleep(0.5)
-        assert reg.node_of(me).free_stake > 0, log.read_text()[-4000:]
+        assert "verifier_running" in log.read_text(), log.read_text()[-4000:]
+        assert reg.node_of(me).free_stake > 0
 
-        # A burst: every request answered 429, then "header not found" for a while.
+        # A burst: every request answered 429, then "internal error" for a while.
         proxy.burst(60)
         for _ in range(600):
             if proxy.burst_left() == 0:
@@ -154,10 +157,10 @@ def test_a_verifier_daemon_lives_through_a_burst_of_429s_and_does_its_job(
             _alive(p, log)
             time.sleep(0.2)
         assert proxy.burst_left() == 0
-        proxy.throttle = Throttle(p_header=0.5, seed=4)
-        seen = proxy.counts["-32000"]
+        proxy.throttle = Throttle(p_internal=0.5, seed=4)
+        seen = proxy.counts["-32603"]
         for _ in range(600):
-            if proxy.counts["-32000"] >= seen + 10:
+            if proxy.counts["-32603"] >= seen + 10:
                 break
             _alive(p, log)
             time.sleep(0.2)

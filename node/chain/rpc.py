@@ -1,8 +1,9 @@
 """Connecting to a JSON-RPC endpoint, and turning transport failures into RpcUnavailable.
 
 A real provider throttles: it answers HTTP 429 (or 502/503/504 behind a load
-balancer), or JSON-RPC error -32005 / a "rate limit" message, stalls past the
-timeout, or resets the connection. :class:`ResilientHTTPProvider` retries each of
+balancer), or JSON-RPC error -32005 / a "rate limit" message (or a lagging backend's
+"header not found"), stalls past the timeout, or resets the connection.
+:class:`ResilientHTTPProvider` retries each of
 these with exponential backoff and jitter (honouring ``Retry-After``) and, once the
 retries are spent, raises :class:`RpcUnavailable`, the one error callers handle. It
 also keeps a request budget per second (:class:`RpcSettings.rate`), so a node spends
@@ -56,8 +57,11 @@ RPC_FAILURES: tuple[type[BaseException], ...] = (RpcUnavailable, *TRANSPORT_ERRO
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 #: JSON-RPC error codes for "slow down": -32005 (EIP-1474 "limit exceeded"), 429, -32029.
 RATE_LIMIT_CODES = frozenset({-32005, -32029, 429})
-_RATE_LIMIT_TEXT = re.compile(r"rate.?limit|too many requests|exceeded .*(capacity|quota|"
-                              r"limit)|request limit|compute units", re.IGNORECASE)
+# ... and the transient answers of a load-balanced provider: "header not found" is a
+# backend node a block behind its peers; the same request succeeds on the next try.
+_TRANSIENT_TEXT = re.compile(r"rate.?limit|too many requests|exceeded .*(capacity|quota|"
+                             r"limit)|request limit|compute units|header not found",
+                             re.IGNORECASE)
 
 
 class RpcSettings(BaseModel):
@@ -122,17 +126,18 @@ def _retry_after(resp: requests.Response | None) -> float | None:
             return None
 
 
-def is_rate_limited(response: Any) -> bool:
-    """Whether a JSON-RPC answer (one, or a batch's) is a provider's "slow down"."""
+def is_transient(response: Any) -> bool:
+    """Whether a JSON-RPC answer (one, or a batch's) is a provider's "slow down" or a
+    transient backend error: worth the same request again, later."""
     if isinstance(response, list):
-        return any(is_rate_limited(r) for r in response)
+        return any(is_transient(r) for r in response)
     err = response.get("error") if isinstance(response, dict) else None
     if not isinstance(err, dict):
         return False
     if err.get("code") in RATE_LIMIT_CODES:
         return True
     # code 3 is a revert: its text is the contract's, whatever words it contains
-    return err.get("code") != 3 and bool(_RATE_LIMIT_TEXT.search(str(err.get("message", ""))))
+    return err.get("code") != 3 and bool(_TRANSIENT_TEXT.search(str(err.get("message", ""))))
 
 
 def _refused(exc: BaseException) -> bool:
@@ -185,8 +190,8 @@ class ResilientHTTPProvider(HTTPProvider):
                 raise RpcUnavailable(f"cannot reach the chain at {self.endpoint_uri}: "
                                      f"{DEVNET_HINT}") from exc
             raise _Retry(type(exc).__name__) from exc
-        if is_rate_limited(response):
-            raise _Retry("rate limited (JSON-RPC)")
+        if is_transient(response):
+            raise _Retry("rate limited or transient (JSON-RPC)")
         return response
 
     def _with_retries(self, method: str, call: Callable[[], Any], raw_tx: Any) -> Any:
