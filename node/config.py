@@ -35,6 +35,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from node.chain.rpc import RpcSettings
 from node.errors import ConfigError
 from node.p2p.config import P2PSettings
 
@@ -93,6 +94,8 @@ class NodeSettings(BaseSettings):
     stake: int = Field(1000 * 10**18, ge=0, description="Stake to keep bonded (token wei).")
     poll_interval: float = Field(0.5, gt=0, le=60, description="Chain polling period (s).")
     p2p: P2PSettings = Field(default_factory=P2PSettings, description="libp2p: [p2p] section.")
+    rpc: RpcSettings = Field(default_factory=RpcSettings,
+                             description="JSON-RPC: [rpc] section (request budget, retries).")
     networks: dict[str, NetworkProfile] = Field(
         default_factory=dict, description="Named chains: [networks.NAME] sections.")
     network: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]{1,64}$",

@@ -291,3 +291,129 @@ def test_polnet_explorer_command_serves_the_devnet(chain: LocalChain, tmp_path: 
     finally:
         p.terminate()
         p.wait(timeout=30)
+
+
+# --- hostile clients and registrants (issue 37, item 5) -------------------------------
+
+
+def test_idle_connections_are_closed_and_their_threads_bounded(chain: LocalChain,
+                                                               tmp_path: Path) -> None:
+    """Before the fix each connection kept a thread until the client left: 200 idle
+    sockets made 201 threads, still there 30 s later, so anyone who could connect could
+    grow the process without bound. Now at most ``max_connections`` are served at once
+    (the rest get a 503 and are closed) and an idle one is closed after the read timeout."""
+    import socket
+    import threading
+    import time
+
+    cap = 16
+    srv = ExplorerServer(ChainIndex(chain.reader, tmp_path, min_age_s=0.0),
+                         read_timeout=1.0, max_connections=cap).start()
+    base = threading.active_count()
+    host, port = srv.server_address[:2]
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            socks.append(socket.create_connection((str(host), port), timeout=10))
+        peak = threading.active_count()
+        for _ in range(20):  # while they idle, sample the thread count
+            peak = max(peak, threading.active_count())
+            time.sleep(0.05)
+        assert peak <= base + cap, f"{peak - base} threads for 200 idle connections"
+        answers: list[bytes] = []
+        for s in socks:  # every socket is closed by the server: 503 now, or at the timeout
+            buf = b""
+            while chunk := s.recv(4096):
+                buf += chunk
+            answers.append(buf)
+        assert all(a == b"" or a.startswith(b"HTTP/1.1 503") for a in answers)
+        for _ in range(100):  # their threads end with them
+            if threading.active_count() <= base:
+                break
+            time.sleep(0.1)
+        assert threading.active_count() <= base
+        assert _get(srv.url + "/")[0] == 200  # and honest clients are served again
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
+
+
+def test_a_request_trickled_byte_by_byte_is_cut_off(chain: LocalChain, tmp_path: Path) -> None:
+    """A read timeout alone does not stop a client that sends one byte of its headers
+    every half second (slowloris): each read succeeds, and its thread and slot were held
+    for as long as it kept trickling. Now the whole request must arrive within the
+    request deadline, and the server closes the connection when it does not."""
+    import socket
+
+    srv = ExplorerServer(ChainIndex(chain.reader, tmp_path, min_age_s=0.0),
+                         read_timeout=1.0, request_deadline=2.0).start()
+    host, port = srv.server_address[:2]
+    s = socket.create_connection((str(host), port), timeout=5)
+    closed = False
+    try:
+        s.sendall(b"GET / HTTP/1.1\r\n")
+        for _ in range(40):  # 20 s of trickling, ten times the deadline
+            try:
+                s.sendall(b"X")
+                s.settimeout(0.5)
+                if s.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except OSError:  # reset or broken pipe: closed by the server
+                closed = True
+                break
+        assert closed, "the trickling client kept its connection"
+        assert _get(srv.url + "/")[0] == 200  # others are served meanwhile and after
+    finally:
+        s.close()
+        srv.stop()
+
+
+def test_invisible_and_bidi_characters_render_escaped(chain: LocalChain, tmp_path: Path) -> None:
+    """Before the fix a registrant's U+202E (right-to-left override), U+2066 (isolate)
+    and U+200B (zero-width space) reached the page as they were: a peer id could pass for
+    another node's, and an override reversed the text around it. Now each shows as a
+    visible ``\\u202e``-style escape on the node page and in the node list."""
+    bad = "\u202e", "\u2066", "\u200b", "\x07"
+    c = chain[7]
+    c.registry.register(VERIFIER, "12D3KooW\u202eelpmaxe\u200b", ["/ip4/10.0.0.1/tcp/1\u2066x"],
+                        '{"device":"cpu\u200b\x07"}')
+    srv = ExplorerServer(ChainIndex(chain.reader, tmp_path, min_age_s=0.0)).start()
+    try:
+        status, body, _ = _get(f"{srv.url}/node/{c.address}")
+        assert status == 200
+        assert not any(ch in body for ch in bad)
+        assert "12D3KooW\\u202eelpmaxe\\u200b" in body  # the peer id, shown with its escapes
+        assert "/ip4/10.0.0.1/tcp/1\\u2066x" in body
+        assert "cpu\\u200b\\u0007" in body
+        status, body, _ = _get(f"{srv.url}/nodes")
+        assert status == 200 and not any(ch in body for ch in bad)
+    finally:
+        srv.stop()
+
+
+def test_binding_beyond_loopback_needs_public(tmp_path: Path) -> None:
+    """Before the fix `polnet explorer --host 0.0.0.0` served every interface without a
+    word. Now it is refused with a message naming --public, and --public warns."""
+    import os
+    import sys
+
+    from node.errors import ConfigError
+    from node.explorer.server import check_bind
+
+    p = subprocess.run([sys.executable, "-m", "node.cli.main", "explorer", "--host", "0.0.0.0",
+                        "--port", "0"], cwd=ROOT, env={**os.environ, "POLNET_HOME": str(tmp_path)},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "--public" in p.stderr, (p.returncode, p.stderr)
+    assert "polnet explorer on" not in p.stdout
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        assert check_bind(host, public=False) is None
+    for host in ("0.0.0.0", "::", "192.168.1.10", "example.org"):
+        with pytest.raises(ConfigError, match="--public"):
+            check_bind(host, public=False)
+        assert "warning" in (check_bind(host, public=True) or "")
+    with pytest.raises(ConfigError, match="--public"):  # the class refuses too, before binding
+        ExplorerServer(None, "0.0.0.0", 0)  # type: ignore[arg-type]

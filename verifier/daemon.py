@@ -23,6 +23,7 @@ import trio
 from node.chain.contracts import DisputeState, JobStatus, Phase, Verdict
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
+from node.chain.rpc import RPC_FAILURES
 from node.errors import PolnetError
 from node.logs import get_logger
 from node.proof import sample_share
@@ -130,6 +131,9 @@ class Verifier:
                     await self._tick(nursery)
                 except PolnetError as exc:
                     log.warning("verifier_tick_failed", error=str(exc))
+                except RPC_FAILURES as exc:  # a throttled or flaky provider: wait, go on
+                    log.warning("verifier_tick_rpc_failed", error=str(exc) or repr(exc),
+                                kind=type(exc).__name__)
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 

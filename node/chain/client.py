@@ -13,7 +13,7 @@ from web3 import Web3
 from node.chain.artifacts import ErrorTable, artifacts_dir, load_artifact, load_error_table
 from node.chain.bound import Bound
 from node.chain.deployment import Deployment
-from node.chain.rpc import check_connected, make_web3, rpc_guard
+from node.chain.rpc import RpcSettings, check_connected, make_web3, rpc_guard
 from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
 
@@ -53,10 +53,11 @@ class ChainClient:
 
     def __init__(self, rpc_url: str, account: LocalAccount | str | None = None,
                  deployment: Deployment | None = None, *, artifacts: Path | None = None,
-                 w3: Web3 | None = None, timeout: float = 10.0,
+                 w3: Web3 | None = None, timeout: float | None = None,
+                 rpc: RpcSettings | None = None,
                  expected_chain_id: int | None = None) -> None:
         self.rpc_url = rpc_url
-        self.w3 = w3 or make_web3(rpc_url, timeout=timeout)
+        self.w3 = w3 or make_web3(rpc_url, timeout=timeout, settings=rpc)
         self.chain_id = check_connected(self.w3)
         if expected_chain_id is not None and expected_chain_id != self.chain_id:
             # A profile names its chain so that a wrong RPC URL never signs for another.
@@ -80,7 +81,8 @@ class ChainClient:
     def from_deployment(cls, deployment: Deployment | Path | None = None,
                         account: LocalAccount | str | int | None = 0,
                         rpc_url: str | None = None,
-                        expected_chain_id: int | None = None) -> ChainClient:
+                        expected_chain_id: int | None = None, rpc: RpcSettings | None = None
+                        ) -> ChainClient:
         """Client for a deployment file; ``account`` may be a dev-account index."""
         dep = deployment if isinstance(deployment, Deployment) else Deployment.load(deployment)
         if isinstance(account, int):
@@ -88,7 +90,8 @@ class ChainClient:
                 raise ConfigError(f"dev account {account} does not exist "
                                   f"(the deployment has {len(dep.accounts)})")
             account = dep.accounts[account].private_key
-        return cls(rpc_url or dep.rpc_url, account, dep, expected_chain_id=expected_chain_id)
+        return cls(rpc_url or dep.rpc_url, account, dep, rpc=rpc,
+                   expected_chain_id=expected_chain_id)
 
     def with_account(self, account: LocalAccount | str) -> ChainClient:
         """Another account over the same connection and deployment."""

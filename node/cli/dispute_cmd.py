@@ -27,7 +27,8 @@ def status(
 
     settings = load_config(config)
     c = ChainClient.from_deployment(Deployment.load(settings.deployment_path), None,
-                                    settings.rpc_url, settings.expected_chain_id)
+                                    settings.rpc_url, settings.expected_chain_id,
+                                    rpc=settings.rpc)
     count = int(c.dispute.call("disputeCount"))
     if not 1 <= dispute_id <= count:
         from node.errors import ConfigError

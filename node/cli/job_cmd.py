@@ -48,7 +48,7 @@ def _client(config: Path | None, dev_account: int | None = None,  # type: ignore
     key = s.load_private_key() if (s.dev_account is not None or s.private_key or s.keystore) \
         else None
     return ChainClient.from_deployment(Deployment.load(s.deployment_path), key, s.rpc_url,
-                                       s.expected_chain_id)
+                                       s.expected_chain_id, rpc=s.rpc)
 
 
 @app.command("submit")

@@ -2,7 +2,10 @@
 
 Every string that came from the chain or a file (peer ids, profiles, multiaddrs are
 whatever a registrant typed) is escaped here, in one place (:func:`esc`), and the
-server sends a Content-Security-Policy that forbids scripts anyway.
+server sends a Content-Security-Policy that forbids scripts anyway. Characters that
+are invisible or reorder text (controls, bidi overrides and isolates, zero-width ones:
+whatever Python does not call printable) are shown as ``\u202e``-style escapes, so a
+registrant cannot make one peer id look like another or reverse the text around it.
 """
 
 from __future__ import annotations
@@ -29,8 +32,18 @@ th{background:#eef0f4}.mono{font-family:ui-monospace,monospace;font-size:12px}
 """
 
 
+def visible(text: str) -> str:
+    """``text`` with every non-printable character (Unicode categories C* and Z* but
+    the plain space: U+202E, U+2066, U+200B, NUL, newlines...) written as an escape."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else
+                   (f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}")
+                   for c in text)
+
+
 def esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    return html.escape(visible(str(value)), quote=True)
 
 
 def pol(wei: int) -> str:

@@ -3,18 +3,29 @@
 The standard library's threaded HTTP server, bound to loopback by default: the
 explorer is a separate process from the node daemons (their one trio loop is not
 shared), GET/HEAD only, and every page is built from one snapshot per chain head.
+
+A thread serves each connection, so a connection costs a thread for as long as it
+lives: every socket read has a timeout (an idle keep-alive connection is closed after
+it), a request's line and headers must all arrive within ``request_deadline`` (a
+client trickling bytes cannot hold its thread either), and at most
+``max_connections`` are served at once (the rest are answered 503 and closed), so a
+few hundred idle sockets cannot grow the process without bound.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import re
+import socket
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from node.errors import PolnetError
+from node.errors import ConfigError, PolnetError
 from node.explorer import pages
 from node.explorer.index import ChainIndex, Snapshot
 from node.logs import get_logger
@@ -24,11 +35,53 @@ log = get_logger("polnet.explorer")
 # No scripts, no remote anything: the pages are static HTML with inline CSS and SVG.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'"
 MAX_PATH = 200
+READ_TIMEOUT_S = 10.0  # per socket read: an idle connection is closed after this
+REQUEST_DEADLINE_S = 20.0  # a request's line and headers, however slowly they trickle
+MAX_CONNECTIONS = 64  # served at once; each holds a thread
+_BUSY_BODY = b"too many connections, try again\n"
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close"
+         b"\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the explorer on this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve to anything
+
+
+def check_bind(host: str, public: bool) -> str | None:
+    """Refuse a bind beyond loopback unless ``public``; returns the warning to print then."""
+    if is_loopback(host):
+        return None
+    if not public:
+        raise ConfigError(f"--host {host} would serve the explorer beyond this machine (it "
+                          "shows every node's peer id and addresses, and each connection "
+                          "costs a thread): keep the default 127.0.0.1, or pass --public if "
+                          "you mean to")
+    return (f"warning: the explorer listens on {host}, reachable from other machines "
+            f"({MAX_CONNECTIONS} connections at most, idle ones closed after "
+            f"{READ_TIMEOUT_S:.0f} s); put a reverse proxy in front for anything public")
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: ExplorerServer
     protocol_version = "HTTP/1.1"
+
+    def handle_one_request(self) -> None:
+        self.server.reading(self.connection, True)  # the request's clock starts
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.reading(self.connection, False)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # the request line and headers are in
+        self.server.reading(self.connection, False)
+        return ok
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self._serve(head=False)
@@ -84,11 +137,67 @@ _ROUTES = [
 
 class ExplorerServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # accepted promptly anyway; the cap is MAX_CONNECTIONS
 
-    def __init__(self, index: ChainIndex, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, index: ChainIndex, host: str = "127.0.0.1", port: int = 0, *,
+                 public: bool = False, read_timeout: float = READ_TIMEOUT_S,
+                 request_deadline: float = REQUEST_DEADLINE_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.warning = check_bind(host, public)  # raises ConfigError before binding
         super().__init__((host, port), _Handler)
         self.index = index
+        self.read_timeout = read_timeout
+        self.request_deadline = request_deadline
+        self._reading: dict[socket.socket, float] = {}  # connection -> when its request began
+        self._reading_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_connections)
         self._thread: threading.Thread | None = None
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve in a thread while a slot is free; otherwise answer 503 and close at once
+        (from the accept loop, so without blocking: a full socket buffer drops the 503)."""
+        if not self._slots.acquire(blocking=False):
+            log.warning("explorer_busy", client=str(client_address[0]))
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        request.settimeout(self.read_timeout)  # http.server times out reads with this
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def reading(self, conn: socket.socket, started: bool) -> None:
+        with self._reading_lock:
+            if started:
+                self._reading[conn] = time.monotonic()
+            else:
+                self._reading.pop(conn, None)
+
+    def service_actions(self) -> None:
+        """Between accepts (every 0.5 s): end connections whose request has not arrived
+        within the deadline. The read timeout alone lets a client that sends a byte
+        every few seconds (slowloris) hold a slot forever."""
+        now = time.monotonic()
+        with self._reading_lock:
+            late = [c for c, t in self._reading.items() if now - t > self.request_deadline]
+            for c in late:
+                del self._reading[c]
+        for c in late:
+            log.warning("explorer_request_too_slow", deadline_s=self.request_deadline)
+            with contextlib.suppress(OSError):  # its thread's read returns; the thread ends
+                c.shutdown(socket.SHUT_RDWR)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     @property
     def url(self) -> str:

@@ -170,7 +170,8 @@ class Runtime:
         key = self.settings.load_private_key()
         dep = Deployment.load(self.settings.deployment_path)
         self._chain = await self.chain(ChainClient, self.settings.rpc_url or dep.rpc_url, key,
-                                       dep, expected_chain_id=self.settings.expected_chain_id)
+                                       dep, rpc=self.settings.rpc,
+                                       expected_chain_id=self.settings.expected_chain_id)
         self._p2p = PolnetNode(self.settings.p2p_dir, self.settings.p2p)
         await self._p2p.__aenter__()
         assert self._p2p.nursery is not None

@@ -22,6 +22,7 @@ import trio
 from node.chain.contracts import Job, JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
+from node.chain.rpc import RPC_FAILURES
 from node.errors import ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
@@ -159,6 +160,9 @@ class Solver:
                     await self._tick(nursery)
                 except PolnetError as exc:  # one bad pass must not kill the daemon
                     log.warning("solver_tick_failed", error=str(exc))
+                except RPC_FAILURES as exc:  # a throttled or flaky provider: wait, go on
+                    log.warning("solver_tick_rpc_failed", error=str(exc) or repr(exc),
+                                kind=type(exc).__name__)
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
