@@ -4,6 +4,10 @@ that trains honestly and moves Adam's masked coordinates by the old flat bound
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +54,18 @@ def test_noise_moment_trigger_is_flagged_on_every_segment(cache: Path, tmp_path:
         v = verify_trace_segment(ctx, tmp_path, seg)
         assert not v.passed, v.summary()
         assert "second-moment bound" in v.reason
+
+
+def test_cross_device_bench_cpu_path() -> None:
+    """bench/drift_gpu.py's CPU path (the GPU row runs it with --device cuda): honest
+    claims pass on another thread count, every compute-saving cheat and the write
+    channel are flagged."""
+    root = Path(__file__).parent.parent
+    proc = subprocess.run([sys.executable, "bench/drift_gpu.py", "--device", "cpu",
+                           "--segments", "1", "--k", "4", "--jobs", "lm"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True,
+                          text=True, timeout=300, check=True)
+    row = json.loads(proc.stdout.strip().splitlines()[-1])["lm"]["cpu_threads2"]
+    assert row["false_flags"] == [] and row["honest_max_masked_slack"] <= 1.0
+    assert row["cheats_flagged"] and row["write_channel_flagged"]
+    assert row["determined"][0] > 100
