@@ -24,9 +24,10 @@ rounding). Two cases:
   ``max(noise_ratio * X_R, noise_floor * eps)``: rounding noise on another machine
   is of the same order as ours (the drift matrix: within 2x) or, where ours is ~0
   (an fp64 replay), below fp32's noise floor; a claimed moment above that is a
-  forgery and fails. An attacker can thus move a noise coordinate by at most about
-  ``2 * lr * k * M * noise_floor`` (1.5e-3 * lr * k at the defaults, late in
-  training), not ``2 * lr * k``.
+  forgery and fails. An attacker that claims the largest moment allowed can thus
+  move a noise coordinate by about ``lr * k * M * V * noise_floor`` a segment
+  (0.07 * lr * k at the defaults late in training, M ~ 7.3), not ``2 * lr * k``;
+  one that does not, by ``lr * k * M * V * 2 X_R / eps`` (~1e-3 * lr * k on the LM).
 """
 
 from __future__ import annotations

@@ -130,9 +130,14 @@ def policy_from_spec(spec: JobSpec) -> TolerancePolicy:
     t = spec.tolerance
     eps = spec.optimizer.eps if isinstance(spec.optimizer, AdamWConfig) else 1e-8
     # The spec carries one rho; tensors and moments get 3x (see TolerancePolicy).
-    return TolerancePolicy(rho=t.rho, rho_tensor=3 * t.rho, abs_tol=t.abs_tol, rho_opt=3 * t.rho,
-                           mask_bound_factor=t.adam_eps_mask_bound_factor, adam_eps=eps,
-                           rho_loss=max(t.rho, 1e-3))
+    pol = TolerancePolicy(rho=t.rho, rho_tensor=3 * t.rho, abs_tol=t.abs_tol, rho_opt=3 * t.rho,
+                          mask_bound_factor=t.adam_eps_mask_bound_factor, adam_eps=eps,
+                          rho_loss=max(t.rho, 1e-3))
+    if spec.precision != "fp32":
+        # The noise cap is fp32's (verifier.adam_bound); other precisions' gradient noise
+        # is not measured: noise coordinates keep the flat ceiling, zeros stay exact.
+        pol = replace(pol, noise_floor=pol.mask_trust)
+    return pol
 
 
 def segment_context(ctx: TrainContext, start_step: int, k: int) -> SegmentContext:
