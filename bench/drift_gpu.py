@@ -5,7 +5,9 @@ and GPU; fp32 on the GPU must not be flagged, TF32 should be).
 For the CNN and the char LM: honest starts S of a few segments on the CPU; the claim C
 is the CPU replay from S (threads 1, the reference), each configuration's replay R runs
 from the same S on its device. Configurations: ``cpu_threads2`` (the CPU reference
-row), and on CUDA ``cuda_fp32`` (TF32 off for matmul and cuDNN) and ``cuda_tf32`` (on).
+row), and on CUDA ``cuda_fp32`` (TF32 off for matmul and cuDNN, as ``TrainContext``
+now sets it) and ``cuda_tf32`` (turned back on after the context is made, to show
+what TF32 would do; ``tf32_turned_off_by_context`` says the context refused it).
 Against each R it judges the honest C, the compute-saving cheats of
 ``verifier.calibrate.CHEAT_PROBES`` (their claims made on the CPU from S) and the
 write channel of issue 30 item 7 (C with its zero-moment coordinates moved by 0.99 *
@@ -100,6 +102,10 @@ def run_job(kind: str, cache: Path, segments: int, k: int, device: str) -> dict[
             set_tf32(cfg.tf32)
             dctx = TrainContext.create(ctx.spec, ctx.dataset, device=cfg.device,
                                        threads=cfg.threads)
+            # TrainContext turns TF32 off on CUDA (fp32 is IEEE fp32); TF32 is switched
+            # back on here to show what it would do.
+            refused = cfg.tf32 and not torch.backends.cudnn.allow_tf32
+            set_tf32(cfg.tf32)
             honest: list[Verdict] = []
             cheat_rows: dict[str, list[Verdict]] = {}
             trig: list[Verdict] = []
@@ -120,6 +126,7 @@ def run_job(kind: str, cache: Path, segments: int, k: int, device: str) -> dict[
                 "cheats_flagged": all(not v.passed for vs in cheat_rows.values() for v in vs),
                 "write_channel_flagged": all(not v.passed for v in trig)
                 if any(v.determined for v in trig) else None,
+                "tf32_turned_off_by_context": refused if cfg.tf32 else None,
                 "seconds": round(time.perf_counter() - t0, 1),
             }
         except Exception as exc:  # noqa: BLE001 - one configuration must not hide the others
