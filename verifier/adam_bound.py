@@ -39,6 +39,9 @@ import torch
 
 FP32_ULP = 2.0 ** -23
 """ulp(x) <= FP32_ULP * |x| for a float32 x."""
+FP32_TINY = float(torch.finfo(torch.float32).tiny)
+"""Moments below this (subnormal) count as zero: hardware that flushes subnormals
+reads them as 0, and they move p by at most lr * FP32_TINY / eps a step."""
 
 
 def moment_ratio(beta1: float, beta2: float, step: int) -> float:
@@ -84,7 +87,7 @@ class MaskedBounds:
 @dataclass(frozen=True)
 class AdamMoments:
     """One side's moments at the segment's end, bias corrected: ``m`` = |m_hat|,
-    ``x`` = sqrt(v_hat); ``zero``: both raw moments exactly 0."""
+    ``x`` = sqrt(v_hat); ``zero``: both raw moments 0 (or subnormal)."""
 
     m: torch.Tensor
     x: torch.Tensor
@@ -95,7 +98,7 @@ class AdamMoments:
            bc2: float) -> AdamMoments:
         v = exp_avg_sq.double()
         m = exp_avg.double() if exp_avg is not None else torch.zeros_like(v)
-        return cls(m.abs() / bc1, (v / bc2).sqrt(), (m == 0) & (v == 0))
+        return cls(m.abs() / bc1, (v / bc2).sqrt(), (m.abs() < FP32_TINY) & (v < FP32_TINY))
 
 
 def check_masked(*, s: torch.Tensor, r: torch.Tensor, c: torch.Tensor, mask: torch.Tensor,
@@ -106,7 +109,8 @@ def check_masked(*, s: torch.Tensor, r: torch.Tensor, c: torch.Tensor, mask: tor
     largest per-coordinate bound ever given, the old flat factor * lr * k)."""
     d = (r.double() - c.double()).abs()[mask]
     mag = torch.maximum(s.double().abs(), r.double().abs())[mask]
-    decay = (exact_ulps * k + 1) * FP32_ULP * mag  # weight decay's rounding, both sides
+    # Weight decay's rounding on both sides, and what subnormal moments can move.
+    decay = (exact_ulps * k + 1) * FP32_ULP * mag + 2 * lr * k * FP32_TINY / eps
     zero = mom_r.zero[mask]
     xr, xc, mc = mom_r.x[mask], mom_c.x[mask], mom_c.m[mask]
     cap = torch.clamp(noise_ratio * xr, min=noise_floor * eps)
