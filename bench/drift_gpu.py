@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -144,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--jobs", default="cnn,lm")
     a = ap.parse_args(argv)
+    # Before CUDA's first use (TrainContext sets it too): deterministic cuBLAS.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    t0 = time.perf_counter()
     torch.set_num_threads(1)
     res: dict[str, Any] = {"device": a.device, "segments": a.segments, "k": a.k,
                            "torch": torch.__version__}
@@ -152,6 +156,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for kind in a.jobs.split(","):
             res[kind] = run_job(kind, Path(tmp), a.segments, a.k, a.device)
+    res["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(_clean(res)))
     return res
 
