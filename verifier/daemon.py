@@ -262,7 +262,8 @@ class Verifier:
                     continue
                 verdict = await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
                                               job_id=jid, segment=seg,
-                                              commitment=ev.commitment)
+                                              commitment=ev.commitment,
+                                              init_hash=ev.init_hash)
                 if verdict is None:
                     unjudged.append(seg)
                     continue

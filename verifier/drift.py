@@ -231,6 +231,10 @@ class DriftRow:
     passed: bool
     capability: str = ""
     reason: str = ""
+    masked_slack: float = 0.0
+    """max over Adam-eps-masked coordinates of |R - C| / their bound (<= 1 passes)."""
+    determined: int = 0
+    """Masked coordinates held exact (zero moments: pure weight decay)."""
 
 
 def _row(job: str, cfg: str, v: Verdict, unmasked: Verdict, loss_c: float, loss_r: float,
@@ -241,7 +245,7 @@ def _row(job: str, cfg: str, v: Verdict, unmasked: Verdict, loss_c: float, loss_
     return DriftRow(job, cfg, v.segment, v.end_step - v.start_step, v.ratio, wp.ratio, wp.name,
                     max((t.ratio for t in opts), default=0.0), unmasked.ratio, v.masked,
                     abs(loss_c - loss_r) / max(abs(loss_r), 1e-12), v.passed, capability,
-                    v.reason)
+                    v.reason, v.masked_slack, v.determined)
 
 
 def honest_starts(ctx: TrainContext, segments: Sequence[int]) -> dict[int, dict[str, torch.Tensor]]:

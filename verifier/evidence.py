@@ -35,6 +35,7 @@ from node.train.trace import MAX_MANIFEST_BYTES, TraceManifest, load_checkpoint,
 from verifier.replay import (
     CommittedState,
     SegmentReplay,
+    expected_initial_hash,
     judge_replay,
     load_committed_start,
     policy_from_spec,
@@ -58,6 +59,9 @@ class JobEvidence:
     job: Job
     ctx: TrainContext
     manifest: TraceManifest
+    init_hash: bytes | None = None
+    """The job's S_0 (checked against the spec, ``posted_initial_problem``): leaf 0 and
+    any replay from step 0 must start there."""
     _states: dict[tuple[int, bytes], Tensors] = field(default_factory=dict)
 
     async def _load(self, artifact_id: str, state_hash: bytes) -> Tensors:
@@ -113,6 +117,11 @@ class JobEvidence:
         """Our replay lo_step -> hi_step from the solver's own lo; None (logged as a failed
         range) when lo is no valid state or the replay fails."""
         lo_state, why = load_committed_start(self.ctx, lo, lo_step)
+        if lo_state is not None and lo_step == 0 and self.init_hash is not None:
+            from node.proof import state_hash  # noqa: PLC0415 - torch-heavy
+
+            if state_hash(lo, self.manifest.state_hash_scheme) != self.init_hash:
+                lo_state, why = None, "the state at step 0 is not the job's S_0"
         if lo_state is None:  # the solver's own state at lo is no valid state
             log.info("range_replayed", job=self.job_id, steps=[lo_step, hi_step],
                      passed=False, reason=why)
@@ -190,7 +199,7 @@ async def _checked(fn: Callable[[], _T], *, job_id: int, segment: int) -> _T | N
 async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes, job_id: int,
                         segment: int,
                         commitment: Callable[[int], CommittedState] | None = None,
-                        ) -> Verdict | None:
+                        init_hash: bytes | None = None) -> Verdict | None:
     """One sampled segment, judged on its own: a Verdict, or None when there is no
     verdict to give yet (its checkpoints cannot be fetched, or what was fetched is
     not what the chain commits to: fetch again later). Never raises on what a peer
@@ -199,7 +208,8 @@ async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes,
     saying why, so it gets challenged like any other.
 
     With ``commitment`` (a leaf and its proof without the state), the end state is
-    fetched only when our replay is not bitwise equal to it (``replay_to_leaf``)."""
+    fetched only when our replay is not bitwise equal to it (``replay_to_leaf``).
+    ``init_hash``: the job's S_0; segment 0 fails unless its start leaf is that."""
     k = ctx.spec.checkpoint_interval
     where = {"job_id": job_id, "segment": segment}
     start = await _fetch(committed, segment, k=k, **where)
@@ -210,7 +220,8 @@ async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes,
         end_leaf = commitment(segment + 1)
         first = await _checked(lambda: replay_to_leaf(ctx, root=root, job_id=job_id,
                                                       segment=segment, start=start,
-                                                      end=end_leaf), **where)
+                                                      end=end_leaf, init_hash=init_hash),
+                              **where)
         if not isinstance(first, SegmentReplay):
             return first
         replay = first
@@ -222,8 +233,21 @@ async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes,
         return await _checked(lambda: judge_replay(ctx, done, root=root, job_id=job_id,
                                                    end=end), **where)
     return await _checked(lambda: verify_segment(ctx, root=root, job_id=job_id,
-                                                 segment=segment, start=start, end=end),
+                                                 segment=segment, start=start, end=end,
+                                                 init_hash=init_hash),
                           **where)
+
+
+def posted_initial_problem(ctx: TrainContext, posted: bytes) -> str | None:
+    """Why a job whose posted S_0 hash (the chain's initStateHash) is not the spec's
+    must not be worked on, or None. The chain checks leaf 0 against the posted hash
+    only, so a submitter and solver together could otherwise start from weights of
+    their choosing (a backdoor) and pass every replay."""
+    want = expected_initial_hash(ctx)
+    if want is None or want == posted:
+        return None
+    return (f"the job's initStateHash 0x{posted.hex()[:16]}… is not S_0 of its spec "
+            f"(0x{want.hex()[:16]}…): refused; a submitter posts initial_state_hash(spec)")
 
 
 class Evidence:
@@ -232,6 +256,8 @@ class Evidence:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self._jobs: dict[tuple[int, bytes], JobEvidence] = {}
+        self.refused: dict[int, str] = {}
+        """Jobs not worked on (their posted S_0 is not their spec's), and why."""
         # Set by a daemon following collaborative jobs: a sub-job's context is its
         # round's (node.train.rounds), not one built from the spec alone.
         self.collab: CollabFollower | None = None
@@ -243,6 +269,8 @@ class Evidence:
         key = (job_id, job.trace_root)
         if key in self._jobs:
             return self._jobs[key]
+        if job_id in self.refused:
+            return None
         manifest = await self._manifest(job_id, job)
         if manifest is None:
             return None
@@ -256,7 +284,16 @@ class Evidence:
             # stalled loop would miss transfer deadlines and blame the peers.
             ctx = await trio.to_thread.run_sync(functools.partial(
                 TrainContext.create, spec, dataset, threads=rt.settings.threads))
-        ev = JobEvidence(rt, job_id, job, ctx, manifest)
+            why = await trio.to_thread.run_sync(posted_initial_problem, ctx,
+                                                job.init_state_hash)
+            if why is not None:
+                self.refused[job_id] = why
+                log.warning("job_refused", job=job_id, reason=why)
+                return None
+        # A sub-job's S_0 is its round's theta_t, fixed on chain by the CollabMarket from
+        # the accepted outer state (round 0's: checked against the spec's theta_0 by
+        # workers before they bond a slot): leaf 0 is held to that hash.
+        ev = JobEvidence(rt, job_id, job, ctx, manifest, init_hash=job.init_state_hash)
         self._jobs[key] = ev
         return ev
 

@@ -15,7 +15,12 @@ Public API::
         -> (replayed tensors, mean loss)
     policy_from_spec(spec) -> TolerancePolicy
     verify_trace_segment(ctx, trace_dir, segment, root=None, policy=None,
-                         exact_first=False) -> Verdict
+                         exact_first=False, init_hash=None) -> Verdict
+    expected_initial_hash(ctx) -> bytes | None   # S_0 as the spec fixes it
+
+Leaf 0 is S_0: with ``init_hash`` (the job's S_0, checked against the spec), segment 0
+fails unless its start leaf commits exactly that state, whatever the replay says: a
+trace trained from chosen weights is consistent with itself and would pass otherwise.
     committed_from_trace(trace_dir, index) -> CommittedState
 """
 
@@ -31,9 +36,11 @@ import torch
 from node.errors import CheckpointError, ProofError, TrainingError, VerificationError
 from node.proof import STATE_HASH_SCHEME, StateHashScheme, TraceLeaf, state_hash, verify_proof
 from node.spec import AdamWConfig, JobSpec
+from node.train.shards import ShardContext
 from node.train.step import (
     TrainContext,
     TrainState,
+    initial_state_hash,
     load_state,
     lr_of,
     state_tensors,
@@ -102,13 +109,35 @@ def check_leaf(root: bytes, job_id: int, index: int, step: int,
     verify_proof(root, leaf, committed.proof)
 
 
+def expected_initial_hash(ctx: TrainContext) -> bytes | None:
+    """S_0's state hash as the spec alone fixes it (seeded weights, zero optimizer
+    state); None for a collaborative round's context, whose S_0 is the round's
+    theta_t (``node.train.rounds.round_initial_hash``): its caller knows that hash."""
+    return None if isinstance(ctx, ShardContext) else initial_state_hash(ctx)
+
+
+def leaf_zero_failure(segment: int, k: int, start: CommittedState,
+                      init_hash: bytes | None) -> Verdict | None:
+    """The failed verdict of segment 0 whose start leaf is not the job's S_0, else None."""
+    if segment != 0 or init_hash is None or start.leaf.state_hash == init_hash:
+        return None
+    return Verdict.failed(0, 0, k, f"leaf 0 commits 0x{start.leaf.state_hash.hex()[:16]}…, "
+                          f"not the job's S_0 0x{init_hash.hex()[:16]}…: the trace starts "
+                          "from weights the spec does not give (train from init_state)")
+
+
 def policy_from_spec(spec: JobSpec) -> TolerancePolicy:
     t = spec.tolerance
     eps = spec.optimizer.eps if isinstance(spec.optimizer, AdamWConfig) else 1e-8
     # The spec carries one rho; tensors and moments get 3x (see TolerancePolicy).
-    return TolerancePolicy(rho=t.rho, rho_tensor=3 * t.rho, abs_tol=t.abs_tol, rho_opt=3 * t.rho,
-                           mask_bound_factor=t.adam_eps_mask_bound_factor, adam_eps=eps,
-                           rho_loss=max(t.rho, 1e-3))
+    pol = TolerancePolicy(rho=t.rho, rho_tensor=3 * t.rho, abs_tol=t.abs_tol, rho_opt=3 * t.rho,
+                          mask_bound_factor=t.adam_eps_mask_bound_factor, adam_eps=eps,
+                          rho_loss=max(t.rho, 1e-3))
+    if spec.precision != "fp32":
+        # The noise cap is fp32's (verifier.adam_bound); other precisions' gradient noise
+        # is not measured: noise coordinates keep the flat ceiling, zeros stay exact.
+        pol = replace(pol, noise_floor=pol.mask_trust)
+    return pol
 
 
 def segment_context(ctx: TrainContext, start_step: int, k: int) -> SegmentContext:
@@ -168,8 +197,9 @@ def judge(ctx: TrainContext, segment: int, start_step: int, start: Tensors,
 def verify_segment(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
                    start: CommittedState, end: CommittedState,
                    policy: TolerancePolicy | None = None,
-                   step_fn: StepFn = train_step) -> Verdict:
-    """Check both ends' commitments, replay the segment, apply the tolerance rule.
+                   step_fn: StepFn = train_step, init_hash: bytes | None = None) -> Verdict:
+    """Check both ends' commitments (and leaf 0 against ``init_hash``), replay the
+    segment, apply the tolerance rule.
 
     Raises ProofError/CheckpointError (before any replay) when a checkpoint is
     not the committed one; returns a failing Verdict when the solver's claim
@@ -180,6 +210,9 @@ def verify_segment(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
     k = ctx.spec.checkpoint_interval
     check_committed(root, job_id, segment, segment * k, start)
     check_committed(root, job_id, segment + 1, segment * k + k, end)
+    bad_start = leaf_zero_failure(segment, k, start, init_hash)
+    if bad_start is not None:
+        return bad_start
     replay = _replay_from(ctx, segment, start, step_fn)
     return replay if isinstance(replay, Verdict) else _judge_replay(ctx, replay, end, policy)
 
@@ -238,7 +271,8 @@ def committed_from_trace(trace_dir: str | Path, index: int,
 def replay_to_leaf(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
                    start: CommittedState, end: CommittedState,
                    policy: TolerancePolicy | None = None,
-                   step_fn: StepFn = train_step) -> Verdict | SegmentReplay:
+                   step_fn: StepFn = train_step,
+                   init_hash: bytes | None = None) -> Verdict | SegmentReplay:
     """Replay a segment needing only the end's leaf and proof (``end.tensors`` may be
     empty). When the replay hashes exactly to the end leaf's state hash, the solver's
     end state *is* the honest successor of its start, bit for bit: the verdict (its
@@ -251,6 +285,9 @@ def replay_to_leaf(ctx: TrainContext, *, root: bytes, job_id: int, segment: int,
     start_step = segment * k
     check_committed(root, job_id, segment, start_step, start)
     check_leaf(root, job_id, segment + 1, start_step + k, end)
+    bad_start = leaf_zero_failure(segment, k, start, init_hash)
+    if bad_start is not None:
+        return bad_start
     replay = _replay_from(ctx, segment, start, step_fn)
     if isinstance(replay, Verdict) or state_hash(replay.replayed, end.scheme) \
             != end.leaf.state_hash:
@@ -273,25 +310,31 @@ def judge_replay(ctx: TrainContext, replay: SegmentReplay, *, root: bytes, job_i
 
 def verify_trace_segment(ctx: TrainContext, trace_dir: str | Path, segment: int,
                          root: bytes | None = None, policy: TolerancePolicy | None = None,
-                         step_fn: StepFn = train_step, exact_first: bool = False) -> Verdict:
+                         step_fn: StepFn = train_step, exact_first: bool = False,
+                         init_hash: bytes | None = None) -> Verdict:
     """``verify_segment`` on a local trace directory; ``root`` defaults to the manifest's
     (pass the on-chain root when there is one). ``exact_first``: the daemon's way
     (``replay_to_leaf``): the end state is loaded only when the replay is not bitwise
-    equal to it; without it, always compared under the tolerance (drift figures)."""
+    equal to it; without it, always compared under the tolerance (drift figures).
+    Segment 0's start must be ``init_hash``, by default the spec's S_0
+    (``expected_initial_hash``; a collaborative round's caller passes theta_t's)."""
     manifest = read_manifest(trace_dir)
     if not 0 <= segment < manifest.segment_count:
         raise VerificationError(f"segment {segment} outside 0..{manifest.segment_count - 1}")
+    if segment == 0 and init_hash is None:
+        init_hash = expected_initial_hash(ctx)
     root = root or bytes.fromhex(manifest.root)
     start = committed_from_trace(trace_dir, segment, ctx)
     if exact_first:
         leaf, proof = merkle_proof(manifest, segment + 1)
         end = CommittedState({}, leaf, proof, manifest.state_hash_scheme)
         first = replay_to_leaf(ctx, root=root, job_id=manifest.job_id, segment=segment,
-                               start=start, end=end, policy=policy, step_fn=step_fn)
+                               start=start, end=end, policy=policy, step_fn=step_fn,
+                               init_hash=init_hash)
         if isinstance(first, Verdict):
             return first
         return judge_replay(ctx, first, root=root, job_id=manifest.job_id,
                             end=committed_from_trace(trace_dir, segment + 1, ctx), policy=policy)
     return verify_segment(ctx, root=root, job_id=manifest.job_id, segment=segment, start=start,
                           end=committed_from_trace(trace_dir, segment + 1, ctx), policy=policy,
-                          step_fn=step_fn)
+                          step_fn=step_fn, init_hash=init_hash)

@@ -74,6 +74,10 @@ class Verdict:
     loss_replayed: float | None = None
     replay_seconds: float = 0.0
     tensors: tuple[TensorCheck, ...] = field(default=(), repr=False)
+    masked_slack: float = 0.0
+    """max over Adam-eps-masked coordinates of |R - C| / their bound (<= 1 passes)."""
+    determined: int = 0
+    """Masked coordinates whose update was pure weight decay (held exact)."""
 
     @classmethod
     def failed(cls, segment: int, start_step: int, end_step: int, reason: str) -> Verdict:

@@ -125,6 +125,10 @@ class TrainContext:
         dev = torch.device(device)
         if dev.type == "cuda":  # cuBLAS is only deterministic with a fixed workspace
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            # fp32 means IEEE fp32: TF32 (10-bit mantissa; cuDNN's default for convs)
+            # drifts far beyond the fp32 tolerance (bench/drift_gpu.py).
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         prepare_torch()
         torch.set_num_threads(threads)
         inputs, targets, n = _bind_data(spec, dataset)
