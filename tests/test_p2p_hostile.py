@@ -23,7 +23,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from devnet.testing import trickle_handler
+from devnet.testing import hostile_streams, trickle_handler
 from node.errors import PeerUnavailable
 from node.p2p import P2PSettings, PolnetNode
 from node.p2p.host import make_host
@@ -414,58 +414,8 @@ def test_serving_slots_per_ip_reserved_and_eviction_order() -> None:
 
 # --- streams that ask and never consume ------------------------------------------------
 
-HOSTILE_IDS, STREAMS_EACH, ASK_EVERY_S = 16, 4, 0.5
 HONEST_BOUND_S = 10.0  # the stated bound (docs/protocol.md): an honest fetch is served
                        # within this while the 64 hostile streams are open
-
-
-async def ask_forever(host: IHost, server: PolnetNode, aid: str, stop: trio.Event,
-                      count: dict[str, int]) -> None:
-    """One hostile stream: a manifest request every 0.5 s, no chunk ever pulled (never
-    idle for the 1 s eviction threshold). Cut or refused, it comes straight back."""
-    info = info_from_p2p_addr(multiaddr.Multiaddr(server.addrs[0]))
-    while not stop.is_set():
-        try:
-            stream = await host.new_stream(info.peer_id, [PROTOCOL_ID])
-            while not stop.is_set():
-                await stream.write(encode_frame({"op": "manifest", "id": aid}))
-                head = await read_frame(stream)
-                if not head.get("ok"):
-                    count["refused"] += 1
-                    break
-                count["answered"] += 1
-                await stream.read(head["size"])
-                await trio.sleep(ASK_EVERY_S)
-            with trio.CancelScope(shield=True):
-                await stream.reset()
-        except Exception:  # cut by the server: open another one at once
-            count["cut"] += 1
-            await trio.sleep(0.05)
-
-
-@asynccontextmanager
-async def hostile_streams(server: PolnetNode, aid: str, ids: int = HOSTILE_IDS,
-                          each: int = STREAMS_EACH) -> AsyncIterator[dict[str, int]]:
-    """`ids` fresh identities x `each` streams asking `server` for `aid` forever."""
-    count = {"answered": 0, "refused": 0, "cut": 0}
-    stop = trio.Event()
-    async with AsyncExitStack() as stack:
-        hosts = []
-        for _ in range(ids):
-            h = make_host(create_new_key_pair())
-            await stack.enter_async_context(
-                h.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
-            await h.connect(info_from_p2p_addr(multiaddr.Multiaddr(server.addrs[0])))
-            hosts.append(h)
-        async with trio.open_nursery() as nursery:
-            for h in hosts:
-                for _ in range(each):
-                    nursery.start_soon(ask_forever, h, server, aid, stop, count)
-            try:
-                yield count
-            finally:
-                stop.set()
-                nursery.cancel_scope.cancel()
 
 
 def test_streams_that_ask_without_fetching_do_not_hold_the_slots(tmp_path: Path) -> None:
