@@ -264,6 +264,7 @@ def test_lying_manifest_costs_one_download_and_the_honest_copy_wins(tmp_path: Pa
                 with pytest.raises(PeerUnavailable):
                     await alone.fetch(aid, peers=[liar.addrs[0]])
                 assert liar.peer_id in alone.banned and not alone.store.has(aid)
+                assert alone.store.part_manifest(aid) is None  # failed for good: no leftovers
                 with pytest.raises(PeerUnavailable):  # and not asked again
                     await alone.fetch(aid, peers=[liar.addrs[0]])
 
