@@ -52,3 +52,35 @@ def test_registration_alone_earns_no_entitlement(chain: LocalChain) -> None:
     view.refresh()
     assert view.staked() == {"peer-dust"}
     assert sorted(lookups[n:]) == sorted({c.addresses[1].lower(), c.addresses[3].lower()})
+
+
+def test_seats_follow_live_disputes(chain: LocalChain) -> None:
+    """The bookkeeping behind seats, fed the events a dispute emits (their real names
+    and argument names; the juror test in test_juror_slow_provider.py sees them come
+    from a real dispute): the job's committee, the parties and the jury are seated
+    while the dispute is live, and not once it is resolved; an outer jury's case
+    likewise until tallied."""
+    from node.chain.events import ChainEvent
+
+    view = RegistryView(chain[0])
+    addr = [a.lower() for a in chain.addresses]
+    for i in range(8):
+        chain[i].registry.register(VERIFIER, f"peer-{i}", [])
+    view.refresh()
+
+    def ev(contract: str, name: str, **args: Any) -> None:
+        view._take(ChainEvent(contract, name, args, 0, "0x", 0, "0x"), set())
+
+    ev("JobMarket", "CommitteeDrawn", jobId=3, round=0, committee=[addr[1], addr[2]])
+    assert view.seats() == set()  # a committee alone is no seat: no dispute yet
+    ev("DisputeGame", "DisputeOpened", id=9, jobId=3, solver=addr[3], challenger=addr[4])
+    ev("DisputeGame", "JuryDrawn", id=9, jury=[addr[5], addr[6]])
+    assert view.seats() == {f"peer-{i}" for i in (1, 2, 3, 4, 5, 6)}
+    ev("JobMarket", "DisputeResolved", jobId=3, disputeId=9)  # the market's echo: not it
+    assert len(view.seats()) == 6
+    ev("DisputeGame", "DisputeResolved", id=9, jobId=3)
+    assert view.seats() == set()
+    ev("OuterJury", "JuryDrawn", caseId=1, jury=[addr[7]])
+    assert view.seats() == {"peer-7"}
+    ev("OuterJury", "CaseTallied", caseId=1)
+    assert view.seats() == set()

@@ -3,7 +3,8 @@
 Serving slots, announcements and other off-chain privileges go to nodes with
 slashable stake (free + locked >= the lower of the minimum verifier and solver
 stake), never to a registration alone (it costs only gas), and first to the
-parties and jurors of a dispute that is live. The view is incremental: each
+parties, the job's committee and the jurors of a dispute that is live (and the
+jurors of an open outer-jury case). The view is incremental: each
 `refresh` reads the new registry and dispute events and one `nodeOf` per node
 whose registration or stake they touched, so its RPC cost follows events, never
 requests or peers.
@@ -11,10 +12,13 @@ requests or peers.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from node.chain.client import ChainClient
 from node.chain.events import ChainEvent, EventWatcher
+from node.errors import ConfigError
 
 # Events after which a node's free or locked stake may differ.
 STAKE_EVENTS = frozenset({"NodeRegistered", "NodeUpdated", "Staked", "UnbondRequested",
@@ -32,7 +36,9 @@ class Registered:
 class RegistryView:
     client: ChainClient
     nodes: dict[str, Registered] = field(default_factory=dict)      # address (lower) ->
-    disputes: dict[int, set[str]] = field(default_factory=dict)     # live id -> addresses
+    # live dispute ("dispute", id) or outer-jury case ("case", id) -> seated addresses
+    disputes: dict[tuple[str, int], set[str]] = field(default_factory=dict)
+    committees: dict[int, set[str]] = field(default_factory=dict)   # job id -> latest
     min_stake: int | None = None
     _watcher: EventWatcher | None = None
 
@@ -41,8 +47,10 @@ class RegistryView:
         c = self.client
         assert c.deployment is not None
         if self._watcher is None:
-            self._watcher = EventWatcher(c.w3, [c.registry, c.dispute],
-                                         start_block=c.deployment.deploy_block)
+            watched: list[Any] = [c.registry, c.dispute, c.market]
+            with contextlib.suppress(ConfigError):  # a deployment without collab jobs
+                watched.append(c.outer_jury)
+            self._watcher = EventWatcher(c.w3, watched, start_block=c.deployment.deploy_block)
             self.min_stake = min(int(c.registry.call("minVerifierStake")),
                                  int(c.registry.call("minSolverStake")))
         touched: set[str] = set()
@@ -63,13 +71,22 @@ class RegistryView:
                                           old.stake if old else 0)
         if ev.event in STAKE_EVENTS and "node" in a:
             touched.add(str(a["node"]).lower())
-        elif ev.event == "DisputeOpened":
-            self.disputes[int(a["id"])] = {str(a["solver"]).lower(),
-                                           str(a["challenger"]).lower()}
-        elif ev.event == "JuryDrawn" and int(a["id"]) in self.disputes:
-            self.disputes[int(a["id"])] |= {str(j).lower() for j in a["jury"]}
-        elif ev.event == "DisputeResolved":
-            self.disputes.pop(int(a["id"]), None)
+        elif ev.event == "CommitteeDrawn":
+            self.committees[int(a["jobId"])] = {str(m).lower() for m in a["committee"]}
+        elif ev.event == "DisputeOpened":  # its parties and the job's committee
+            self.disputes[("dispute", int(a["id"]))] = {
+                str(a["solver"]).lower(), str(a["challenger"]).lower(),
+                *self.committees.get(int(a["jobId"]), set())}
+        elif ev.event == "JuryDrawn" and ev.contract == "DisputeGame":
+            key = ("dispute", int(a["id"]))
+            if key in self.disputes:
+                self.disputes[key] |= {str(j).lower() for j in a["jury"]}
+        elif ev.event == "JuryDrawn":  # an outer jury's case, live until tallied
+            self.disputes[("case", int(a["caseId"]))] = {str(j).lower() for j in a["jury"]}
+        elif ev.event == "DisputeResolved" and ev.contract == "DisputeGame":
+            self.disputes.pop(("dispute", int(a["id"])), None)
+        elif ev.event == "CaseTallied":
+            self.disputes.pop(("case", int(a["caseId"])), None)
 
     def peers(self, exclude: str = "") -> list[tuple[str, list[str]]]:
         """(peer id, multiaddrs) of every registered node but `exclude` (an address)."""
@@ -82,6 +99,7 @@ class RegistryView:
         return {n.peer_id for n in self.nodes.values() if bar > 0 and n.stake >= bar}
 
     def seats(self) -> set[str]:
-        """Peer ids of the parties and jurors of live disputes."""
+        """Peer ids of the parties, the job's committee and the jurors of live disputes,
+    and of the jurors of open outer-jury cases."""
         addrs = set().union(*self.disputes.values()) if self.disputes else set()
         return {self.nodes[a].peer_id for a in addrs if a in self.nodes}
