@@ -65,7 +65,7 @@ class ServeLimits(BaseModel):
     Three tiers of peers, told to us by the chain the node follows:
 
     - *seats*: the committee and jurors of a job whose dispute is live (and its
-      parties): they may use every slot and evict anyone but each other;
+      parties): they may use every slot;
     - *staked*: nodes with slashable stake (free + locked >= the minimum verifier
       or solver stake): `max_streams_total - reserved_for_seats` slots;
     - *strangers* (everyone else, a gas-only registration included): share
@@ -74,8 +74,10 @@ class ServeLimits(BaseModel):
 
     Holding a slot costs consumption, not just presence. A request that pulls no
     real bytes (a manifest, a refused request, a read of less than
-    `productive_bytes`) is *cheap*: after `cheap_per_stream` cheap requests in a row a
-    stream may lose its slot to a newcomer at once (as may one idle `evict_idle_s`),
+    `productive_bytes`) is *cheap*: after `cheap_per_stream` cheap requests in a row,
+    on the stream or by its peer over all its streams (a fresh stream inherits its
+    peer's record), a stream may lose its slot to a newcomer of its tier or above
+    at once (as may one idle `evict_idle_s`; one that keeps pulling chunks never does),
     after `max_cheap_per_stream` it is closed, and each peer has a budget of
     `cheap_per_s_per_peer` (burst `cheap_burst_per_peer`) over all its streams: a
     peer out of budget has the stream closed and new streams refused until it
@@ -102,8 +104,11 @@ class ServeLimits(BaseModel):
     productive_bytes: int = Field(default=256 * 1024, ge=1)  # a read this big is not cheap
     cheap_per_stream: int = Field(default=3, ge=1)  # this many cheap in a row: evictable
     max_cheap_per_stream: int = Field(default=8, ge=1)  # then the stream is closed
-    cheap_per_s_per_peer: float = Field(default=4.0, gt=0)
-    cheap_burst_per_peer: float = Field(default=32.0, ge=1)
+    # Generous: a verifier fetches dozens of small artifacts (specs, tiny checkpoints:
+    # two cheap requests each) from one solver in a burst. The per-stream rule above
+    # is what frees slots; this stops one id from churning streams without end.
+    cheap_per_s_per_peer: float = Field(default=16.0, gt=0)
+    cheap_burst_per_peer: float = Field(default=128.0, ge=1)
 
 
 STRANGER, STAKED, SEAT = 0, 1, 2  # tiers: a newcomer evicts only from its tier or below
@@ -133,6 +138,7 @@ class PeerAllowance:
     streams: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
     cheap_buckets: dict[str, TokenBucket] = field(default_factory=dict)
+    streaks: dict[str, int] = field(default_factory=dict)  # peer -> cheap in a row
     total: int = 0
     staked: set[str] = field(default_factory=set)   # peer ids (base58) with slashable stake
     seats: set[str] = field(default_factory=set)    # on a live dispute's committee or jury
@@ -162,8 +168,11 @@ class PeerAllowance:
         return len(strangers) < pool and self.total < lim.max_streams_total
 
     def wasteful(self, slot: Slot) -> bool:
-        """Asked `cheap_per_stream` times in a row without pulling real bytes."""
-        return slot.cheap >= self.limits.cheap_per_stream
+        """The stream, or its peer over all its streams (so a fresh stream inherits
+        its peer's record), asked `cheap_per_stream` times in a row without pulling
+        real bytes."""
+        n = self.limits.cheap_per_stream
+        return slot.cheap >= n or self.streaks.get(slot.peer, 0) >= n
 
     def _evictable(self, tier: int) -> Slot | None:
         """The stream whose slot a newcomer of `tier` may take, if any: a wasteful one
@@ -175,7 +184,8 @@ class PeerAllowance:
             return s.idle_since is not None and now - s.idle_since >= self.limits.evict_idle_s
 
         cands = [s for s in self.slots if s.tier <= tier and (self.wasteful(s) or idle(s))]
-        return min(cands, key=lambda s: (s.tier, not self.wasteful(s), -s.cheap,
+        return min(cands, key=lambda s: (s.tier, not self.wasteful(s),
+                                         -max(s.cheap, self.streaks.get(s.peer, 0)),
                                          s.idle_since if s.idle_since is not None else now),
                    default=None)
 
@@ -211,8 +221,13 @@ class PeerAllowance:
         stream must be closed (its own or its peer's budget of cheap requests spent)."""
         if pulled >= self.limits.productive_bytes:
             slot.cheap = 0
+            self.streaks.pop(slot.peer, None)
             return True
         slot.cheap += 1
+        self.streaks[slot.peer] = self.streaks.pop(slot.peer, 0) + 1  # newest last
+        if len(self.streaks) > 4096:  # bounded: forget the oldest
+            for key in list(self.streaks)[:1024]:
+                del self.streaks[key]
         if not self.cheap_bucket(slot.peer).try_take(1.0) \
                 or slot.cheap >= self.limits.max_cheap_per_stream:
             self.cut += 1
