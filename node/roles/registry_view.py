@@ -41,6 +41,7 @@ class RegistryView:
     committees: dict[int, set[str]] = field(default_factory=dict)   # job id -> latest
     min_stake: int | None = None
     _watcher: EventWatcher | None = None
+    _touched: set[str] = field(default_factory=set)  # stake to read again
 
     def refresh(self) -> None:
         """Take in the events since the last call (blocking: run it in a thread)."""
@@ -51,16 +52,19 @@ class RegistryView:
             with contextlib.suppress(ConfigError):  # a deployment without collab jobs
                 watched.append(c.outer_jury)
             self._watcher = EventWatcher(c.w3, watched, start_block=c.deployment.deploy_block)
+        if self.min_stake is None:  # immutable in the contract: read once
             self.min_stake = min(int(c.registry.call("minVerifierStake")),
                                  int(c.registry.call("minSolverStake")))
-        touched: set[str] = set()
+        # Kept across calls: a lookup that fails (RPC down) is retried next time.
+        touched = self._touched
         for ev in self._watcher.poll():
             self._take(ev, touched)
-        for addr in touched:
+        for addr in sorted(touched):
             info = c.registry.node_of(addr)
             node = self.nodes.get(addr)
             if node is not None:
                 node.stake = info.free_stake + info.locked_stake
+            touched.discard(addr)
 
     def _take(self, ev: ChainEvent, touched: set[str]) -> None:
         a = ev.args
