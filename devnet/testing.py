@@ -9,8 +9,8 @@ that importing this module stays cheap."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,8 @@ from node.errors import ChainError, ContractRevert
 from node.proof import MerkleTree, TraceLeaf, build_trace_tree, canonical_json
 
 if TYPE_CHECKING:
-    from libp2p.abc import INetStream
+    from libp2p.abc import IHost, INetStream
+    from libp2p.crypto.keys import KeyPair
 
     from node.p2p import PolnetNode
     from node.roles.runtime import Runtime
@@ -377,3 +378,69 @@ def trickle_handler(node: PolnetNode,
                 await stream.reset()
 
     return handle
+
+
+# --- streams that ask and never consume (a test cheat, issue 37) ----------------------
+
+
+async def _ask_forever(host: IHost, server: PolnetNode, aid: str, every_s: float,
+                       count: dict[str, int]) -> None:
+    """One hostile stream: a manifest request every ``every_s``, no chunk ever pulled.
+    Cut or refused, it comes straight back on a new stream."""
+    import multiaddr  # noqa: PLC0415
+    import trio  # noqa: PLC0415
+    from libp2p.peer.peerinfo import info_from_p2p_addr  # noqa: PLC0415
+
+    from node.p2p.wire import PROTOCOL_ID, encode_frame, read_frame  # noqa: PLC0415
+
+    info = info_from_p2p_addr(multiaddr.Multiaddr(server.addrs[0]))
+    while True:
+        try:
+            stream = await host.new_stream(info.peer_id, [PROTOCOL_ID])
+            while True:
+                await stream.write(encode_frame({"op": "manifest", "id": aid}))
+                head = await read_frame(stream)
+                if not head.get("ok"):
+                    count["refused"] += 1
+                    break
+                count["answered"] += 1
+                await stream.read(head["size"])
+                await trio.sleep(every_s)
+            with trio.CancelScope(shield=True), suppress(Exception):
+                await stream.reset()
+        except Exception:  # cut by the server: open another one at once
+            count["cut"] += 1
+            await trio.sleep(0.05)
+
+
+@asynccontextmanager
+async def hostile_streams(server: PolnetNode, aid: str, ids: int = 16, each: int = 4,
+                          every_s: float = 0.5,
+                          keys: Sequence[KeyPair] = ()) -> AsyncIterator[dict[str, int]]:
+    """``ids`` identities (``keys`` first, then fresh ones) x ``each`` streams, each
+    asking ``server`` for ``aid``'s manifest every ``every_s`` until the block ends.
+    Yields counts: answered, refused, cut."""
+    import multiaddr  # noqa: PLC0415
+    import trio  # noqa: PLC0415
+    from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: PLC0415
+    from libp2p.peer.peerinfo import info_from_p2p_addr  # noqa: PLC0415
+
+    from node.p2p.host import make_host  # noqa: PLC0415
+
+    count = {"answered": 0, "refused": 0, "cut": 0}
+    async with AsyncExitStack() as stack:
+        hosts = []
+        for i in range(ids):
+            h = make_host(keys[i] if i < len(keys) else create_new_key_pair())
+            await stack.enter_async_context(
+                h.run(listen_addrs=[multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]))
+            await h.connect(info_from_p2p_addr(multiaddr.Multiaddr(server.addrs[0])))
+            hosts.append(h)
+        async with trio.open_nursery() as nursery:
+            for h in hosts:
+                for _ in range(each):
+                    nursery.start_soon(_ask_forever, h, server, aid, every_s, count)
+            try:
+                yield count
+            finally:
+                nursery.cancel_scope.cancel()

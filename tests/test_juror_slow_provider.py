@@ -39,6 +39,14 @@ vote's own deadline is the commit window minus 10 s, 50 s on the default devnet;
 the attack used to burn it all). The slow peer ends up unused (no chunk of it is
 ever completed).
 
+The hostile variant (issue 37, item 2) adds, while juror A judges, streams that
+ask the solver's node for a manifest every 0.5 s and never pull a chunk: 2 ids
+registered on chain for gas only (no stake) with 8 streams each (the old rules
+gave registered nodes the 16 reserved slots) and 14 fresh ids with 4 each (the
+48 strangers' slots). Juror A, a seat on the live dispute, still fetches from the
+solver and votes valid within the same bound; the gas-only ids were never staked
+in the solver's eyes.
+
 Not covered here: a slow peer that gets *banned* (its per-request deadline, 2 s +
 256 KiB/s, outlasting the fetch) is shown at the PolnetNode level in
 tests/test_p2p_hostile.py; here every fetch ends before that deadline.
@@ -55,11 +63,13 @@ from typing import Any
 
 import pytest
 import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
 
 from devnet.params import TOKEN, DevnetParams
 from devnet.testing import (
     LocalChain,
     SlowLog,
+    hostile_streams,
     node_settings,
     real_job_terms,
     sha,
@@ -84,6 +94,7 @@ VOTE_BOUND_S = 15.0  # one juror's whole judgement (evidence, replay, commit tx)
 N_ACCOUNTS = 10
 DEPLOYER, SUBMITTER, SOLVER_I, CHALLENGER = 0, 1, 2, 3
 VERIFIERS = (4, 5, 6, 7)  # the jury (3) is drawn from these
+GAS_ONLY = (8, 9)  # the hostile variant: registered, never staked
 STAKE = 200 * TOKEN  # the sortition cap: every draw attempt on a verifier is accepted
 STEPS = 4  # k = 1: 4 one-step segments, 5 checkpoints
 SEGMENT = 1  # the honest segment the challenger disputes
@@ -123,8 +134,10 @@ async def judge(v: Verifier, did: int, jury: list[str]) -> Judged:
     return Judged(info.valid, info.salt is not None, took)
 
 
+@pytest.mark.parametrize("hostile", [False, True], ids=["quiet", "slots-held"])
 def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: LocalChain,
-                                                                 tmp_path: Path) -> None:
+                                                                 tmp_path: Path,
+                                                                 hostile: bool) -> None:
     c = module_chain  # the module's own deployment (PARAMS: a commit window of 600 s)
     digits = pack_digits()
     spec_b = tiny_mlp_spec(sha(digits), STEPS, 1)
@@ -135,6 +148,10 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
         kp = load_or_create_keypair(tmp_path / "nodes" / f"verifier-{i}" / "p2p" / "p2p.key")
         c[i].registry.register(VERIFIER, peer_id_of(kp).to_base58(), [], '{"device":"cpu"}')
         c[i].stake(STAKE)
+    gas_keys = [create_new_key_pair() for _ in GAS_ONLY]
+    if hostile:  # the attacker's two registrations: gas only
+        for i, kp in zip(GAS_ONLY, gas_keys, strict=True):
+            c[i].registry.register(VERIFIER, peer_id_of(kp).to_base58(), [], "{}")
     out: dict[str, Any] = {}
 
     async def run_solver(stop: trio.Event, stopped: trio.Event, *,
@@ -209,8 +226,28 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
                     await trio.sleep(0.5)
             v_a, v_b = Verifier(rt_a), Verifier(rt_b)
 
-            # Juror A, the solver up.
-            out["a"] = await judge(v_a, did, jury)
+            # Juror A, the solver up (in the hostile variant, its slots besieged).
+            async with AsyncExitStack() as siege:
+                if hostile:
+                    allowance = solver_rt.p2p.server.allowance
+                    with trio.fail_after(30):  # the solver's registry view saw the jury
+                        while rt_a.p2p.peer_id.to_base58() not in allowance.seats:
+                            await trio.sleep(0.2)
+                    gas_ids = {peer_id_of(k).to_base58() for k in gas_keys}
+                    out["gas_only_entitled"] = gas_ids & (allowance.staked | allowance.seats)
+                    trace_aid = sha(blobs[2])
+                    counts = [await siege.enter_async_context(hostile_streams(
+                        solver_rt.p2p, trace_aid, ids=2, each=8, keys=gas_keys)),
+                        await siege.enter_async_context(hostile_streams(
+                            solver_rt.p2p, trace_aid, ids=14, each=4))]
+                    with trio.fail_after(30):
+                        while len(allowance.slots) < 48:
+                            await trio.sleep(0.1)
+                    out["held"] = len(allowance.slots)
+                out["a"] = await judge(v_a, did, jury)
+                if hostile:
+                    out["siege"] = [dict(n) for n in counts]
+                    out["evicted"] = allowance.evicted
             out["a_seen"] = (list(seen.manifests), list(seen.reads), seen.completed)
             out["a_banned"] = slow.peer_id in rt_a.p2p.banned
 
@@ -245,6 +282,11 @@ def test_honest_jurors_vote_valid_in_time_beside_a_slow_provider(module_chain: L
     trio.run(main)
 
     a, b = out["a"], out["b"]
+    if hostile:
+        print(json.dumps({"held": out["held"], "siege": out["siege"],
+                          "evicted": out["evicted"]}))
+        assert out["held"] >= 48 and not out["gas_only_entitled"], out
+        assert sum(n["answered"] for n in out["siege"]) > 0, out
     print(json.dumps({"juror_a_s": round(a.took, 2), "juror_b_s": round(b.took, 2),
                       "slow_after_a": out["a_seen"], "slow_after_b": out["b_seen"],
                       "banned_by_a": out["a_banned"], "banned_by_b": out["b_banned"],

@@ -23,7 +23,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.peerinfo import info_from_p2p_addr
 
-from devnet.testing import trickle_handler
+from devnet.testing import hostile_streams, trickle_handler
 from node.errors import PeerUnavailable
 from node.p2p import P2PSettings, PolnetNode
 from node.p2p.host import make_host
@@ -264,6 +264,7 @@ def test_lying_manifest_costs_one_download_and_the_honest_copy_wins(tmp_path: Pa
                 with pytest.raises(PeerUnavailable):
                     await alone.fetch(aid, peers=[liar.addrs[0]])
                 assert liar.peer_id in alone.banned and not alone.store.has(aid)
+                assert alone.store.part_manifest(aid) is None  # failed for good: no leftovers
                 with pytest.raises(PeerUnavailable):  # and not asked again
                     await alone.fetch(aid, peers=[liar.addrs[0]])
 
@@ -306,7 +307,7 @@ def test_throwaway_identities_do_not_starve_an_honest_fetch(tmp_path: Path,
             async with started(tmp_path, ["server", "stranger", "member"],
                                server={"serve": limits}) as (server, stranger, member):
                 aid = server.store.put_bytes(data)
-                server.set_registered({member.peer_id.to_base58()})
+                server.set_staked({member.peer_id.to_base58()})
                 async with AsyncExitStack() as stack:
                     sybils = []
                     for _ in range(8):
@@ -386,9 +387,9 @@ def test_serving_slots_per_ip_reserved_and_eviction_order() -> None:
     from node.p2p.limits import PeerAllowance
 
     async def main() -> None:
-        lim = ServeLimits(max_streams_total=6, reserved_for_registered=2,
+        lim = ServeLimits(max_streams_total=6, reserved_for_registered=2, reserved_for_seats=0,
                           max_streams_per_stranger=2, max_streams_per_ip=3, evict_idle_s=1.0)
-        a = PeerAllowance(lim, registered={"member"})
+        a = PeerAllowance(lim, staked={"member"})
         # Per IP: three strangers' streams from 10.0.0.1, then no more from there.
         held = [a.claim(p, "10.0.0.1") for p in ("s1", "s1", "s2")]
         assert all(held) and a.claim("s3", "10.0.0.1") is None
@@ -408,5 +409,122 @@ def test_serving_slots_per_ip_reserved_and_eviction_order() -> None:
         a.release(m3)
         a.release(m3)
         assert a.total == 5 and a.streams["member"] == 2
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+# --- streams that ask and never consume ------------------------------------------------
+
+HONEST_BOUND_S = 15.0  # the stated bound (docs/protocol.md): an honest fetch is served
+                       # within this while the 64 hostile streams are open
+
+
+def test_streams_that_ask_without_fetching_do_not_hold_the_slots(tmp_path: Path) -> None:
+    """The attack (issue 37, item 2): 16 stranger ids x 4 streams, each sending one
+    manifest request every 0.5 s, never idle for the 1 s eviction threshold, held all
+    48 strangers' slots: an honest stranger's fetch failed `RateLimited` at 5, 40 and
+    65 s. Now a stream that asks 3 times in a row without pulling a chunk may lose its
+    slot to a newcomer, and each peer's cheap requests have a budget: the honest
+    stranger and a staked node are both served within HONEST_BOUND_S, twice, while
+    the hostile streams keep coming back."""
+    data = os.urandom(4 * MiB)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        with trio.fail_after(DEADLINE_S + 60):
+            async with started(tmp_path, ["server", "stranger", "member"]) as ns:
+                server, stranger, member = ns
+                aid = server.store.put_bytes(data)
+                wanted = [aid, server.store.put_bytes(os.urandom(3 * MiB))]
+                server.set_staked({member.peer_id.to_base58()})
+                allowance = server.server.allowance
+                async with hostile_streams(server, aid) as count:
+                    with trio.fail_after(15):  # the hostile streams fill the strangers' pool
+                        while len(allowance.slots) < 48:
+                            await trio.sleep(0.05)
+                    out["held"] = len(allowance.slots)
+                    await trio.sleep(2.0)  # every stream has asked > 3 times by now
+                    took = []
+                    for want in wanted:
+                        for node in (stranger, member):
+                            t0 = trio.current_time()
+                            with trio.fail_after(HONEST_BOUND_S):
+                                await node.fetch(want, peers=[server.addrs[0]], provide=False)
+                            took.append(trio.current_time() - t0)
+                            assert node.store.has(want)
+                        await trio.sleep(1.0)
+                    out["took"] = took
+                    out["count"] = dict(count)
+                    out["strangers"] = sum(1 for s in allowance.slots if not s.registered)
+                out["evicted"], out["cut"] = allowance.evicted, allowance.cut
+
+    trio.run(main)
+    print(out)
+    assert out["held"] >= 48  # the attack really filled the strangers' pool
+    assert len(out["took"]) == 4 and max(out["took"]) < HONEST_BOUND_S
+    # The hostile streams paid for it: evicted for newcomers and cut for asking.
+    assert out["evicted"] + out["cut"] >= 1
+    assert out["count"]["answered"] > 64
+    # Strangers never took the reserved slots.
+    assert out["strangers"] <= 48
+
+
+def test_slots_go_to_consumers_and_seats_first() -> None:
+    """The rules behind the test above, on their own: a stream that asks without
+    pulling bytes is evictable before it is idle; a stream that pulls chunks is not;
+    a peer out of its budget of cheap requests is cut and refused; seats (a live
+    dispute's parties and jurors) take any slot but another seat's, and strangers or
+    staked nodes never take a seat's."""
+    from node.p2p.limits import PeerAllowance
+
+    async def main() -> None:
+        lim = ServeLimits(max_streams_total=4, reserved_for_registered=2, reserved_for_seats=1,
+                          max_streams_per_stranger=2, cheap_per_s_per_peer=1.0,
+                          cheap_burst_per_peer=6.0)
+        a = PeerAllowance(lim, staked={"member"}, seats={"juror"})
+        s1, s2 = a.claim("s1"), a.claim("s2")
+        assert s1 is not None and s2 is not None
+        assert a.claim("s3") is None  # the strangers' pool (2) is full, nobody wasteful
+        # s1 keeps asking for manifests (never idle): after 3 in a row it is wasteful.
+        for _ in range(3):
+            s1.idle_since = None
+            assert a.charge(s1, 0)
+        # s2 pulls a chunk per request: never wasteful however often it asks.
+        for _ in range(5):
+            s2.idle_since = None
+            assert a.charge(s2, MiB)
+        s3 = a.claim("s3")
+        assert s3 is not None and s1.released and not s2.released and a.evicted == 1
+        # The staked pool (total - reserved_for_seats = 3): a member takes the third
+        # slot; a second member stream finds no room and no waste to evict.
+        m1 = a.claim("member")
+        assert m1 is not None and a.claim("member") is None
+        # The seat takes the slot kept for seats, then evicts the stranger that wastes.
+        j1 = a.claim("juror")
+        assert j1 is not None and a.total == 4
+        for _ in range(3):
+            s3.idle_since = None
+            a.charge(s3, 0)
+        j2 = a.claim("juror")
+        assert j2 is not None and s3.released
+        for _ in range(3):  # a seat that wastes is still no stranger's to take
+            j1.idle_since = None
+            a.charge(j1, 0)
+        assert a.claim("member") is None and a.claim("s9") is None and not j1.released
+        # A peer's cheap budget (burst 6) spans its streams: spent, it is cut and refused.
+        b = PeerAllowance(lim)
+        x = b.claim("x")
+        assert x is not None
+        results = [b.charge(x, 0) for _ in range(7)]
+        assert results[:6] == [True] * 6 and results[6] is False and b.cut == 1
+        b.release(x)
+        assert b.claim("x") is None  # out of budget: refused until it refills
+        await trio.sleep(1.5)
+        z = b.claim("x")
+        assert z is not None
+        # A fresh stream inherits its peer's record: wasteful before it asks at all,
+        # until it pulls a chunk.
+        assert z.cheap == 0 and b.wasteful(z)
+        assert b.charge(z, MiB) and not b.wasteful(z)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

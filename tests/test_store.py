@@ -174,3 +174,46 @@ def test_gc_partials_by_age_never_open_ones(tmp_path: Path) -> None:
     assert store.part_manifest(open_m.artifact_id) is not None
     active.close()
     assert store.gc_partials(max_age_s=600) == [open_m.artifact_id]
+
+
+def test_a_claimed_size_never_becomes_a_file_size(tmp_path: Path) -> None:
+    """The attack: a provider's manifest claims 60 GiB for a real artifact id.
+    Before the fix `begin_download` sized the `.part` file to the claim at once (a
+    sparse file of 60 GiB, 0 B on disk, that quotas, `ls` and backups believe). Now
+    the file holds what verified chunks reach, and nothing before the first one."""
+    claimed = 60 * 1024 * MiB
+    chunk = 4 * MiB
+    first = os.urandom(chunk)
+    n = claimed // chunk
+    lie = Manifest(artifact_id=hashlib.sha256(b"real").hexdigest(), size=claimed,
+                   chunk_size=chunk, chunks=[hashlib.sha256(first).hexdigest()] * n)
+    store = ArtifactStore(tmp_path, max_size=64 * 1024 * MiB)
+    with store.begin_download(lie) as part:
+        assert os.path.getsize(part.part_path) == 0
+        part.write_chunk(0, first)
+        part.sync()
+        assert os.path.getsize(part.part_path) == chunk
+    with store.begin_download(lie) as part:  # a resume does not size it either
+        assert os.path.getsize(part.part_path) == chunk and part.missing()[0] == 1
+
+
+def test_partial_downloads_go_when_they_fail_for_good(tmp_path: Path) -> None:
+    """The attack (a cut-off fetch): a 47 MiB partial file was kept for 2 h after its
+    job was over. A download pinned for its job now goes with the job's release; an
+    explicit discard removes a closed one and never an open one."""
+    src = ArtifactStore(tmp_path / "src")
+    a_m, b_m = (src.manifest(src.put_bytes(os.urandom(MiB + i))) for i in range(2))
+    store = ArtifactStore(tmp_path / "dst")
+    for m in (a_m, b_m):
+        with store.begin_download(m) as part:
+            part.write_chunk(0, src.read_range(m.artifact_id, 0, MiB))
+    store.pin(a_m.artifact_id, "job:7")  # the fetch was for job 7 (pinned before it ran)
+    assert store.gc_partials(max_age_s=0) == [b_m.artifact_id]  # unpinned: aged out
+    assert store.part_manifest(a_m.artifact_id) is not None     # pinned: kept to resume
+    assert store.release("job:7") == [a_m.artifact_id]
+    assert list(store.parts_dir.iterdir()) == []  # the partial went with the job
+    with store.begin_download(a_m) as part:
+        assert not store.discard_partial(a_m.artifact_id)  # open: left alone
+        part.write_chunk(0, src.read_range(a_m.artifact_id, 0, MiB))
+    assert store.discard_partial(a_m.artifact_id)
+    assert list(store.parts_dir.iterdir()) == [] and not store.discard_partial(a_m.artifact_id)

@@ -9,9 +9,12 @@ one it must also be
 - from the party entitled to make it: statements about a job's trace
   (`result_committed`, `state_served`) only from the job's current solver, as
   the chain says (:class:`EntitledSenders`); a collaborative job's outer state
-  (`outer_state`) from any registered node (every follower recomputes it, and a
-  receiver checks it against the accepted hash). Senders that are not registered
-  nodes are dropped before any chain lookup, so strangers cost nothing.
+  (`outer_state`) from any staked node (every follower recomputes it, and a
+  receiver checks it against the accepted hash). Senders that are not staked
+  nodes (free + locked stake below the minimum verifier or solver stake, as the
+  caller's `registered()` set says; a registration alone costs only gas) are
+  dropped before any chain lookup (reason "not_registered"), so strangers and
+  gas-only registrations cost nothing.
 
 All state here is bounded (LRU), whatever strangers send.
 """
@@ -26,7 +29,9 @@ from node.p2p.announce import Announcement
 
 # Announcements that speak for a job's solver; their payloads carry `job_id`.
 SOLVER_KINDS = frozenset({"result_committed", "state_served"})
-# Announcements any registered node may make (a stake stands behind each sender).
+# Announcements any staked node may make: slashable stake stands behind each sender
+# because `registered()` lists only nodes holding the minimum stake, not every
+# registration (registering costs gas only).
 REGISTERED_KINDS = frozenset({"outer_state"})
 
 Resolver = Callable[[int], Awaitable[str | None]]  # job id -> its solver's peer id, or None
@@ -86,7 +91,7 @@ class EntitledSenders:
 
     `resolve(job_id)` asks the chain for the solver's peer id (cached for
     `ttl_s`, a reopened job gets a new solver); `registered()` returns the peer
-    ids of registered nodes, which a solver always is.
+    ids of registered nodes holding slashable stake, which a solver always is.
     """
 
     def __init__(self, resolve: Resolver, registered: Callable[[], set[str]] | None = None,

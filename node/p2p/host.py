@@ -252,9 +252,15 @@ class PolnetNode:
                 log.info("registry_peer_unreachable", peer=pid_str, error=repr(exc))
         return n
 
-    def set_registered(self, peer_ids: Iterable[str]) -> None:
-        """Peer ids of registered nodes (from the chain): served from reserved slots."""
-        self.server.set_registered(set(peer_ids))
+    def set_staked(self, peer_ids: Iterable[str]) -> None:
+        """Peer ids of nodes with slashable stake (from the chain): served from the
+        reserved slots. A registration alone costs only gas and earns nothing here."""
+        self.server.set_staked(set(peer_ids))
+
+    def set_seats(self, peer_ids: Iterable[str]) -> None:
+        """Peer ids seated on the committee or jury of a live dispute (and its
+        parties): they may take any slot but another seat's."""
+        self.server.set_seats(set(peer_ids))
 
     def registry_hook(self) -> Callable[[Iterable[PeerSpec]], int]:
         """A plain function for a worker thread (e.g. a web3 poller) to feed registry peers."""

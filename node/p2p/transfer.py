@@ -57,9 +57,13 @@ class ArtifactServer:
         self.allowance = PeerAllowance(self.limits)
         self.served_bytes = 0
 
-    def set_registered(self, peer_ids: set[str]) -> None:
-        """Peer ids (base58) of registered nodes: they may use the reserved slots."""
-        self.allowance.registered = set(peer_ids)
+    def set_staked(self, peer_ids: set[str]) -> None:
+        """Peer ids (base58) of nodes with slashable stake: they may use reserved slots."""
+        self.allowance.staked = set(peer_ids)
+
+    def set_seats(self, peer_ids: set[str]) -> None:
+        """Peer ids of the committees and juries of live disputes: served first."""
+        self.allowance.seats = set(peer_ids)
 
     async def handle(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
@@ -81,10 +85,17 @@ class ArtifactServer:
                     if idle.cancelled_caught:
                         break
                     slot.idle_since = None  # busy: not evictable while answering
+                    pulled = 0
                     with trio.move_on_after(self.limits.answer_timeout_s) as slow:
-                        await self._answer(stream, peer, req)
+                        pulled = await self._answer(stream, peer, req)
                     if slow.cancelled_caught:  # a reader that will not take its answer
                         log.info("serve_answer_timeout", peer=peer)
+                        cut = True
+                        break
+                    if not self.allowance.charge(slot, pulled):
+                        # Asking without consuming: the slot goes to someone who will.
+                        log.info("serve_stream_cut", peer=peer, reason="cheap requests",
+                                 in_a_row=slot.cheap)
                         cut = True
                         break
             if cut or scope.cancelled_caught or slot.released:
@@ -100,19 +111,20 @@ class ArtifactServer:
         finally:
             self.allowance.release(slot)
 
-    async def _answer(self, stream: INetStream, peer: str, req: dict[str, Any]) -> None:
+    async def _answer(self, stream: INetStream, peer: str, req: dict[str, Any]) -> int:
+        """Answer one request; returns the chunk bytes it pulled (0: a cheap request)."""
         op, aid = req.get("op"), req.get("id")
         if not isinstance(aid, str) or not is_artifact_id(aid):
             await write_payload(stream, {"ok": False, "error": "bad_request",
                                          "message": "id must be 64 lowercase hex chars"})
-            return
+            return 0
         if not self.store.has(aid):
             await write_payload(stream, {"ok": False, "error": "not_found", "message": aid})
-            return
+            return 0
         if op == "manifest":
             raw = await trio.to_thread.run_sync(lambda: self.store.manifest(aid).to_bytes())
             await write_payload(stream, {"ok": True}, raw)
-            return
+            return 0
         offset, length = req.get("offset"), req.get("length")
         size = self.store.size(aid)
         if (op != "read" or type(offset) is not int or type(length) is not int
@@ -120,15 +132,16 @@ class ArtifactServer:
             await write_payload(stream, {"ok": False, "error": "bad_request",
                                          "message": "need op=read, 0 <= offset < offset+length "
                                                     "<= size"})
-            return
+            return 0
         if length > MAX_CHUNK:
             await write_payload(stream, {"ok": False, "error": "too_large",
                                          "message": f"length > {MAX_CHUNK}"})
-            return
+            return 0
         await self.allowance.bucket(peer).take(length)
         data = await trio.to_thread.run_sync(self.store.read_range, aid, offset, length)
         await write_payload(stream, {"ok": True}, data)
         self.served_bytes += len(data)
+        return len(data)
 
     @staticmethod
     async def _refuse(stream: INetStream, error: str, message: str) -> None:
@@ -469,6 +482,8 @@ class Downloader:
             candidates = [p for p in candidates if p not in liars]
             if not candidates:
                 break
+        # Failed for good: no manifest left to resume under; drop what is on disk.
+        await trio.to_thread.run_sync(self.store.discard_partial, artifact_id)
         raise PeerUnavailable(f"every manifest of {artifact_id} offered was false "
                               f"({len(failed_manifests)} tried); no honest provider left")
 

@@ -21,7 +21,6 @@ import trio
 from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
-from node.chain.events import EventWatcher
 from node.chain.revert_names import errors
 from node.config import NodeSettings
 from node.errors import ContractRevert, PeerUnavailable, RpcUnavailable
@@ -31,6 +30,7 @@ from node.p2p.announce import Announcement
 from node.p2p.announce_policy import EntitledSenders
 from node.roles import announce_kinds  # noqa: F401 - registers the dispute kinds
 from node.roles.metrics import Metrics
+from node.roles.registry_view import RegistryView
 from node.units import wei_to_pol
 
 SOLVER, VERIFIER = 1, 2
@@ -204,32 +204,27 @@ class Runtime:
         tmp.write_text(json.dumps(info, indent=2))
         os.replace(tmp, self.dir / "node.json")
 
-    def _registered_peers(self) -> list[tuple[str, list[str]]]:
-        """Peer id + multiaddrs of every registered node, latest registration wins."""
-        c = self.chain_client
-        assert c.deployment is not None
-        watcher = EventWatcher(c.w3, [c.registry], start_block=c.deployment.deploy_block)
-        latest: dict[str, tuple[str, list[str]]] = {}
-        for ev in watcher.fetch(c.deployment.deploy_block, c.block_number()):
-            if ev.event in ("NodeRegistered", "NodeUpdated"):
-                latest[str(ev.args["node"])] = (str(ev.args["peerId"]),
-                                                list(ev.args["multiaddrs"]))
-        return [v for k, v in latest.items() if k.lower() != self.address.lower()]
-
     async def _registry_peers_loop(self) -> None:
         """Discovery from the chain: dial what the registry lists, now and then again,
-        so a restarted node (new port) and its peers find each other without luck."""
+        so a restarted node (new port) and its peers find each other without luck.
+        Only nodes with slashable stake get reserved serving slots and may announce;
+        the parties and jurors of live disputes are served first."""
         known: set[tuple[str, tuple[str, ...]]] = set()
+        view = RegistryView(self.chain_client)
+        me = self.p2p.peer_id.to_base58()
         while True:
             try:
-                peers = await self.chain(self._registered_peers)
-                self.registered_peers = {p for p, _ in peers} | {self.p2p.peer_id.to_base58()}
-                self.p2p.set_registered(self.registered_peers)
+                await self.chain(view.refresh)
+                peers = view.peers(exclude=self.address)
+                self.registered_peers = view.staked() | {me}
+                self.p2p.set_staked(self.registered_peers)
+                self.p2p.set_seats(view.seats())
                 fresh = [(p, a) for p, a in peers if (p, tuple(a)) not in known]
                 if fresh:
                     n = await self.p2p.add_registry_peers(fresh)
                     known.update((p, tuple(a)) for p, a in fresh)
-                    log.info("registry_peers", new=len(fresh), reachable=n)
+                    log.info("registry_peers", new=len(fresh), reachable=n,
+                             staked=len(self.registered_peers) - 1)
             except Exception as exc:  # discovery is retried; never fatal
                 log.warning("registry_peers_failed", error=repr(exc))
             await trio.sleep(5.0)
@@ -389,14 +384,16 @@ class Runtime:
         What this call downloads is pinned for its job (`job_id`, or the job the
         book knows it from), so garbage collection frees it once the job is
         settled; what the store already held (e.g. what we publish) is left alone.
+        The pin comes first: a download cut off for good (its job settled before it
+        finished) is deleted with the job's other artifacts, not kept for hours.
         """
         store = self.p2p.store
         if store.has(artifact_id):  # ours (published) or fetched before: pins unchanged
             return store.path(artifact_id)
-        await self._fetch_from_sources(artifact_id, hint_accounts, timeout, expected_size)
         jid = job_id if job_id is not None else self.book.job_of(artifact_id)
         if jid is not None and jid not in self._settled:
             await trio.to_thread.run_sync(store.pin, artifact_id, f"job:{jid}")
+        await self._fetch_from_sources(artifact_id, hint_accounts, timeout, expected_size)
         return store.path(artifact_id)
 
     async def _fetch_from_sources(self, artifact_id: str, hint_accounts: tuple[str, ...],

@@ -1,9 +1,11 @@
-"""Resumable downloads: a sparse `.part` file plus a log of verified chunks.
+"""Resumable downloads: a `.part` file plus a log of verified chunks.
 
 Each chunk is checked against the manifest before it is written. A chunk index
 is appended to the log only after its bytes were fsynced, so after a crash the
 log never claims bytes that are not on disk; a torn last log line is ignored,
-and chunks that lie beyond a truncated `.part` file are fetched again.
+and chunks that lie beyond a truncated `.part` file are fetched again. The
+`.part` file is never longer than the verified chunks reach (a chunk written past
+its end leaves a hole only up to that chunk).
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ class PartialDownload:
         if lost:
             log.warning("part_truncated", artifact=self.manifest.artifact_id, lost=len(lost))
             self.verified -= lost
-        if length != self.manifest.size:
+        # The file grows only as verified chunks are written: a manifest's claimed
+        # size never becomes a file size (a lie of 60 GiB used to make a sparse file
+        # of 60 GiB that every `ls` and quota saw). Only trailing junk is cut.
+        if length > self.manifest.size:
             os.ftruncate(self._fd, self.manifest.size)
         self._log = open(self.log_path, "a", encoding="ascii")  # noqa: SIM115
 

@@ -231,6 +231,28 @@ class ArtifactStore:
     def _delete(self, aid: str) -> None:
         self.path(aid).unlink(missing_ok=True)
         (self.manifests_dir / f"{aid}.json").unlink(missing_ok=True)
+        if aid not in self._active:  # a pinned download nobody will finish now
+            self._unlink_partial(aid)
+
+    def _unlink_partial(self, aid: str) -> bool:
+        files = [self.parts_dir / f"{aid}{s}" for s in (".part", ".verified", ".manifest.json")]
+        found = any(f.exists() for f in files)
+        for f in files:
+            f.unlink(missing_ok=True)
+        return found
+
+    def discard_partial(self, artifact_id: str) -> bool:
+        """Delete the interrupted download of `artifact_id` (a fetch that failed for
+        good: nothing left to resume it from). An open download is left alone.
+        Returns whether there was one."""
+        aid = self._check_id(artifact_id)
+        with self._lock:
+            if aid in self._active:
+                return False
+            found = self._unlink_partial(aid)
+        if found:
+            log.info("store_partial_discarded", artifact=aid)
+        return found
 
     def gc_partials(self, max_age_s: float) -> list[str]:
         """Delete interrupted downloads untouched for `max_age_s` (not open ones, not
@@ -247,8 +269,7 @@ class ArtifactStore:
                                                                ".manifest.json")]
                 touched = max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
                 if now - touched > max_age_s:
-                    for f in files:
-                        f.unlink(missing_ok=True)
+                    self._unlink_partial(aid)
                     removed.append(aid)
         if removed:
             log.info("store_gc_partials", removed=len(removed))
