@@ -297,7 +297,8 @@ def jury_seed(c: LocalChain, draw_block: int, did: int) -> bytes:
 # --- money ----------------------------------------------------------------------------
 
 _PER_ACCOUNT = (("token", "balanceOf"), ("registry", "freeStake"), ("registry", "lockedStake"),
-                ("registry", "unbondingStake"), ("market", "credits"), ("dispute", "credits"))
+                ("registry", "unbondingStake"), ("registry", "seatLockedStake"),
+                ("market", "credits"), ("dispute", "credits"))
 
 
 def holders(c: LocalChain) -> list[str]:

@@ -296,6 +296,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _escrowPlusOne -= j.reward + j.verificationBudget;
         _credit(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
+        _closeSeats(jobId, 0);
 
         address[] memory atts = attestorsOf(jobId);
         uint256 per = j.verificationBudget / _attestorsPerJob;
@@ -608,8 +609,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // The committee: stake as of the commit block, drawn with a seed nobody knew then.
         address[] memory exclude = new address[](1);
         exclude[0] = j.solver;
-        address[] memory seats = _registry.sortition(
-            keccak256(abi.encode(seed, "attest")), _attestorsPerJob, j.poolLen, j.snapshotBlock, exclude
+        // INVARIANT: each seat's attestor slash is locked until the round settles, so no
+        // claim or unbond after the draw can take it out of reach.
+        address[] memory seats = _registry.drawSeats(
+            keccak256(abi.encode(seed, "attest")), _attestorsPerJob, j.poolLen, j.snapshotBlock, exclude, _seatCut(), 1
         );
         uint32 round = j.round;
         mapping(uint256 => uint256) storage words = _seats[jobId][round];
@@ -633,12 +636,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 toSubmitter = slashed * _submitterShareBps / BPS;
         uint256 juryPot = slashed * _jurorShareBps / BPS;
         uint256 chPot = slashed - toSubmitter - juryPot;
-        if (r.liableSeats != 0) {
+        {
             // INVARIANT: an attestor's slash reaches no party of the round. Paid to the
             // winner, a solver could serve an attestor honest states, have its puppet
             // challenge that segment, withhold the state in the dispute (the jury then
             // finds it Invalid) and collect the slash: more than it lost on a small job.
-            uint256 burned = _slashAttestors(jobId, r.liableSeats);
+            uint256 burned = _closeSeats(jobId, r.liableSeats);
             if (burned != 0) {
                 totalBurned += burned;
                 _token.safeTransfer(BURN, burned);
@@ -673,16 +676,29 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _reopen(jobId, j);
     }
 
-    /// @dev Before _reopen: the seats are read for the current round. Only the attestors
-    ///      of `liable` seats: an honest seat whose own share passed lost nothing to check.
-    function _slashAttestors(uint256 jobId, uint256 liable) internal returns (uint256 total) {
-        uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
-        address[] memory atts = _committeeOf(jobId, true, liable);
-        if (cut == 0 || atts.length == 0) return 0;
-        uint256[] memory taken = _registry.slashUnlockedBatch(atts, cut, address(this));
-        for (uint256 i; i < atts.length; ++i) {
+    /// @dev What each committee seat locks in the registry: the attestor slash.
+    function _seatCut() internal view returns (uint256) {
+        return _registry.minVerifierStake() * _attestorSlashBps / BPS;
+    }
+
+    /// @dev Before _reopen: the current round's seats end. The attestors of `liable` seats
+    ///      that attested lose their seat-locked slash (an honest seat whose own share
+    ///      passed, or one that never attested, lost nothing to check); every other seat is
+    ///      released. Returns the total taken (held by the market).
+    function _closeSeats(uint256 jobId, uint256 liable) internal returns (uint256 total) {
+        address[] memory seats = _committeeOf(jobId, false, ALL_SEATS);
+        uint256 cut = _seatCut();
+        if (cut == 0 || seats.length == 0) return 0;
+        mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
+        uint256 mask;
+        for (uint256 i; i < seats.length; ++i) {
+            if ((liable >> i) & 1 != 0 && _seat(words, i) & ATTESTED != 0) mask |= uint256(1) << i;
+        }
+        uint256[] memory taken = _registry.closeSeats(seats, cut, mask, address(this));
+        for (uint256 i; i < seats.length; ++i) {
+            if ((mask >> i) & 1 == 0) continue;
             total += taken[i];
-            emit AttestorSlashed(jobId, atts[i], taken[i]);
+            emit AttestorSlashed(jobId, seats[i], taken[i]);
         }
     }
 

@@ -11,7 +11,8 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 /// @notice Roles, identities and stake of polnet nodes. See {INodeRegistry}.
 /// @dev The owner wires the market, the dispute game and the outer jury once
 ///      (`setAuthorized`); from then on only the first two lock, unlock and slash stake,
-///      and the outer jury may only take unlocked stake of its jurors (`slashUnlocked`).
+///      and the outer jury may only take unlocked stake of its jurors (`slashUnlocked`) and
+///      draw and close seats (`drawSeats`, `closeSeats`).
 contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
@@ -33,7 +34,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     address public override dispute;
     address public override outerJury;
 
-    /// @dev Sum of free + locked + unbonding over all nodes; moved with every bucket change.
+    /// @dev Sum of free + locked + unbonding + seat-locked over all nodes; moved with every
+    ///      bucket change.
     uint256 internal _totalStaked;
 
     mapping(address => Node) internal _nodes;
@@ -95,7 +97,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (n.registered) revert AlreadyRegistered(msg.sender);
         _checkIdentity(roles, peerId);
         n.registered = true;
-        n.registeredAt = uint64(block.timestamp);
+        n.registeredAt = uint40(block.timestamp);
         _setIdentity(n, roles, peerId, multiaddrs, profile);
         _changed(msg.sender, n);
         emit NodeRegistered(msg.sender, roles, peerId, multiaddrs, profile);
@@ -118,7 +120,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Node storage n = _nodes[msg.sender];
         if (!n.registered) revert NotRegistered(msg.sender);
         if (amount == 0) revert ZeroAmount();
-        uint256 room = type(uint128).max - _totalStaked;
+        // uint120: the seat-locked bucket shares the flags' word (no bucket can wrap).
+        uint256 room = type(uint120).max - _totalStaked;
         if (amount > room) revert StakeTooLarge(amount, room);
         n.freeStake += uint128(amount);
         _totalStaked += amount;
@@ -134,9 +137,9 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (n.freeStake < amount) revert InsufficientFreeStake(msg.sender, n.freeStake, amount);
         n.freeStake -= uint128(amount);
         n.unbondingStake += amount;
-        n.unbondAvailableAt = uint64(block.timestamp + unbondDelay);
+        n.unbondAvailableAt = uint40(block.timestamp + unbondDelay);
         _changed(msg.sender, n);
-        emit UnbondRequested(msg.sender, amount, n.unbondingStake, n.unbondAvailableAt);
+        emit UnbondRequested(msg.sender, amount, n.unbondingStake, uint64(n.unbondAvailableAt));
     }
 
     function withdrawUnbonded() external nonReentrant returns (uint256 amount) {
@@ -215,6 +218,54 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         _payOut(total, to);
     }
 
+    function drawSeats(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude,
+        uint256 seatLock,
+        uint256 minSeats
+    ) external onlySlasher returns (address[] memory picked) {
+        picked = _draw(seed, want, poolLen, snapshotBlock, exclude, seatLock);
+        if (picked.length < minSeats || seatLock == 0) return picked;
+        for (uint256 i; i < picked.length; ++i) {
+            Node storage n = _nodes[picked[i]];
+            // INVARIANT: a seat's slashable amount is out of the node's reach until the
+            // seat ends; free + seat-locked (its draw weight) does not move.
+            n.freeStake -= uint128(seatLock);
+            n.seatLockedStake += uint120(seatLock);
+            emit SeatLocked(picked[i], seatLock, msg.sender);
+        }
+    }
+
+    function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
+        external
+        onlySlasher
+        nonReentrant
+        returns (uint256[] memory slashed)
+    {
+        if (slashMask != 0) _checkRecipient(to);
+        slashed = new uint256[](nodes.length);
+        uint256 total;
+        for (uint256 i; i < nodes.length; ++i) {
+            Node storage n = _nodes[nodes[i]];
+            uint256 seat = n.seatLockedStake;
+            uint256 s = amount < seat ? amount : seat;
+            n.seatLockedStake = uint120(seat - s);
+            if ((slashMask >> i) & 1 != 0) {
+                slashed[i] = s;
+                total += s;
+                _changed(nodes[i], n);
+                emit Slashed(nodes[i], s, to, true);
+            } else {
+                n.freeStake += uint128(s);
+                emit SeatReleased(nodes[i], s, msg.sender);
+            }
+        }
+        _payOut(total, to);
+    }
+
     // --- views ---
 
     function nodeOf(address node) external view returns (Node memory) {
@@ -235,6 +286,10 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     function unbondingStake(address node) external view returns (uint256) {
         return _nodes[node].unbondingStake;
+    }
+
+    function seatLockedStake(address node) external view returns (uint256) {
+        return _nodes[node].seatLockedStake;
     }
 
     function isSolver(address node) external view returns (bool) {
@@ -260,6 +315,24 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint256 snapshotBlock,
         address[] calldata exclude
     ) external view returns (address[] memory picked) {
+        return _draw(seed, want, poolLen, snapshotBlock, exclude, 0);
+    }
+
+    function totalOwed() external view returns (uint256) {
+        return _totalStaked;
+    }
+
+    // --- internals ---
+
+    /// @dev `sortition`, also skipping nodes whose free stake now cannot cover `seatLock`.
+    function _draw(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude,
+        uint256 seatLock
+    ) internal view returns (address[] memory picked) {
         if (poolLen > _pool.length) poolLen = _pool.length;
         picked = new address[](want < poolLen ? want : poolLen);
         uint256 got;
@@ -275,20 +348,18 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
             // INVARIANT: stake moved after the snapshot cannot steer a draw: such a node
             // is skipped, and the pool's first poolLen entries never move.
             if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
-            uint256 w = n.freeStake < cap ? n.freeStake : cap;
+            uint256 v = uint256(n.freeStake) + n.seatLockedStake;
+            uint256 w = v < cap ? v : cap;
             if ((r >> 128) % cap >= w) continue;
+            // Opting out (a node that locked or unbonded its free stake), not steering:
+            // a skip only moves the draw to the next seed-derived try.
+            if (n.freeStake < seatLock) continue;
             picked[got++] = a;
         }
         assembly ("memory-safe") {
             mstore(picked, got)
         }
     }
-
-    function totalOwed() external view returns (uint256) {
-        return _totalStaked;
-    }
-
-    // --- internals ---
 
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
         Node storage n = _nodes[node];
@@ -297,12 +368,13 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     }
 
     function _isVerifier(Node storage n) internal view returns (bool) {
-        return n.registered && (n.roles & VERIFIER) != 0 && n.freeStake >= minVerifierStake;
+        return n.registered && (n.roles & VERIFIER) != 0
+            && uint256(n.freeStake) + n.seatLockedStake >= minVerifierStake;
     }
 
     /// @dev Record the change block; a node enters the pool the first time it is a verifier.
     function _changed(address node, Node storage n) internal {
-        n.changedAt = uint64(block.number);
+        n.changedAt = uint40(block.number);
         if (!_inPool[node] && _isVerifier(n)) {
             _inPool[node] = true;
             _pool.push(node);
@@ -355,7 +427,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Node storage n = _nodes[node];
         uint256 free = n.freeStake;
         uint256 fromFree = amount < free ? amount : free;
-        n.changedAt = uint64(block.number);
+        n.changedAt = uint40(block.number);
         n.freeStake = uint128(free - fromFree);
         uint256 rest = amount - fromFree;
         if (rest != 0) {
