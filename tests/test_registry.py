@@ -99,15 +99,14 @@ def test_stake_thresholds_unbond_and_withdraw(chain: LocalChain) -> None:
 
 
 def test_stake_is_bounded_so_packed_buckets_cannot_wrap(chain: LocalChain) -> None:
-    # Free and locked stake share one word (uint128 each), seat-locked stake the flags' word
-    # (uint120): the registry's total is bounded so no bucket can be truncated, whoever
-    # holds how many tokens.
+    # Free, locked and seat-locked stake share one word (uint96, uint96 and uint64 gwei): the
+    # registry's total is bounded so no bucket can be truncated, whoever holds how many tokens.
     c = chain[1]
     c.registry.register(VERIFIER, "p1", [], "{}")
-    chain[0].token.mint_to(c.address, 2**120)
-    c.token.approve(c.registry.address, 2**121)
+    chain[0].token.mint_to(c.address, 2**96)
+    c.token.approve(c.registry.address, 2**97)
     staked = int(c.registry.call("totalOwed"))
-    room = 2**120 - 1 - staked
+    room = 2**96 - 1 - staked
     e = revert(c.registry.stake, room + 1)
     assert (e.error, e.error_args) == ("StakeTooLarge", {"amount": room + 1, "room": room})
     c.registry.stake(room)

@@ -18,20 +18,20 @@ pragma solidity ^0.8.24;
 ///      Conservation: `token.balanceOf(registry) == totalOwed()` == the sum of all
 ///      four buckets over all nodes.
 interface INodeRegistry {
-    /// @notice Everything the registry knows about a node.
+    /// @notice Everything the registry knows about a node (`nodeOf`; stored packed).
     struct Node {
         bool registered;
         uint8 roles; // bitmask: SOLVER = 1, VERIFIER = 2
-        uint40 registeredAt; // block timestamp of `register`
-        uint40 unbondAvailableAt; // timestamp from which `withdrawUnbonded` pays `unbondingStake`
-        uint40 changedAt; // block of the last change to roles or verifier weight (free + seat-locked), locked or unbonding stake
-        // Packed into the flags' word, so a seat costs no fresh word (`stake` bounds the
-        // registry's total to uint120).
-        uint120 seatLockedStake;
-        // Packed: one word for what a claim, a finalize and a draw touch.
-        uint128 freeStake;
-        uint128 lockedStake;
+        uint64 registeredAt; // block timestamp of `register`
+        uint64 unbondAvailableAt; // timestamp from which `withdrawUnbonded` pays `unbondingStake`
+        // Block of the last change to a VERIFIER node's roles, free, locked, unbonding or
+        // slashed seat stake (not addresses, not a seat lock or release); a node without
+        // the role is never drawn, so its bonds' moves leave it as it was.
+        uint64 changedAt;
+        uint256 freeStake;
+        uint256 lockedStake;
         uint256 unbondingStake;
+        uint256 seatLockedStake; // the slashable amount of the node's seats (whole gwei)
         string peerId; // libp2p peer id (base58 text)
         string[] multiaddrs; // libp2p multiaddrs (text)
         string profile; // JSON text: device, memory, measured throughput
@@ -49,10 +49,12 @@ interface INodeRegistry {
     /// @param fromLocked true for `slash` (locked stake) and a slashed seat (`closeSeats`),
     ///        false for `slashUnlocked` (free, then unbonding)
     event Slashed(address indexed node, uint256 amount, address indexed to, bool fromLocked);
-    /// @notice A seat's slashable amount moved free -> seat-locked by `by` (a jury, the market).
-    event SeatLocked(address indexed node, uint256 amount, address indexed by);
-    /// @notice A seat ended unslashed: its amount moved seat-locked -> free.
-    event SeatReleased(address indexed node, uint256 amount, address indexed by);
+    /// @notice `amount` (whole gwei) moved free -> seat-locked for each of `nodes`, by `by`
+    ///         (a jury, the market): `drawSeats`.
+    event SeatsLocked(address[] nodes, uint256 amount, address indexed by);
+    /// @notice One seat of each of `nodes` ended (`closeSeats`): bit i of `slashMask` set, the
+    ///         seat was slashed (also a `Slashed`); otherwise `amount` went back to free.
+    event SeatsClosed(address[] nodes, uint256 amount, uint256 slashMask, address indexed by);
 
     // --- errors ---
     error Unauthorized(address caller);
@@ -119,8 +121,8 @@ interface INodeRegistry {
     /// @notice Draw seats as `sortition(seed, want, poolLen, snapshotBlock, exclude)` does,
     ///         also skipping any node whose free stake now is below `seatLock` (it cannot
     ///         cover the seat: it opted out, it did not steer), and when at least
-    ///         `minSeats` were drawn move `seatLock` of each picked node's free stake to its
-    ///         seat-locked stake (`SeatLocked`). Returns the picks either way. The market,
+    ///         `minSeats` were drawn move `seatLock` (rounded up to a whole gwei) of each
+    ///         picked node's free stake to its seat-locked stake (`SeatsLocked`). Returns the picks either way. The market,
     ///         the dispute game and the outer jury only; each closes the seats it drew
     ///         (`closeSeats`) with the same amount.
     function drawSeats(
@@ -135,7 +137,7 @@ interface INodeRegistry {
 
     /// @notice End one seat of each of `nodes`, each locked with `amount`: where bit i of
     ///         `slashMask` is set, the seat's stake is slashed to `to` (`Slashed`, fromLocked
-    ///         true), otherwise it goes back to free (`SeatReleased`). Returns what was taken
+    ///         true), otherwise it goes back to free (`SeatsClosed`). Returns what was taken
     ///         from each. The market, the dispute game and the outer jury only.
     function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
         external
