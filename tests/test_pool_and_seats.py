@@ -63,6 +63,14 @@ def post_commit(net: Net) -> tuple[int, list[TraceLeaf], MerkleTree]:
 def dispute_to_jury(net: Net, challenger: ChainClient, job: int, seg: int,
                     leaves: list[TraceLeaf], tree: MerkleTree) -> tuple[int, list[str]]:
     """Challenge ``seg``, bisect to one step (solver posts made-up hashes), draw the jury."""
+    did = dispute_to_request(net, challenger, job, seg, leaves, tree)
+    net.verifiers[0].dispute.draw_jury(did)
+    return did, [str(a) for a in net.chain.reader.dispute.get_dispute(did).jury]
+
+
+def dispute_to_request(net: Net, challenger: ChainClient, job: int, seg: int,
+                       leaves: list[TraceLeaf], tree: MerkleTree) -> int:
+    """Challenge ``seg``, bisect to one step, mine past the block whose hash seeds the jury."""
     c, g = net.chain, net.chain.reader.dispute
     did = challenger.market.challenge(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
                                       tree.proof(seg + 1))
@@ -73,8 +81,7 @@ def dispute_to_jury(net: Net, challenger: ChainClient, job: int, seg: int,
             challenger.dispute.choose(did, 0, g.posted_mids(did, d.mids_root))
     d = g.get_dispute(did)
     c.mine(max(1, d.draw_block - c.reader.block_number() + 1))
-    net.verifiers[0].dispute.draw_jury(did)
-    return did, [str(a) for a in g.get_dispute(did).jury]
+    return did
 
 
 def commit_reveal(net: Net, did: int, votes: dict[str, bool]) -> None:
@@ -203,3 +210,29 @@ def test_an_attestor_cannot_lock_its_slash_away_in_a_dummy_job(net: Net) -> None
     assert [reg.seat_locked_stake(a) for a in committee] == [0, 0, 0]
     assert [reg.free_stake(a) for a in (committee[0], committee[2])] == [STAKE, STAKE]
     conserved(net)
+
+
+def test_moves_after_the_request_change_no_one_elses_seat(net: Net) -> None:
+    """A draw must not be steerable by what happens after its request (block Q): the
+    jury drawn with no move equals the jury drawn, from the same seed, after a verifier
+    outside it unbonded everything and another job's committee seated verifiers (seat
+    locks move no draw weight). Compared on a reverted anvil snapshot."""
+    c, reg = net.chain, net.chain.reader.registry
+    job, leaves, tree = post_commit(net)
+    other = net.owner.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
+    net.solver.market.claim_job(other)
+    o_leaves, o_tree = fake_trace(other, SEGMENTS, K, tag="other")
+    net.solver.market.commit_trace(other, o_leaves, o_tree)
+    did = dispute_to_request(net, net.verifiers[0], job, 3, leaves, tree)
+    snap = c.snapshot()
+    net.verifiers[0].dispute.draw_jury(did)
+    plain = c.reader.dispute.get_dispute(did).jury
+    assert len(plain) == 3
+    c.revert(snap)
+    leaver = next(v for v in net.verifiers[1:] if v.address not in plain)
+    leaver.registry.request_unbond(reg.free_stake(leaver.address))
+    net.verifiers[0].market.fix_seed(other)  # seats a committee after Q
+    seated = c.reader.market.committee_of(other)
+    assert len(seated) == 3 and all(reg.seat_locked_stake(a) > 0 for a in seated)
+    net.verifiers[0].dispute.draw_jury(did)
+    assert c.reader.dispute.get_dispute(did).jury == plain
