@@ -253,7 +253,8 @@ class LocalNet:
         c = self.c
         collab = c.collab.credits(address) if self._has_collab else 0
         return (c.token.balance_of(address) + c.registry.free_stake(address)
-                + c.registry.locked_stake(address) + c.market.credits(address)
+                + c.registry.locked_stake(address) + c.registry.seat_locked_stake(address)
+                + c.market.credits(address)
                 + c.dispute.credits(address) + collab)
 
     @property

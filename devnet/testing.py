@@ -317,10 +317,11 @@ class PoolView:
             r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
             a = pool[r % pool_len]
             n = nodes[a]
-            eligible = n.registered and n.roles & VERIFIER and n.free_stake >= min_v
+            stake = n.free_stake + n.seat_locked_stake  # a seat is still verifier stake
+            eligible = n.registered and n.roles & VERIFIER and stake >= min_v
             if n.changed_at > snapshot or not eligible:
                 continue
-            if (r >> 128) % cap >= min(n.free_stake, cap):
+            if (r >> 128) % cap >= min(stake, cap):
                 continue
             if a in picked or a in exclude:
                 continue

@@ -583,14 +583,16 @@ def test_outer_challenge_without_quorum_is_void(net: Net) -> None:
     net.outsider.outer_jury.draw(case)
     assert oj.get_case(case).phase == JuryPhase.VOTING
     jury2 = oj.get_case(case).jury
-    before = {a: reg.free_stake(a) for a in jury2}
+    assert [reg.seat_locked_stake(a) for a in jury2] == [cut] * len(jury2)  # seated
+    before = {a: reg.free_stake(a) + reg.seat_locked_stake(a) for a in jury2}
     burned = net.chain.reader.token.balance_of(BURN)
     chain.advance(oj.jury_params().commit_window + oj.jury_params().reveal_window)
     r = net.outsider.collab.resolve_outer(job, 0)  # nobody voted: Void, all three burned
     assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VOID
     assert oj.get_case(case).phase == JuryPhase.TALLIED
     assert all(e["args"]["burned"] for e in oj.events(r, "JurorSlashed"))
-    assert [reg.free_stake(a) for a in jury2] == [before[a] - cut for a in jury2]
+    assert [reg.free_stake(a) + reg.seat_locked_stake(a) for a in jury2] == \
+        [before[a] - cut for a in jury2]
     assert net.chain.reader.token.balance_of(BURN) == burned + len(jury2) * cut
     assert c.credits(other.address) == bond  # its bond back, none of the slashed stake
     conserved(net)

@@ -297,7 +297,8 @@ def jury_seed(c: LocalChain, draw_block: int, did: int) -> bytes:
 # --- money ----------------------------------------------------------------------------
 
 _PER_ACCOUNT = (("token", "balanceOf"), ("registry", "freeStake"), ("registry", "lockedStake"),
-                ("registry", "unbondingStake"), ("market", "credits"), ("dispute", "credits"))
+                ("registry", "unbondingStake"), ("registry", "seatLockedStake"),
+                ("market", "credits"), ("dispute", "credits"))
 
 
 def holders(c: LocalChain) -> list[str]:
@@ -343,9 +344,12 @@ def game_credits(c: LocalChain) -> dict[str, int]:
 
 
 def juror_cut(c: LocalChain, job: Job) -> int:
-    """What a silent or minority juror loses: (solver bond + challenge bond) * bps."""
+    """What a silent or minority juror loses: (solver bond + challenge bond) * bps, seat-
+    locked at the draw in whole gwei (the registry's SEAT_UNIT, rounded up)."""
     cb = c.reader.market.market_params().challenge_bond
-    return (job.bond + cb) * gp(c).jurorSlashBps // BPS
+    unit = int(c.reader.registry.call("SEAT_UNIT"))
+    cut = (job.bond + cb) * gp(c).jurorSlashBps // BPS
+    return -(-cut // unit) * unit
 
 
 def split(pool: int, among: Sequence[str], out: Counter[str]) -> None:
@@ -1125,8 +1129,7 @@ def test_majority_invalid_condemns_the_round_and_finalize_settles_it(
     value, cred = expected_resolve(c, d, job, Verdict.INVALID, majority=d.jury[:2],
                                    losers=d.jury[2:])
     assert diff(before, worth(c)) == value and game_credits(c) == cred
-    cb = m.market_params().challenge_bond
-    cut = (job.bond + cb) * gp(c).jurorSlashBps // BPS
+    cut = juror_cut(c, job)
     assert [(e["juror"], e["amount"]) for e in ev(c, r, "JurorSlashed")] == [(d.jury[2], cut)]
     assert reg.locked_stake(d.challenger) == 0 and reg.locked_stake(d.solver) == job.bond
     ri = m.round_info(job.id, 1)

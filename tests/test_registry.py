@@ -99,14 +99,14 @@ def test_stake_thresholds_unbond_and_withdraw(chain: LocalChain) -> None:
 
 
 def test_stake_is_bounded_so_packed_buckets_cannot_wrap(chain: LocalChain) -> None:
-    # Free and locked stake share one word (uint128 each): the registry's total is bounded
-    # so no bucket can be truncated, whoever holds how many tokens.
+    # Free, locked and seat-locked stake share one word (uint96, uint96 and uint64 gwei): the
+    # registry's total is bounded so no bucket can be truncated, whoever holds how many tokens.
     c = chain[1]
     c.registry.register(VERIFIER, "p1", [], "{}")
-    chain[0].token.mint_to(c.address, 2**128)
-    c.token.approve(c.registry.address, 2**129)
+    chain[0].token.mint_to(c.address, 2**96)
+    c.token.approve(c.registry.address, 2**97)
     staked = int(c.registry.call("totalOwed"))
-    room = 2**128 - 1 - staked
+    room = 2**96 - 1 - staked
     e = revert(c.registry.stake, room + 1)
     assert (e.error, e.error_args) == ("StakeTooLarge", {"amount": room + 1, "room": room})
     c.registry.stake(room)
@@ -123,7 +123,9 @@ def test_only_market_and_dispute_move_stake(chain: LocalChain) -> None:
         for fn, args in (("lock", (victim.address, 1)), ("unlock", (victim.address, 1)),
                          ("slash", (victim.address, 1, reg.address)),
                          ("slashUnlocked", (victim.address, 1, chain[i].address)),
-                         ("slashUnlockedBatch", ([victim.address], 1, reg.address))):
+                         ("slashUnlockedBatch", ([victim.address], 1, reg.address)),
+                         ("drawSeats", (b"\x01" * 32, 1, 1, 0, [], 1, 1)),
+                         ("closeSeats", ([victim.address], 1, 1, reg.address))):
             e = revert(reg.transact, fn, *args)
             assert (e.error, e.error_args) == ("Unauthorized", {"caller": chain[i].address})
     assert victim.registry.free_stake(victim.address) == 200 * TOKEN

@@ -41,7 +41,8 @@ class Net:
         r = self.chain.reader
         a = c.address
         return (r.token.balance_of(a) + r.registry.free_stake(a) + r.registry.locked_stake(a)
-                + r.registry.node_of(a).unbonding_stake + r.market.credits(a)
+                + r.registry.node_of(a).unbonding_stake + r.registry.seat_locked_stake(a)
+                + r.market.credits(a)
                 + r.dispute.credits(a))
 
 
@@ -419,12 +420,15 @@ def test_an_attestor_answers_for_its_own_share_only(net: Net) -> None:
     assert c.reader.dispute.get_dispute(did).verdict == Verdict.INVALID
     info = m.round_info(job, 1)
     assert info.sampled_invalid and info.liable_seats == 0b010
-    free = {a: reg.free_stake(a) for a in committee}
+    def stake(a: str) -> int:  # a seat's slash is locked out of free until settlement
+        return reg.free_stake(a) + reg.seat_locked_stake(a)
+
+    free = {a: stake(a) for a in committee}
     finalize_after_window(net, job)  # the condemned round settles
     cut = int(reg.call("minVerifierStake")) * m.market_params().attestor_slash_bps // 10_000
     assert cut > 0
-    assert free[committee[1]] - reg.free_stake(committee[1]) == cut
-    assert [reg.free_stake(a) for a in (committee[0], committee[2])] == \
+    assert free[committee[1]] - stake(committee[1]) == cut
+    assert [stake(a) for a in (committee[0], committee[2])] == \
         [free[committee[0]], free[committee[2]]]
     conserved(net)
 
@@ -518,14 +522,15 @@ def test_attestors_never_judge_and_silence_decides_nothing(net: Net) -> None:
     jury = draw(net, did)
     assert len(jury) == 3 and not committee & set(jury)
     silent = jury[0]
-    free0 = c.reader.registry.free_stake(silent)
+    reg = c.reader.registry
+    free0 = reg.free_stake(silent) + reg.seat_locked_stake(silent)  # the cut is seat-locked
     vote(net, did, {jury[1]: True, jury[2]: False})  # a tie, one silent
     d = c.reader.dispute.get_dispute(did)
     assert d.verdict == Verdict.VOID
     mp = c.reader.market.market_params()
     bond = REWARD * mp.bond_factor_bps // 10_000
     cut = (bond + mp.challenge_bond) * c.reader.dispute.call("params").jurorSlashBps // 10_000
-    assert free0 - c.reader.registry.free_stake(silent) == cut
+    assert free0 - reg.free_stake(silent) - reg.seat_locked_stake(silent) == cut
     assert not c.reader.market.is_barred(job, 3, challenger.address)
     assert c.reader.market.get_job(job).status == JobStatus.COMMITTED
     conserved(net)

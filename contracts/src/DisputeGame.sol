@@ -40,8 +40,11 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///         before `commitEnd`, reveal in [commitEnd, revealEnd).
 ///      3. `resolve(id)` at or after revealEnd: fewer than `quorum` reveals or a tie is Void;
 ///         otherwise the majority decides (Valid / Invalid). Jurors who did not reveal or
-///         voted with the minority lose (solver bond + challenge bond) * jurorSlashBps of
-///         their free / unbonding stake: what a juror risks grows with what is at stake.
+///         voted with the minority lose (solver bond + challenge bond) * jurorSlashBps: what a
+///         juror risks grows with what is at stake. That amount is seat-locked in the
+///         registry when the jury is drawn (a juror whose free stake cannot cover it is
+///         skipped) and slashed or released at `resolve`, so no claim or unbond after the
+///         draw can dodge it.
 ///      Settlement (all credited, pulled with `withdraw()`):
 ///      - Valid (jury, or the challenger ran out of clock): the challenger's bond is slashed;
 ///        jurorShareOfChallengerBondBps -> majority jurors (when a jury decided), the rest is
@@ -449,8 +452,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         }
         Core memory c = _core[id];
         bytes32 seed = keccak256(abi.encode(bh, id));
-        address[] memory jury =
-            registry.sortition(seed, _jurySize, uint32(req >> 64), requestBlock, _juryExclusions(c));
+        // INVARIANT: a seated juror's slash is locked from the draw to `resolve` (a quorum's
+        // seats are locked, or none): nothing it does meanwhile takes it out of reach.
+        address[] memory jury = _drawSeats(id, c, seed, req);
         _word[id] = seed;
         if (jury.length < _quorum) {
             // Too few eligible jurors: an explicit outcome, nobody wins or pays.
@@ -786,7 +790,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @dev Slash jurors who did not reveal or voted with the minority (on Void: who did not
-    ///      reveal); the rest is the majority. The cut scales with the stakes of the dispute.
+    ///      reveal) from their seats and release the others' seats; the others are the
+    ///      majority. The cut scales with the stakes of the dispute (the job's bond is fixed
+    ///      while a dispute of its round is live, so it is the amount `drawJury` locked).
     function _slashMinority(uint256 id, uint256[] memory entries, IJobMarket.Verdict v)
         internal
         returns (uint256 pool, address[] memory majority)
@@ -794,25 +800,27 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 n = entries.length;
         uint256 mask = v == IJobMarket.Verdict.Void ? REVEALED : REVEALED | VALID;
         uint256 want = v == IJobMarket.Verdict.Invalid ? REVEALED : mask;
-        uint256 cut = type(uint256).max; // fetched on the first loser
+        address[] memory jury = new address[](n);
         majority = new address[](n);
         uint256 m;
+        uint256 losers;
         for (uint256 i; i < n; ++i) {
             uint256 e = entries[i];
             address a = address(uint160(e));
-            if (e & mask == want) {
-                majority[m++] = a;
-                continue;
-            }
-            if (cut == type(uint256).max) cut = _jurorCut(id);
-            if (cut != 0) {
-                uint256 slashed = registry.slashUnlocked(a, cut, address(this));
-                pool += slashed;
-                emit JurorSlashed(id, a, slashed);
-            }
+            jury[i] = a;
+            if (e & mask == want) majority[m++] = a;
+            else losers |= uint256(1) << i;
         }
         assembly ("memory-safe") {
             mstore(majority, m)
+        }
+        uint256 cut = _jurorCut(id);
+        if (cut == 0) return (0, majority);
+        uint256[] memory slashed = registry.closeSeats(jury, cut, losers, address(this));
+        for (uint256 i; i < n; ++i) {
+            if ((losers >> i) & 1 == 0) continue;
+            pool += slashed[i];
+            emit JurorSlashed(id, jury[i], slashed[i]);
         }
     }
 
@@ -838,6 +846,13 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.phase = Phase.Drawing;
         s.lastMove = uint48(block.timestamp);
         emit JuryRequested(id, uint64(block.number + _juryLookahead), poolLen);
+    }
+
+    /// @dev The jury of request `req` (block | poolLen << 64), its seats locked at the cut.
+    function _drawSeats(uint256 id, Core memory c, bytes32 seed, uint256 req) internal returns (address[] memory) {
+        return registry.drawSeats(
+            seed, _jurySize, uint32(req >> 64), uint64(req), _juryExclusions(c), _jurorCut(id), _quorum
+        );
     }
 
     /// @dev The parties and the job's attestors never judge the dispute.

@@ -40,6 +40,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal immutable _missedDeadlineSlashBps;
     uint256 internal immutable _challengeBond;
     uint256 internal immutable _attestorSlashBps;
+    /// @dev What each committee seat locks in the registry: the attestor slash (fixed, as the
+    ///      registry's minimum verifier stake is).
+    uint256 internal immutable _seatCut;
     uint256 internal immutable _attestorsPerJob;
     uint256 internal immutable _disputeGrace;
     uint256 internal immutable _challengerShareBps;
@@ -137,6 +140,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _missedDeadlineSlashBps = params_.missedDeadlineSlashBps;
         _challengeBond = params_.challengeBond;
         _attestorSlashBps = params_.attestorSlashBps;
+        _seatCut = registry_.minVerifierStake() * params_.attestorSlashBps / BPS;
         _attestorsPerJob = params_.attestorsPerJob;
         _disputeGrace = params_.disputeGrace;
         _challengerShareBps = params_.challengerShareBps;
@@ -296,14 +300,17 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _escrowPlusOne -= j.reward + j.verificationBudget;
         _credit(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
+        (address[] memory seats, uint256 attested) = _seatsOf(jobId);
+        _closeSeats(jobId, seats, 0);
 
-        address[] memory atts = attestorsOf(jobId);
         uint256 per = j.verificationBudget / _attestorsPerJob;
-        uint256 paid = per * atts.length;
-        uint32 count = uint32(atts.length);
-        for (uint256 i; i < atts.length; ++i) {
-            _credit(atts[i], per);
+        uint32 count;
+        for (uint256 i; i < seats.length; ++i) {
+            if ((attested >> i) & 1 == 0) continue;
+            _credit(seats[i], per);
+            ++count;
         }
+        uint256 paid = per * count;
         // Seats nobody filled or attested, and the division remainder, go back.
         _credit(j.submitter, j.verificationBudget - paid);
         emit JobFinalized(jobId, j.solver, j.reward, count, per);
@@ -608,8 +615,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // The committee: stake as of the commit block, drawn with a seed nobody knew then.
         address[] memory exclude = new address[](1);
         exclude[0] = j.solver;
-        address[] memory seats = _registry.sortition(
-            keccak256(abi.encode(seed, "attest")), _attestorsPerJob, j.poolLen, j.snapshotBlock, exclude
+        // INVARIANT: each seat's attestor slash is locked until the round settles, so no
+        // claim or unbond after the draw can take it out of reach.
+        address[] memory seats = _registry.drawSeats(
+            keccak256(abi.encode(seed, "attest")), _attestorsPerJob, j.poolLen, j.snapshotBlock, exclude, _seatCut, 1
         );
         uint32 round = j.round;
         mapping(uint256 => uint256) storage words = _seats[jobId][round];
@@ -633,12 +642,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 toSubmitter = slashed * _submitterShareBps / BPS;
         uint256 juryPot = slashed * _jurorShareBps / BPS;
         uint256 chPot = slashed - toSubmitter - juryPot;
-        if (r.liableSeats != 0) {
+        {
             // INVARIANT: an attestor's slash reaches no party of the round. Paid to the
             // winner, a solver could serve an attestor honest states, have its puppet
             // challenge that segment, withhold the state in the dispute (the jury then
             // finds it Invalid) and collect the slash: more than it lost on a small job.
-            uint256 burned = _slashAttestors(jobId, r.liableSeats);
+            (address[] memory seats, uint256 attested) = _seatsOf(jobId);
+            uint256 burned = _closeSeats(jobId, seats, r.liableSeats & attested);
             if (burned != 0) {
                 totalBurned += burned;
                 _token.safeTransfer(BURN, burned);
@@ -673,16 +683,33 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _reopen(jobId, j);
     }
 
-    /// @dev Before _reopen: the seats are read for the current round. Only the attestors
-    ///      of `liable` seats: an honest seat whose own share passed lost nothing to check.
-    function _slashAttestors(uint256 jobId, uint256 liable) internal returns (uint256 total) {
-        uint256 cut = _registry.minVerifierStake() * _attestorSlashBps / BPS;
-        address[] memory atts = _committeeOf(jobId, true, liable);
-        if (cut == 0 || atts.length == 0) return 0;
-        uint256[] memory taken = _registry.slashUnlockedBatch(atts, cut, address(this));
-        for (uint256 i; i < atts.length; ++i) {
+    /// @dev The current round's seats in seat order, and which attested (bit i: seat i).
+    function _seatsOf(uint256 jobId) internal view returns (address[] memory seats, uint256 attested) {
+        mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
+        seats = new address[](MAX_COMMITTEE);
+        uint256 m;
+        for (; m < MAX_COMMITTEE; ++m) {
+            uint256 e = _seat(words, m);
+            if (e == 0) break;
+            seats[m] = address(uint160(e));
+            if (e & ATTESTED != 0) attested |= uint256(1) << m;
+        }
+        assembly ("memory-safe") {
+            mstore(seats, m)
+        }
+    }
+
+    /// @dev Before _reopen: the current round's `seats` end. Those in `mask` (liable seats
+    ///      that attested) lose their seat-locked slash (an honest seat whose own share
+    ///      passed, or one that never attested, lost nothing to check); every other seat is
+    ///      released. Returns the total taken (held by the market).
+    function _closeSeats(uint256 jobId, address[] memory seats, uint256 mask) internal returns (uint256 total) {
+        if (_seatCut == 0 || seats.length == 0) return 0;
+        uint256[] memory taken = _registry.closeSeats(seats, _seatCut, mask, address(this));
+        for (uint256 i; mask != 0 && i < seats.length; ++i) {
+            if ((mask >> i) & 1 == 0) continue;
             total += taken[i];
-            emit AttestorSlashed(jobId, atts[i], taken[i]);
+            emit AttestorSlashed(jobId, seats[i], taken[i]);
         }
     }
 

@@ -11,7 +11,8 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 /// @notice Roles, identities and stake of polnet nodes. See {INodeRegistry}.
 /// @dev The owner wires the market, the dispute game and the outer jury once
 ///      (`setAuthorized`); from then on only the first two lock, unlock and slash stake,
-///      and the outer jury may only take unlocked stake of its jurors (`slashUnlocked`).
+///      and the outer jury may only take unlocked stake of its jurors (`slashUnlocked`) and
+///      draw and close seats (`drawSeats`, `closeSeats`).
 contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
 
@@ -33,10 +34,34 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     address public override dispute;
     address public override outerJury;
 
-    /// @dev Sum of free + locked + unbonding over all nodes; moved with every bucket change.
+    /// @dev Sum of free + locked + unbonding + seat-locked over all nodes; moved with every
+    ///      bucket change.
     uint256 internal _totalStaked;
 
-    mapping(address => Node) internal _nodes;
+    /// @dev A node as stored: the flags' word, unbonding stake, then one word for what a
+    ///      claim, a finalize, a draw and a seat touch (free, locked and seat-locked stake;
+    ///      `stake` bounds the registry's total to uint96 so none can wrap), then identity.
+    struct Rec {
+        bool registered;
+        uint8 roles;
+        uint40 registeredAt;
+        uint40 unbondAvailableAt;
+        uint40 changedAt;
+        // Here, not after the stake word: it keeps free stake out of the flags' word.
+        uint256 unbondingStake;
+        uint96 freeStake;
+        uint96 lockedStake;
+        uint64 seatUnits; // seat-locked stake in SEAT_UNITs
+        string peerId;
+        string[] multiaddrs;
+        string profile;
+    }
+
+    /// @dev Seat-locked stake is kept in whole gwei (a seat's lock is rounded up to one), so
+    ///      it fits the stake word beside free and locked.
+    uint256 public constant SEAT_UNIT = 1e9;
+
+    mapping(address => Rec) internal _nodes;
     /// @dev The sortition pool, append-only: an index never moves, so a draw over the
     ///      first n entries means the same whatever registers after it.
     address[] internal _pool;
@@ -91,11 +116,11 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function register(uint8 roles, string calldata peerId, string[] calldata multiaddrs, string calldata profile)
         external
     {
-        Node storage n = _nodes[msg.sender];
+        Rec storage n = _nodes[msg.sender];
         if (n.registered) revert AlreadyRegistered(msg.sender);
         _checkIdentity(roles, peerId);
         n.registered = true;
-        n.registeredAt = uint64(block.timestamp);
+        n.registeredAt = uint40(block.timestamp);
         _setIdentity(n, roles, peerId, multiaddrs, profile);
         _changed(msg.sender, n);
         emit NodeRegistered(msg.sender, roles, peerId, multiaddrs, profile);
@@ -104,23 +129,27 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     function updateNode(uint8 roles, string calldata peerId, string[] calldata multiaddrs, string calldata profile)
         external
     {
-        Node storage n = _nodes[msg.sender];
+        Rec storage n = _nodes[msg.sender];
         if (!n.registered) revert NotRegistered(msg.sender);
         _checkIdentity(roles, peerId);
         bool rolesChanged = n.roles != roles;
         _setIdentity(n, roles, peerId, multiaddrs, profile);
         // New addresses (a restarted node's new port) change nothing a draw looks at.
-        if (rolesChanged) _changed(msg.sender, n);
+        if (rolesChanged) {
+            n.changedAt = uint40(block.number);
+            _changed(msg.sender, n);
+        }
         emit NodeUpdated(msg.sender, roles, peerId, multiaddrs, profile);
     }
 
     function stake(uint256 amount) external nonReentrant {
-        Node storage n = _nodes[msg.sender];
+        Rec storage n = _nodes[msg.sender];
         if (!n.registered) revert NotRegistered(msg.sender);
         if (amount == 0) revert ZeroAmount();
-        uint256 room = type(uint128).max - _totalStaked;
+        // uint96: free, locked and seat-locked stake share one word (none can wrap).
+        uint256 room = type(uint96).max - _totalStaked;
         if (amount > room) revert StakeTooLarge(amount, room);
-        n.freeStake += uint128(amount);
+        n.freeStake += uint96(amount);
         _totalStaked += amount;
         _changed(msg.sender, n);
         token.safeTransferFrom(msg.sender, address(this), amount);
@@ -128,19 +157,19 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     }
 
     function requestUnbond(uint256 amount) external {
-        Node storage n = _nodes[msg.sender];
+        Rec storage n = _nodes[msg.sender];
         if (amount == 0) revert ZeroAmount();
         // INVARIANT: locked stake (bonds) can never be unbonded.
         if (n.freeStake < amount) revert InsufficientFreeStake(msg.sender, n.freeStake, amount);
-        n.freeStake -= uint128(amount);
+        n.freeStake -= uint96(amount);
         n.unbondingStake += amount;
-        n.unbondAvailableAt = uint64(block.timestamp + unbondDelay);
+        n.unbondAvailableAt = uint40(block.timestamp + unbondDelay);
         _changed(msg.sender, n);
-        emit UnbondRequested(msg.sender, amount, n.unbondingStake, n.unbondAvailableAt);
+        emit UnbondRequested(msg.sender, amount, n.unbondingStake, uint64(n.unbondAvailableAt));
     }
 
     function withdrawUnbonded() external nonReentrant returns (uint256 amount) {
-        Node storage n = _nodes[msg.sender];
+        Rec storage n = _nodes[msg.sender];
         amount = n.unbondingStake;
         if (amount == 0) revert NothingToWithdraw();
         // INVARIANT: unbonding stake stays slashable for unbondDelay.
@@ -155,19 +184,19 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     // --- market / dispute only ---
 
     function lock(address node, uint256 amount) external onlyAuthorized {
-        Node storage n = _nodes[node];
+        Rec storage n = _nodes[node];
         if (n.freeStake < amount) revert InsufficientFreeStake(node, n.freeStake, amount);
-        n.freeStake -= uint128(amount);
-        n.lockedStake += uint128(amount);
+        n.freeStake -= uint96(amount);
+        n.lockedStake += uint96(amount);
         _changed(node, n);
         emit StakeLocked(node, amount, msg.sender);
     }
 
     function unlock(address node, uint256 amount) external onlyAuthorized {
-        Node storage n = _nodes[node];
+        Rec storage n = _nodes[node];
         if (n.lockedStake < amount) revert InsufficientLockedStake(node, n.lockedStake, amount);
-        n.lockedStake -= uint128(amount);
-        n.freeStake += uint128(amount);
+        n.lockedStake -= uint96(amount);
+        n.freeStake += uint96(amount);
         _changed(node, n);
         emit StakeUnlocked(node, amount, msg.sender);
     }
@@ -179,9 +208,9 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         returns (uint256 slashed)
     {
         _checkRecipient(to);
-        Node storage n = _nodes[node];
+        Rec storage n = _nodes[node];
         slashed = amount < n.lockedStake ? amount : n.lockedStake;
-        n.lockedStake -= uint128(slashed);
+        n.lockedStake -= uint96(slashed);
         _changed(node, n);
         emit Slashed(node, slashed, to, true);
         _payOut(slashed, to);
@@ -215,10 +244,75 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         _payOut(total, to);
     }
 
+    function drawSeats(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude,
+        uint256 seatLock,
+        uint256 minSeats
+    ) external onlySlasher returns (address[] memory picked) {
+        uint256 units = _units(seatLock);
+        picked = _draw(seed, want, poolLen, snapshotBlock, exclude, units * SEAT_UNIT);
+        if (picked.length < minSeats || units == 0) return picked;
+        for (uint256 i; i < picked.length; ++i) {
+            Rec storage n = _nodes[picked[i]];
+            // INVARIANT: a seat's slashable amount is out of the node's reach until the
+            // seat ends; free + seat-locked (its draw weight) does not move.
+            n.freeStake -= uint96(units * SEAT_UNIT);
+            n.seatUnits += uint64(units);
+        }
+        emit SeatsLocked(picked, units * SEAT_UNIT, msg.sender);
+    }
+
+    function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
+        external
+        onlySlasher
+        nonReentrant
+        returns (uint256[] memory slashed)
+    {
+        if (slashMask != 0) _checkRecipient(to);
+        slashed = new uint256[](nodes.length);
+        uint256 units = _units(amount);
+        uint256 total;
+        for (uint256 i; i < nodes.length; ++i) {
+            Rec storage n = _nodes[nodes[i]];
+            uint256 seat = n.seatUnits;
+            uint256 u = units < seat ? units : seat;
+            n.seatUnits = uint64(seat - u);
+            if ((slashMask >> i) & 1 != 0) {
+                slashed[i] = u * SEAT_UNIT;
+                total += u * SEAT_UNIT;
+                _changed(nodes[i], n);
+                emit Slashed(nodes[i], u * SEAT_UNIT, to, true);
+            } else {
+                n.freeStake += uint96(u * SEAT_UNIT);
+            }
+        }
+        _payOut(total, to);
+        // One event for the batch (each slashed seat also has its Slashed).
+        emit SeatsClosed(nodes, units * SEAT_UNIT, slashMask, msg.sender);
+    }
+
     // --- views ---
 
-    function nodeOf(address node) external view returns (Node memory) {
-        return _nodes[node];
+    function nodeOf(address node) external view returns (Node memory out) {
+        Rec storage n = _nodes[node];
+        out = Node({
+            registered: n.registered,
+            roles: n.roles,
+            registeredAt: n.registeredAt,
+            unbondAvailableAt: n.unbondAvailableAt,
+            changedAt: n.changedAt,
+            freeStake: n.freeStake,
+            lockedStake: n.lockedStake,
+            unbondingStake: n.unbondingStake,
+            seatLockedStake: uint256(n.seatUnits) * SEAT_UNIT,
+            peerId: n.peerId,
+            multiaddrs: n.multiaddrs,
+            profile: n.profile
+        });
     }
 
     function isRegistered(address node) external view returns (bool) {
@@ -235,6 +329,10 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     function unbondingStake(address node) external view returns (uint256) {
         return _nodes[node].unbondingStake;
+    }
+
+    function seatLockedStake(address node) external view returns (uint256) {
+        return uint256(_nodes[node].seatUnits) * SEAT_UNIT;
     }
 
     function isSolver(address node) external view returns (bool) {
@@ -260,6 +358,24 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint256 snapshotBlock,
         address[] calldata exclude
     ) external view returns (address[] memory picked) {
+        return _draw(seed, want, poolLen, snapshotBlock, exclude, 0);
+    }
+
+    function totalOwed() external view returns (uint256) {
+        return _totalStaked;
+    }
+
+    // --- internals ---
+
+    /// @dev `sortition`, also skipping nodes whose free stake now cannot cover `seatLock`.
+    function _draw(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude,
+        uint256 seatLock
+    ) internal view returns (address[] memory picked) {
         if (poolLen > _pool.length) poolLen = _pool.length;
         picked = new address[](want < poolLen ? want : poolLen);
         uint256 got;
@@ -271,12 +387,16 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
             // The memory / calldata checks first: an excluded or already picked node is
             // skipped before its record is read (the filters are the same, only cheaper).
             if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
-            Node storage n = _nodes[a];
+            Rec storage n = _nodes[a];
             // INVARIANT: stake moved after the snapshot cannot steer a draw: such a node
             // is skipped, and the pool's first poolLen entries never move.
             if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
-            uint256 w = n.freeStake < cap ? n.freeStake : cap;
+            uint256 v = uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT;
+            uint256 w = v < cap ? v : cap;
             if ((r >> 128) % cap >= w) continue;
+            // Opting out (a node that locked or unbonded its free stake), not steering:
+            // a skip only moves the draw to the next seed-derived try.
+            if (n.freeStake < seatLock) continue;
             picked[got++] = a;
         }
         assembly ("memory-safe") {
@@ -284,25 +404,28 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         }
     }
 
-    function totalOwed() external view returns (uint256) {
-        return _totalStaked;
-    }
-
-    // --- internals ---
-
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
-        Node storage n = _nodes[node];
+        Rec storage n = _nodes[node];
         if (!n.registered || (n.roles & role) == 0) return false;
         return uint256(n.freeStake) + n.lockedStake >= minStake;
     }
 
-    function _isVerifier(Node storage n) internal view returns (bool) {
-        return n.registered && (n.roles & VERIFIER) != 0 && n.freeStake >= minVerifierStake;
+    function _isVerifier(Rec storage n) internal view returns (bool) {
+        return n.registered && (n.roles & VERIFIER) != 0
+            && uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT >= minVerifierStake;
+    }
+
+    /// @dev Whole SEAT_UNITs covering `amount` (rounded up).
+    function _units(uint256 amount) internal pure returns (uint256) {
+        return (amount + SEAT_UNIT - 1) / SEAT_UNIT;
     }
 
     /// @dev Record the change block; a node enters the pool the first time it is a verifier.
-    function _changed(address node, Node storage n) internal {
-        n.changedAt = uint64(block.number);
+    ///      Only a draw reads the block, and a node without the VERIFIER role is never drawn
+    ///      (a role change stamps it, `updateNode`): its bonds' moves skip the write.
+    function _changed(address node, Rec storage n) internal {
+        if ((n.roles & VERIFIER) == 0) return;
+        n.changedAt = uint40(block.number);
         if (!_inPool[node] && _isVerifier(n)) {
             _inPool[node] = true;
             _pool.push(node);
@@ -329,7 +452,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     }
 
     function _setIdentity(
-        Node storage n,
+        Rec storage n,
         uint8 roles,
         string calldata peerId,
         string[] calldata multiaddrs,
@@ -352,11 +475,11 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     /// @dev Free, then unbonding stake (never locked); emits Slashed, the caller pays out.
     function _takeUnlocked(address node, uint256 amount, address to) internal returns (uint256 slashed) {
-        Node storage n = _nodes[node];
+        Rec storage n = _nodes[node];
         uint256 free = n.freeStake;
         uint256 fromFree = amount < free ? amount : free;
-        n.changedAt = uint64(block.number);
-        n.freeStake = uint128(free - fromFree);
+        n.changedAt = uint40(block.number);
+        n.freeStake = uint96(free - fromFree);
         uint256 rest = amount - fromFree;
         if (rest != 0) {
             uint256 unbonding = n.unbondingStake;
@@ -370,6 +493,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     }
 
     function _payOut(uint256 amount, address to) internal {
+        if (amount == 0) return;
         _totalStaked -= amount;
         if (amount != 0) token.safeTransfer(to, amount);
     }

@@ -105,8 +105,11 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
         address[] memory exclude = new address[](2);
         exclude[0] = c.poster;
         exclude[1] = c.challenger;
-        address[] memory jury =
-            registry.sortition(keccak256(abi.encode(bh, caseId)), _jurySize, c.poolLen, c.requestBlock, exclude);
+        // INVARIANT: a seated juror's slash is locked from the draw to the tally (a quorum's
+        // seats, or none): nothing it does meanwhile takes it out of reach.
+        address[] memory jury = registry.drawSeats(
+            keccak256(abi.encode(bh, caseId)), _jurySize, c.poolLen, c.requestBlock, exclude, _jurorSlash, _quorum
+        );
         for (uint256 i; i < jury.length; ++i) {
             c.jury.push(jury[i]);
         }
@@ -166,10 +169,10 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
         // INVARIANT: no verdict without a quorum and a strict majority.
         if (validVotes + invalidVotes < _quorum || validVotes == invalidVotes) verdict = Verdict.Void;
         else verdict = validVotes > invalidVotes ? Verdict.Valid : Verdict.Invalid;
-        address[] memory losers;
+        uint256 losers;
         (majority, losers) = _split(caseId, jury, verdict);
-        // A jury below quorum was never asked to vote: nobody pays for it.
-        if (jury.length >= _quorum) slashed = _slash(caseId, losers, majority.length == 0);
+        // A jury below quorum was never asked to vote (nor seated): nobody pays for it.
+        if (jury.length >= _quorum) slashed = _slash(caseId, jury, losers, majority.length == 0);
         emit CaseTallied(caseId, verdict, validVotes, invalidVotes, slashed);
         // Forwarded to the CollabMarket, which credits it; a burn leaves nothing to pay.
         if (majority.length == 0) slashed = 0;
@@ -215,37 +218,39 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
     }
 
     /// @dev The majority: jurors who revealed the verdict (on Void every revealer: a tie is
-    ///      nobody's fault, silence is); the losers: everyone else.
+    ///      nobody's fault, silence is); the losers (bit i for jury[i]): everyone else.
     function _split(uint256 caseId, address[] memory jury, Verdict verdict)
         internal
         view
-        returns (address[] memory majority, address[] memory losers)
+        returns (address[] memory majority, uint256 losers)
     {
         uint256 n = jury.length;
         uint8 want = verdict == Verdict.Valid ? VALID : INVALID;
         majority = new address[](n);
-        losers = new address[](n);
         uint256 m;
-        uint256 l;
         for (uint256 i; i < n; ++i) {
             uint8 v = _votes[caseId][jury[i]];
             if (verdict == Verdict.Void ? v >= VALID : v == want) majority[m++] = jury[i];
-            else losers[l++] = jury[i];
+            else losers |= uint256(1) << i;
         }
         assembly ("memory-safe") {
             mstore(majority, m)
-            mstore(losers, l)
         }
     }
 
-    /// @dev Take `jurorSlash` of each loser's unlocked stake; forward it all to the
-    ///      CollabMarket, or burn it when nobody revealed (`burn`).
-    function _slash(uint256 caseId, address[] memory losers, bool burn) internal returns (uint256 slashed) {
+    /// @dev End the jury's seats: the losers' seat-locked `jurorSlash` is taken, the others'
+    ///      released; forward what was taken to the CollabMarket, or burn it when nobody
+    ///      revealed (`burn`).
+    function _slash(uint256 caseId, address[] memory jury, uint256 losers, bool burn)
+        internal
+        returns (uint256 slashed)
+    {
         if (_jurorSlash == 0) return 0;
-        for (uint256 i; i < losers.length; ++i) {
-            uint256 s = registry.slashUnlocked(losers[i], _jurorSlash, address(this));
-            slashed += s;
-            emit JurorSlashed(caseId, losers[i], s, burn);
+        uint256[] memory taken = registry.closeSeats(jury, _jurorSlash, losers, address(this));
+        for (uint256 i; i < jury.length; ++i) {
+            if ((losers >> i) & 1 == 0) continue;
+            slashed += taken[i];
+            emit JurorSlashed(caseId, jury[i], taken[i], burn);
         }
         if (slashed != 0) token.safeTransfer(burn ? BURN : collab, slashed);
     }

@@ -87,6 +87,7 @@ class NodeInfo:
     peer_id: str
     multiaddrs: list[str]
     profile: str
+    seat_locked_stake: int = 0  # juror / attestor seats' slashable stake, out of free
 
 
 class Registry(Bound):
@@ -116,6 +117,10 @@ class Registry(Bound):
 
     def locked_stake(self, who: str) -> int:
         return int(self.call("lockedStake", who))
+
+    def seat_locked_stake(self, who: str) -> int:
+        """What the node's juror / attestor seats would lose to a slash, held until they end."""
+        return int(self.call("seatLockedStake", who))
 
     def is_solver(self, who: str) -> bool:
         return bool(self.call("isSolver", who))

@@ -166,7 +166,8 @@ class ChainIndex:
                 n = nodes[str(a["node"])]
                 n.slashed += int(a["amount"])
                 n.slashes.append({"block": e.block_number, "amount": int(a["amount"]),
-                                  "from": "locked bond" if a["fromLocked"] else "free stake"})
+                                  "from": "locked bond or seat" if a["fromLocked"]
+                                  else "free stake"})
 
     # --- the node's own files ----------------------------------------------------------
 

@@ -235,6 +235,7 @@ def node_page(snap: Snapshot, n: NodeRecord) -> str:
         ("profile", f'<span class="mono">{esc(i.profile)}</span>'),
         ("free stake", esc(pol(i.free_stake))), ("locked stake", esc(pol(i.locked_stake))),
         ("unbonding", esc(pol(i.unbonding_stake))),
+        ("seat-locked (juror / attestor seats)", esc(pol(i.seat_locked_stake))),
         ("jobs solved", esc(n.jobs_solved)), ("steps delivered", esc(n.steps_delivered)),
         ("rewards", esc(pol(n.rewards))), ("attestations", esc(n.attestations)),
         ("credits to withdraw", esc(pol(n.market_credits + n.game_credits))),

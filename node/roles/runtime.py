@@ -324,8 +324,8 @@ class Runtime:
                 or info.roles != roles:
             await self.chain(c.registry.update_node, roles, peer_id, self.p2p.addrs, profile)
             log.info("registration_updated", roles=roles, addrs=self.p2p.addrs)
-        have = await self.chain(c.registry.free_stake, self.address) + \
-            await self.chain(c.registry.locked_stake, self.address)
+        # Seats' locked slashes are still this node's stake: no top-up for them.
+        have = info.free_stake + info.locked_stake + info.seat_locked_stake
         if have < stake:
             await self.chain(c.token.ensure_allowance, c.registry.address, stake - have)
             await self.chain(c.registry.stake, stake - have)
@@ -334,10 +334,11 @@ class Runtime:
 
     async def refresh_stake_metrics(self) -> None:
         c = self.chain_client
-        self.metrics.stake.labels("free").set(await self.chain(c.registry.free_stake,
-                                                               self.address))
-        self.metrics.stake.labels("locked").set(await self.chain(c.registry.locked_stake,
-                                                                 self.address))
+        info = await self.chain(c.registry.node_of, self.address)
+        self.metrics.stake.labels("free").set(info.free_stake)
+        self.metrics.stake.labels("locked").set(info.locked_stake)
+        # What this node's juror / attestor seats would lose to a slash, until they end.
+        self.metrics.stake.labels("seat").set(info.seat_locked_stake)
 
     async def credits_owed(self) -> int:
         """What the market and the dispute game owe this account (pulled by withdraw_all)."""

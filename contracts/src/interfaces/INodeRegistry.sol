@@ -9,22 +9,29 @@ pragma solidity ^0.8.24;
 ///      - locked: backs a solver bond or a challenge bond; only the market and the
 ///        dispute game move it (`unlock`, `slash`);
 ///      - unbonding: requested out, withdrawable after `unbondDelay`, still slashable
-///        by `slashUnlocked` until withdrawn.
+///        by `slashUnlocked` until withdrawn;
+///      - seat-locked: the slashable amount of each juror / attestor seat the node holds,
+///        moved from free when it is seated (`drawSeats`) and released or slashed when the
+///        seat ends (`closeSeats`): nothing the node does meanwhile (claim, unbond,
+///        withdraw) can take it out of a slash's reach. It still counts as verifier stake
+///        (eligibility and draw weight), so being seated changes no one's draw.
 ///      Conservation: `token.balanceOf(registry) == totalOwed()` == the sum of all
-///      three buckets over all nodes.
+///      four buckets over all nodes.
 interface INodeRegistry {
-    /// @notice Everything the registry knows about a node.
+    /// @notice Everything the registry knows about a node (`nodeOf`; stored packed).
     struct Node {
         bool registered;
         uint8 roles; // bitmask: SOLVER = 1, VERIFIER = 2
         uint64 registeredAt; // block timestamp of `register`
         uint64 unbondAvailableAt; // timestamp from which `withdrawUnbonded` pays `unbondingStake`
-        uint64 changedAt; // block of the last change to roles, free, locked or unbonding stake (not addresses)
-        // Packed: one word for what a claim, a finalize and a draw touch (all stake fits
-        // uint128: `stake` bounds the registry's total).
-        uint128 freeStake;
-        uint128 lockedStake;
+        // Block of the last change to a VERIFIER node's roles, free, locked, unbonding or
+        // slashed seat stake (not addresses, not a seat lock or release); a node without
+        // the role is never drawn, so its bonds' moves leave it as it was.
+        uint64 changedAt;
+        uint256 freeStake;
+        uint256 lockedStake;
         uint256 unbondingStake;
+        uint256 seatLockedStake; // the slashable amount of the node's seats (whole gwei)
         string peerId; // libp2p peer id (base58 text)
         string[] multiaddrs; // libp2p multiaddrs (text)
         string profile; // JSON text: device, memory, measured throughput
@@ -39,8 +46,15 @@ interface INodeRegistry {
     event UnbondWithdrawn(address indexed node, uint256 amount);
     event StakeLocked(address indexed node, uint256 amount, address indexed by);
     event StakeUnlocked(address indexed node, uint256 amount, address indexed by);
-    /// @param fromLocked true for `slash` (locked stake), false for `slashUnlocked` (free, then unbonding)
+    /// @param fromLocked true for `slash` (locked stake) and a slashed seat (`closeSeats`),
+    ///        false for `slashUnlocked` (free, then unbonding)
     event Slashed(address indexed node, uint256 amount, address indexed to, bool fromLocked);
+    /// @notice `amount` (whole gwei) moved free -> seat-locked for each of `nodes`, by `by`
+    ///         (a jury, the market): `drawSeats`.
+    event SeatsLocked(address[] nodes, uint256 amount, address indexed by);
+    /// @notice One seat of each of `nodes` ended (`closeSeats`): bit i of `slashMask` set, the
+    ///         seat was slashed (also a `Slashed`); otherwise `amount` went back to free.
+    event SeatsClosed(address[] nodes, uint256 amount, uint256 slashMask, address indexed by);
 
     // --- errors ---
     error Unauthorized(address caller);
@@ -104,16 +118,44 @@ interface INodeRegistry {
     ///         Returns what was taken.
     function slashUnlocked(address node, uint256 amount, address to) external returns (uint256 slashed);
 
+    /// @notice Draw seats as `sortition(seed, want, poolLen, snapshotBlock, exclude)` does,
+    ///         also skipping any node whose free stake now is below `seatLock` (it cannot
+    ///         cover the seat: it opted out, it did not steer), and when at least
+    ///         `minSeats` were drawn move `seatLock` (rounded up to a whole gwei) of each
+    ///         picked node's free stake to its seat-locked stake (`SeatsLocked`). Returns the picks either way. The market,
+    ///         the dispute game and the outer jury only; each closes the seats it drew
+    ///         (`closeSeats`) with the same amount.
+    function drawSeats(
+        bytes32 seed,
+        uint256 want,
+        uint256 poolLen,
+        uint256 snapshotBlock,
+        address[] calldata exclude,
+        uint256 seatLock,
+        uint256 minSeats
+    ) external returns (address[] memory picked);
+
+    /// @notice End one seat of each of `nodes`, each locked with `amount`: where bit i of
+    ///         `slashMask` is set, the seat's stake is slashed to `to` (`Slashed`, fromLocked
+    ///         true), otherwise it goes back to free (`SeatsClosed`). Returns what was taken
+    ///         from each. The market, the dispute game and the outer jury only.
+    function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
+        external
+        returns (uint256[] memory slashed);
+
     // --- views ---
     function nodeOf(address node) external view returns (Node memory);
     function isRegistered(address node) external view returns (bool);
     function freeStake(address node) external view returns (uint256);
     function lockedStake(address node) external view returns (uint256);
     function unbondingStake(address node) external view returns (uint256);
+    /// @notice The slashable amount of the seats the node holds now.
+    function seatLockedStake(address node) external view returns (uint256);
     /// @notice Registered with the SOLVER role and free + locked stake >= minSolverStake.
     function isSolver(address node) external view returns (bool);
-    /// @notice Registered with the VERIFIER role and FREE stake >= minVerifierStake: only
-    ///         stake a jury or attestor slash can reach (`slashUnlocked`) makes a verifier.
+    /// @notice Registered with the VERIFIER role and free + seat-locked stake >=
+    ///         minVerifierStake: only stake a jury or attestor slash can reach makes a
+    ///         verifier (locked bonds do not count).
     function isVerifier(address node) external view returns (bool);
     /// @notice Length of the sortition pool: every address that ever became a verifier
     ///         with at least minVerifierStake of free stake, in order (append-only, so an
@@ -122,7 +164,7 @@ interface INodeRegistry {
     /// @notice Pool entry i.
     function verifierAt(uint256 i) external view returns (address);
     /// @notice Up to `want` distinct verifiers drawn from the first `poolLen` pool entries
-    ///         with `seed`, stake-weighted (weight min(freeStake, sortitionCap)), using only
+    ///         with `seed`, stake-weighted (weight min(free + seat-locked, sortitionCap)), using only
     ///         nodes eligible now whose stake and roles did not change after block
     ///         `snapshotBlock`, skipping `exclude`. At most `want * DRAW_ATTEMPTS` tries, so
     ///         the gas is bounded however many addresses register. Attempt i takes
@@ -143,6 +185,6 @@ interface INodeRegistry {
     function market() external view returns (address);
     function dispute() external view returns (address);
     function outerJury() external view returns (address);
-    /// @notice Sum of free + locked + unbonding stake over all nodes: what the registry owes.
+    /// @notice Sum of free + locked + unbonding + seat-locked stake over all nodes: what the registry owes.
     function totalOwed() external view returns (uint256);
 }

@@ -6,7 +6,8 @@ pragma solidity ^0.8.24;
 ///         CollabMarket opens a case when someone challenges a posted outer state and asks
 ///         for the verdict when it resolves; the case is drawn, voted and tallied here. The
 ///         CollabMarket keeps the posts and the bonds; this contract has the registry's
-///         authority to slash jurors' unlocked stake, which the CollabMarket has not.
+///         authority to seat jurors and slash their seat-locked (or unlocked) stake, which
+///         the CollabMarket has not.
 /// @dev Case lifecycle (`Phase`):
 ///      Drawing (requested at block Q) --draw after Q + juryLookahead--> Voting
 ///      Voting --tally (the CollabMarket, at or after revealEnd)--> Tallied
@@ -15,8 +16,9 @@ pragma solidity ^0.8.24;
 ///
 ///      Slashing (the point of a contract of its own): at tally, of a jury of at least
 ///      quorum, each juror who did not reveal, or revealed against a Valid / Invalid verdict,
-///      loses `jurorSlash` of its unlocked stake. A juror that stays silent to stall a case
-///      into Void, or votes without recomputing, pays for it.
+///      loses `jurorSlash`, seat-locked in the registry when a quorum was drawn (so no claim
+///      or unbond after the draw dodges it) and released for the others at the tally. A juror
+///      that stays silent to stall a case into Void, or votes without recomputing, pays for it.
 ///      INVARIANT: this contract holds no tokens between calls: what a tally slashes is
 ///      forwarded to the CollabMarket in the same call (which credits it to the majority) or,
 ///      when no juror revealed, burned: never paid to the poster or the challenger, who could
@@ -43,7 +45,7 @@ interface IOuterJury {
         uint256 quorum; // reveals needed for a verdict (<= jurySize)
         uint256 commitWindow; // seconds from the draw to commit votes
         uint256 revealWindow; // seconds after that to reveal
-        uint256 jurorSlash; // unlocked stake a silent or minority juror loses
+        uint256 jurorSlash; // seat-locked at the draw; a silent or minority juror loses it
     }
 
     struct Case {
