@@ -140,13 +140,15 @@ class LocalChain:
         self.mine(blocks)
 
     def conservation(self) -> tuple[int, int]:
-        """(tokens held by registry + market + dispute game (+ collab market and outer
-        jury, when deployed), what they say they owe)."""
+        """(tokens held by registry + market + dispute game (+ availability game, collab
+        market and outer jury, when deployed), what they say they owe)."""
         r = self.reader
         held = owed = 0
         bounds = [r.registry, r.market, r.dispute]
         if "CollabMarket" in self.deployment.contracts:
             bounds.append(r.collab)
+        if "Availability" in self.deployment.contracts:  # bonds of pending requests
+            bounds.append(r.availability)
         for bound in bounds:
             held += r.token.balance_of(bound.address)
             owed += int(bound.call("totalOwed"))
