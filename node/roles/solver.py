@@ -12,6 +12,7 @@ what the chain cannot say (the inputs, the published manifest, rejections).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.collab import CollabFollower, finalize_job
+from node.roles.evidence import owed_segments, publish_segments
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
@@ -43,6 +45,7 @@ from node.roles.solver_machine import (
     HeldJobView,
     PostMids,
     Publish,
+    PublishLeaves,
     ServedState,
     SolverDisk,
     SolverDisputeView,
@@ -228,6 +231,9 @@ class Solver:
         disk = HeldJobDisk(published=rec.manifest is not None,
                            has_trace=(self._trace_dir(jid) / TRACE_MANIFEST).is_file(),
                            busy=str(jid) in self._busy)
+        if committed and disk.has_trace:
+            owed = await self.rt.chain(owed_segments, c, jid, job, view.now)
+            view = dataclasses.replace(view, owed=tuple(owed))
         dec = decide_job(view, disk)
         self._record_phase(jid, dec.phase)
         return dec
@@ -244,6 +250,11 @@ class Solver:
                 log.info("trace_republished", job=jid, manifest=manifest_id)
             except (PolnetError, OSError) as exc:  # one job's files must not stall the pass
                 log.warning("trace_republish_failed", job=jid, error=str(exc))
+        elif isinstance(act, PublishLeaves):
+            try:
+                await publish_segments(self, jid, list(act.segments))
+            except (PolnetError, OSError) as exc:  # retried on the next pass
+                log.warning("leaves_not_published", job=jid, error=str(exc))
         elif isinstance(act, Finalize):
             await finalize_job(self.rt, self.collab, jid, FINALIZE_BENIGN)
         elif isinstance(act, Done):
