@@ -69,7 +69,8 @@ log = get_logger("polnet.solver")
 # Reverts that mean "already done, by us or someone else": checked against the ABIs.
 CLAIM_BENIGN = errors("InvalidStatus")  # another solver claimed it first
 COMMIT_BENIGN = errors("InvalidStatus")  # our commit already landed (a lost receipt, a restart)
-FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen")
+# NoEvidence: no attesting majority yet; the solver publishes its sample, then it pays.
+FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen", "NoEvidence")
 DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
 TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
 MOVE_BENIGN = errors("NotYourTurn", "WrongPhase")
