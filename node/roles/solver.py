@@ -181,7 +181,8 @@ class Solver:
             dec = await self._derive(jid)
             taken.append(("job", jid, dec.action))
             withdraw |= await self._act(nursery, jid, dec)
-            if dec.phase == SolverPhase.COMMITTED:  # a sparse trace: serve sampled leaves
+            if dec.phase == SolverPhase.COMMITTED and self.behavior.serves_data:
+                # a sparse trace: serve sampled leaves
                 try:
                     await serve_missing_leaves(self, nursery, jid)
                 except (PolnetError, OSError) as exc:  # one job's files must not stall
@@ -251,6 +252,8 @@ class Solver:
                 log.info("trace_republished", job=jid, manifest=manifest_id)
             except (PolnetError, OSError) as exc:  # one job's files must not stall the pass
                 log.warning("trace_republish_failed", job=jid, error=str(exc))
+        elif isinstance(act, PublishLeaves) and not self.behavior.serves_data:
+            log.info("leaves_withheld", job=jid, segments=list(act.segments))
         elif isinstance(act, PublishLeaves):
             try:
                 await publish_segments(self, jid, list(act.segments))
@@ -486,6 +489,10 @@ class Solver:
         from node.train.trace import MANIFEST_NAME, read_manifest  # noqa: PLC0415
 
         manifest = read_manifest(out)
+        if not self.behavior.serves_data:  # a test cheat: announce nothing, serve nothing
+            with self.state as st:
+                st.jobs[jid].manifest = ""  # "published" for the machine, never announced
+            return ""
         for entry in manifest.checkpoints:
             aid = await self.rt.p2p.publish_file(out / entry.file)
             if aid != entry.sha256:
