@@ -194,7 +194,7 @@ class LocalChain:
             self.mine(max(1, m.get_job(job_id).sample_block - self.w3.eth.block_number + 1))
             self.clients[0].market.fix_seed(job_id)
         committee = m.committee_of(job_id)
-        attestors = [a for a in committee if not m.has_attested(job_id, a)]
+        attestors: list[str] = [a for a in committee if not m.has_attested(job_id, a)]
         attestors = attestors[:len(committee) // 2 + 1 - len(m.attestors_of(job_id))]
         for a in attestors:
             self.client_of(a).market.attest(job_id)
