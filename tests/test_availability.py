@@ -254,3 +254,20 @@ def test_requests_close_with_a_majority_and_never_reach_a_condemned_round(net: N
     assert revert(net.verifiers[0].availability.expire, rid).error == "NotPending"
     assert revert(request, net.verifiers[1], job2, 3).error == "AlreadyCondemned"
     net.conserved()
+
+
+def test_only_the_solver_publishes_unasked(net: Net) -> None:
+    """Each unasked publication leaves ``disputeGrace`` of window: were anyone holding the
+    trace allowed to publish unasked, a verifier could hold an honest solver's settlement
+    segment by segment for nothing. Unasked leaves come from the solver alone; a pending
+    request may be answered by anyone (the leaves prove themselves)."""
+    r = net.chain.reader
+    job, leaves, tree = post_honest(net)
+    committee = fix_seed(net, job)
+    other = net.verifiers[5]
+    e = revert(publish, other, job, 2, leaves, tree)
+    assert (e.error, e.error_args) == ("NotSolver", {"caller": other.address})
+    rid = request(net.by_address(committee[0]), job, 2)
+    publish(other, job, 2, leaves, tree)  # answered by a third party
+    assert r.availability.get_request(rid).state == RequestState.ANSWERED
+    net.conserved()

@@ -79,12 +79,15 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         if (segment >= j.segmentCount) revert SegmentOutOfRange(segment, j.segmentCount);
         bytes32 key = _key(jobId, j.round, segment);
         if (_published[key]) revert AlreadyPublished(jobId, segment);
+        uint256 id = _pending[key];
+        // INVARIANT: unasked leaves come from the solver alone: each extends the window, so
+        // anyone else holding the trace could delay the settlement for free.
+        if (id == 0 && msg.sender != j.solver) revert NotSolver(msg.sender);
         // INVARIANT: only leaves of the committed root count as evidence.
         _check(j, jobId, segment, start);
         _check(j, jobId, segment + 1, end);
         _published[key] = true;
         emit Published(jobId, j.round, segment, start, end);
-        uint256 id = _pending[key];
         if (id == 0) {
             // Unasked evidence (a solver whose committee stays silent): others get time to dispute it.
             _market.availabilityHook(jobId, j.round, OP_PUBLISHED, address(0));

@@ -65,6 +65,7 @@ interface IAvailability {
     error InvalidParams();
     error NotCommitted(uint256 jobId);
     error SolverCannotRequest();
+    error NotSolver(address caller);
     error SegmentOutOfRange(uint256 segment, uint32 segmentCount);
     error AlreadyPublished(uint256 jobId, uint256 segment);
     error AlreadyRequested(uint256 requestId);
@@ -82,8 +83,9 @@ interface IAvailability {
     function request(uint256 jobId, uint256 segment) external returns (uint256 requestId);
 
     /// @notice Publish leaves `segment` and `segment + 1` of the current round's trace, proven
-    ///         against its root. Answers the segment's pending request (before its deadline);
-    ///         without one, it adds evidence and gives others `disputeGrace` to dispute it.
+    ///         against its root. Anyone may answer the segment's pending request (before its
+    ///         deadline); without one, only the solver may publish (`NotSolver`): it adds
+    ///         evidence and gives others `disputeGrace` to dispute it.
     function publish(uint256 jobId, uint256 segment, Leaf calldata start, Leaf calldata end) external;
 
     /// @notice A pending request past its deadline: the round is condemned, the bond returned.
