@@ -271,3 +271,25 @@ def test_only_the_solver_publishes_unasked(net: Net) -> None:
     publish(other, job, 2, leaves, tree)  # answered by a third party
     assert r.availability.get_request(rid).state == RequestState.ANSWERED
     net.conserved()
+
+
+def test_a_lost_dispute_is_paid_before_an_unanswered_request(net: Net) -> None:
+    """A round lost both ways pays one winner: the earliest-opened dispute the solver lost
+    (as before issue 30), not the requester, so a solver's puppet request left unanswered
+    cannot take the reward from an honest challenger whose dispute the solver lost."""
+    c, r = net.chain, net.chain.reader
+    job, leaves, tree = post_honest(net)
+    fix_seed(net, job)
+    puppet, honest = net.verifiers[0], net.verifiers[1]
+    rid = request(puppet, job, 3)
+    did = honest.market.challenge(job, 5, leaves[5], tree.proof(5), leaves[6], tree.proof(6))
+    d = r.dispute.get_dispute(did)
+    c.advance(max(d.solver_clock_left, r.availability.availability_params().answer_window) + 1)
+    honest.dispute.timeout(did)  # the solver never posts its mids
+    puppet.availability.expire(rid)
+    assert r.market.round_info(job, 1).first_winner == did
+    past_window(net, job)
+    rf = net.submitter.market.finalize(job)
+    (paid,) = r.market.events(rf, "RewardPaid")
+    assert (paid["args"]["disputeId"], paid["args"]["challenger"]) == (did, honest.address)
+    net.conserved()
