@@ -18,7 +18,9 @@ Prints a table, then as the last line JSON: {"postJob", "claimJob", "commitResul
 "attest_fixing_seed", "attest", "finalize", "withdraw", "total_one_job",
 "total_one_job_without_withdrawals", "target_one_job",
 "target_one_job_ok", "old_rule_*_computed", ...}, merged with the dispute figures
-of bench/gas_dispute.py unless --no-dispute.
+of bench/gas_dispute.py unless --no-dispute, and the data-availability figures
+("da_*", bench/gas_availability.py: a request answered by an honest solver, one lost
+by a withholding solver, a silent committee's sample published by its solver).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gas_availability import measure_availability_gas, print_availability  # noqa: E402
 from devnet.anvil import AnvilProcess, dev_accounts, start_anvil  # noqa: E402
 from devnet.deploy import deploy_all  # noqa: E402
 from devnet.params import TOKEN, DevnetParams  # noqa: E402
@@ -64,7 +67,10 @@ def measure_job_gas(anvil: AnvilProcess | None = None) -> dict[str, Any]:
     try:
         accts = dev_accounts(params.accounts)
         dep = deploy_all(make_web3(node.url), accts[0], params, fund=accts, rpc_url=node.url)
-        return _job_life(LocalChain(node, dep))
+        c = LocalChain(node, dep)
+        out = _job_life(c)
+        out.update(measure_availability_gas(c, c[1], c[2], c[3], SEGMENTS, K))
+        return out
     finally:
         if anvil is None:
             node.stop()
@@ -184,6 +190,7 @@ def main() -> None:
           f"{OLD_ATTESTS_PER_JOB} attest txs x {OLD_ATTEST_AVG:,} = "
           f"{job['old_rule_attest_gas_computed']:,} gas of attestations, "
           f"~{job['old_rule_total_one_job_computed']:,} for the job's life")
+    print_availability(job)
     if not args.no_dispute:
         from bench.gas_dispute import measure_dispute_gas, print_run  # noqa: PLC0415
 

@@ -17,14 +17,14 @@ from node.chain.deployment import Deployment, DevAccount
 from node.errors import ConfigError
 
 # Deployment order; each may take the addresses of those before it.
-CONTRACTS = ("PolToken", "NodeRegistry", "JobMarket", "DisputeGame", "OuterJury",
-             "CollabMarket")
+CONTRACTS = ("PolToken", "NodeRegistry", "JobMarket", "Availability", "DisputeGame",
+             "OuterJury", "CollabMarket")
 _ADDRESS_KEYS = {"token": "PolToken", "poltoken": "PolToken", "registry": "NodeRegistry",
                  "noderegistry": "NodeRegistry", "market": "JobMarket",
                  "jobmarket": "JobMarket", "dispute": "DisputeGame",
                  "disputegame": "DisputeGame", "jury": "OuterJury",
                  "outerjury": "OuterJury", "collab": "CollabMarket",
-                 "collabmarket": "CollabMarket"}
+                 "collabmarket": "CollabMarket", "availability": "Availability"}
 
 
 def _address_key(arg_name: str) -> str:
@@ -55,11 +55,11 @@ def constructor_args(name: str, addresses: Mapping[str, str], params: BaseModel 
 def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = None, *,
                fund: Sequence[LocalAccount] = (), rpc_url: str | None = None,
                artifacts: Path | None = None) -> Deployment:
-    """Deploy token, registry, market, dispute game, outer jury and the collaborative-job
-    market (an ordinary submitter of the market); authorise market, dispute game and outer
-    jury on the registry, bind the outer jury to the collaborative market; mint
-    ``params.mint_per_account`` to every account in ``fund``. Returns the Deployment (not
-    yet saved)."""
+    """Deploy token, registry, market, availability game, dispute game, outer jury and the
+    collaborative-job market (an ordinary submitter of the market); authorise market, dispute
+    game and outer jury on the registry, the availability game on the market, bind the outer
+    jury to the collaborative market; mint ``params.mint_per_account`` to every account in
+    ``fund``. Returns the Deployment (not yet saved)."""
     params = params or DevnetParams()
     url = rpc_url or str(getattr(w3.provider, "endpoint_uri", ""))
     client = ChainClient(url, deployer, w3=w3, artifacts=artifacts)
@@ -67,7 +67,7 @@ def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = N
     per_contract: dict[str, BaseModel | None] = {
         "PolToken": None, "NodeRegistry": params.registry, "JobMarket": params.market,
         "DisputeGame": params.dispute, "OuterJury": params.outer_jury,
-        "CollabMarket": params.collab}
+        "CollabMarket": params.collab, "Availability": params.availability}
     addresses: dict[str, str] = {}
     for name in CONTRACTS:
         bound = client.deploy(name, *constructor_args(name, addresses, per_contract[name],
@@ -83,6 +83,8 @@ def deploy_all(w3: Web3, deployer: LocalAccount, params: DevnetParams | None = N
            client.outer_jury.tx_params("bind", addresses["CollabMarket"])]
     if "setDisputeGame" in client.market.functions():
         txs.append(client.market.tx_params("setDisputeGame", addresses["DisputeGame"]))
+    if "setAvailability" in client.market.functions():
+        txs.append(client.market.tx_params("setAvailability", addresses["Availability"]))
     if params.mint_per_account:
         txs += [client.token.tx_params("mint", a.address, params.mint_per_account)
                 for a in fund]

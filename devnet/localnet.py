@@ -63,6 +63,8 @@ class LocalNet:
                                         home=self.home, evm=self.evm)
         self.chain = ChainClient.from_deployment(self.deployment, None)
         books = [self.chain.market, self.chain.dispute, self.chain.registry]
+        if "Availability" in self.deployment.contracts:
+            books.append(self.chain.availability)
         if "CollabMarket" in self.deployment.contracts:
             books += [self.chain.collab, self.chain.outer_jury]
         self._watcher = EventWatcher(self.chain.w3, books,
@@ -271,6 +273,8 @@ class LocalNet:
         c = self.c
         block = c.w3.eth.block_number
         books: list[Any] = [c.market, c.registry, c.dispute]
+        if "Availability" in self.deployment.contracts:  # type: ignore[union-attr]
+            books.append(c.availability)  # bonds of pending availability requests
         holders = [b.address for b in books]
         if self._has_collab:
             books.append(c.collab)

@@ -181,6 +181,20 @@ class OuterJuryParams(BaseModel):
         return self
 
 
+class AvailabilityParams(BaseModel):
+    """Availability ``Params`` (see IAvailability.sol): data-availability requests."""
+
+    model_config = ConfigDict(extra="forbid")
+    bond: int = Field(default=5 * TOKEN, ge=0, le=2**96 - 1,
+                      description="escrowed by a requester (tokens, returned unless frivolous)")
+    answer_window: int = Field(
+        default=60, ge=1,
+        description="seconds a solver has to publish a requested segment's leaves on chain")
+    solver_share_bps: int = Field(
+        default=2_000, ge=0, le=10_000,
+        description="of the bond paid to a solver that answers: the price of a frivolous request")
+
+
 class DevnetParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     registry: RegistryParams = Field(default_factory=RegistryParams)
@@ -188,6 +202,7 @@ class DevnetParams(BaseModel):
     dispute: DisputeParams = Field(default_factory=DisputeParams)
     collab: CollabParams = Field(default_factory=CollabParams)
     outer_jury: OuterJuryParams = Field(default_factory=OuterJuryParams)
+    availability: AvailabilityParams = Field(default_factory=AvailabilityParams)
     accounts: int = Field(default=10, ge=2, le=100, description="funded dev accounts")
     mint_per_account: int = Field(default=1_000_000 * TOKEN, ge=0)
 

@@ -141,13 +141,15 @@ class LocalChain:
         self.mine(blocks)
 
     def conservation(self) -> tuple[int, int]:
-        """(tokens held by registry + market + dispute game (+ collab market and outer
-        jury, when deployed), what they say they owe)."""
+        """(tokens held by registry + market + dispute game (+ availability game, collab
+        market and outer jury, when deployed), what they say they owe)."""
         r = self.reader
         held = owed = 0
         bounds = [r.registry, r.market, r.dispute]
         if "CollabMarket" in self.deployment.contracts:
             bounds.append(r.collab)
+        if "Availability" in self.deployment.contracts:  # bonds of pending requests
+            bounds.append(r.availability)
         for bound in bounds:
             held += r.token.balance_of(bound.address)
             owed += int(bound.call("totalOwed"))
@@ -180,6 +182,38 @@ class LocalChain:
 
     def timestamp(self) -> int:
         return int(self.w3.eth.get_block("latest")["timestamp"])
+
+    def client_of(self, address: str) -> ChainClient:
+        """The dev account client with ``address``."""
+        return next(c for c in self.clients if c.address == address)
+
+    def attest_majority(self, job_id: int) -> list[str]:
+        """A strict majority of the round's committee attests (the seed fixed first, past
+        the sampling block): the evidence a clean round is paid on. Returns the attestors."""
+        m = self.reader.market
+        if m.seed_of(job_id) == bytes(32):
+            self.mine(max(1, m.get_job(job_id).sample_block - self.w3.eth.block_number + 1))
+            self.clients[0].market.fix_seed(job_id)
+        committee = m.committee_of(job_id)
+        attestors: list[str] = [a for a in committee if not m.has_attested(job_id, a)]
+        attestors = attestors[:len(committee) // 2 + 1 - len(m.attestors_of(job_id))]
+        for a in attestors:
+            self.client_of(a).market.attest(job_id)
+        return attestors
+
+    def publish_sample(self, solver: ChainClient, job_id: int, leaves: Sequence[TraceLeaf],
+                       tree: MerkleTree) -> None:
+        """The solver puts every sampled segment's leaves on chain (Availability): the
+        evidence a round no committee majority attested is paid on, one disputeGrace later."""
+        m, av = self.reader.market, self.reader.availability
+        if m.seed_of(job_id) == bytes(32):
+            self.mine(max(1, m.get_job(job_id).sample_block - self.w3.eth.block_number + 1))
+            solver.market.fix_seed(job_id)
+        rnd = m.get_job(job_id).round
+        for s in m.sampled_segments(job_id):
+            if not av.is_published(job_id, rnd, s):
+                solver.availability.publish(job_id, s, leaves[s], tree.proof(s), leaves[s + 1],
+                                            tree.proof(s + 1))
 
     @contextmanager
     def reverting(self) -> Iterator[LocalChain]:

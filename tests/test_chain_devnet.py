@@ -39,14 +39,14 @@ def test_cli_up_status_down(tmp_path: Path) -> None:
         dep = Deployment.load(dep_file)
         assert dep.chain_id == 31337 and len(dep.accounts) == 3
         assert set(dep.contracts) == {"PolToken", "NodeRegistry", "JobMarket", "DisputeGame",
-                                      "OuterJury", "CollabMarket"}
+                                      "OuterJury", "CollabMarket", "Availability"}
         client = ChainClient.from_deployment(dep, account=1)
         assert client.token.balance_of(client.address) == dep.params["mint_per_account"]
         assert client.registry.market() == dep.contracts["JobMarket"]
 
         st = polnet(tmp_path, "devnet", "status")
         assert st.returncode == 0, st.stderr
-        assert st.stdout.count("code ok") == 6 and "block" in st.stdout
+        assert st.stdout.count("code ok") == 7 and "block" in st.stdout
 
         # a keystore's fresh address gets POL and gas without `cast`
         fresh = "0x" + "ab" * 20

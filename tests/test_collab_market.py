@@ -107,8 +107,9 @@ def sub_jobs(net: Net, job: int, r: int) -> list[int]:
 
 
 def work(net: Net, job: int, r: int, slots: list[int] | None = None) -> None:
-    """Each chosen slot's holder claims its reserved sub-job and commits a trace from the
-    round's S_0 (real Merkle root and proofs)."""
+    """Each chosen slot's holder claims its reserved sub-job, commits a trace from the
+    round's S_0 (real Merkle root and proofs) and puts its sampled segments' leaves on
+    chain: the evidence its run is paid on with no committee attesting (issue 30)."""
     ids = sub_jobs(net, job, r)
     for slot, jid in enumerate(ids):
         if jid == 0 or (slots is not None and slot not in slots):
@@ -117,6 +118,7 @@ def work(net: Net, job: int, r: int, slots: list[int] | None = None) -> None:
         w.market.claim_job(jid)
         leaves, tree = fake_trace(jid, SEGS, K, tag=f"r{r}s{slot}", init=init(r))
         w.market.commit_trace(jid, leaves, tree)
+        net.chain.publish_sample(w, jid, leaves, tree)
 
 
 def window(net: Net) -> int:

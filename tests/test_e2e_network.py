@@ -253,3 +253,24 @@ def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
         net.wait_job(job, {0}, 150)  # reopened for another solver
         assert net.c.market.round_info(job, 1).first_winner > 0
         assert net.conserved()
+
+
+def test_dark_solver_is_condemned_by_an_availability_request(tmp_path: Path) -> None:
+    """Issue 30: before, a solver that trained nothing and served nothing was paid at the
+    window's end (nobody could replay, challenge or attest it). Now the committee member
+    that cannot fetch its share names a segment in an availability request; the solver
+    cannot answer, the request expires and condemns the round: the bond is split and the
+    job reopens, without a dispute opened or a step replayed."""
+    spec, dataset = small_job(tmp_path)
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
+        start_verifiers(net)
+        before = net.holdings(net.address(CHEATER))
+        net.start_solver("dark", CHEATER, "dark")
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        asked = net.wait_event("Requested", 240, contract="Availability", jobId=job)
+        assert asked.args["challenger"] in {net.address(v) for v in (V1, V2, V3)}
+        net.wait_event("Expired", 150, contract="Availability", jobId=job)
+        net.wait_event("RoundSettled", 150, contract="JobMarket", jobId=job)
+        assert net.holdings(net.address(CHEATER)) < before  # its bond, split
+        assert not any(e.event in ("Challenged", "JuryDrawn", "Attested") for e in net.events())
+        assert net.conserved()

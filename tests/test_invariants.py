@@ -1,7 +1,7 @@
 """Stateful property test: random actions by several accounts against anvil.
 
-After every step: (1) the token balance of registry + market + dispute game equals
-the sum of what they say they owe; (2) every account's and contract's token
+After every step: (1) the token balance of registry + market + dispute game +
+availability game equals the sum of what they say they owe; (2) every account's and contract's token
 balance, the burn address's included, equals what the Transfer events since the
 example began add up to (nothing moves without an event), and the token supply is
 where it was (burned tokens sit at the burn address, none are minted or lost);
@@ -9,7 +9,8 @@ where it was (burned tokens sit at the burn address, none are minted or lost);
 events add up to; (4) the game's ``totalBurned`` is the sum of its ``Burned``
 events; (5) each condemned round's finalize pays exactly one winner (``RewardPaid``):
 the earliest-opened dispute of the round the solver lost (``Challenged``,
-``DisputeResolved``), with a jurors' share only when a jury decided it. Each example
+``DisputeResolved``), with a jurors' share only when a jury decided it, or, when none
+was lost, the first requester whose availability request expired (dispute id 0). Each example
 starts from the same snapshot; reverting it is what makes ~3,000 actions fit in
 about a minute.
 
@@ -69,8 +70,10 @@ class Market(RuleBasedStateMachine):
         type(self).base = c.snapshot()
         self.c = c
         r = c.reader
-        self.contracts = {"registry": r.registry, "market": r.market, "dispute": r.dispute}
-        self.watcher = EventWatcher(c.w3, [r.token, r.registry, r.market, r.dispute],
+        self.contracts = {"registry": r.registry, "market": r.market, "dispute": r.dispute,
+                          "availability": r.availability}
+        self.watcher = EventWatcher(c.w3, [r.token, r.registry, r.market, r.dispute,
+                                           r.availability],
                                     start_block=c.w3.eth.block_number + 1)
         self.holders = [*c.addresses, *(b.address for b in self.contracts.values()), BURN]
         balances = self._balances()
@@ -96,6 +99,11 @@ class Market(RuleBasedStateMachine):
         self.verdict: dict[int, Verdict] = {}
         self.over: set[int] = set()
         self.paid: list[tuple[int, str, int, int]] = []  # RewardPaid of the tx being read
+        # availability requests: id -> (job, round); pending ones; the first requester
+        # whose request expired, per (job, round) (paid when no dispute was lost)
+        self.requests: dict[int, tuple[int, int, int]] = {}  # id -> (job, round, segment)
+        self.pending: set[int] = set()
+        self.withheld: dict[tuple[int, int], str] = {}
 
     # --- helpers -------------------------------------------------------------------
 
@@ -437,6 +445,45 @@ class Market(RuleBasedStateMachine):
             return self.idle(who)
         self.act("disputeWithdraw", self.c[who].dispute.withdraw)
 
+    # --- data availability -----------------------------------------------------------
+
+    @rule(who=st.sampled_from(ACTORS), pick=PICK, seg=st.integers(0, SEGMENTS))
+    def request(self, who: int, pick: int, seg: int) -> None:
+        """An availability request (now and then on a segment out of range)."""
+        if not self.in_state(JobStatus.COMMITTED):
+            return self.idle(pick)
+        job = nth(self.in_state(JobStatus.COMMITTED), pick)
+        c = self.c[who]
+        c.token.ensure_allowance(c.availability.address, 5 * TOKEN)
+        self.act("request", c.availability.request, job, seg)
+
+    @rule(pick=PICK, seg=st.integers(0, SEGMENTS - 1), who=st.sampled_from(ACTORS))
+    def publish(self, pick: int, seg: int, who: int) -> None:
+        """Anyone holding the trace publishes a segment's leaves (answering a request on
+        it, or as evidence); a pending request's segment is picked first."""
+        jobs = [j for j in self.in_state(JobStatus.COMMITTED) if j in self.traces]
+        if not jobs:
+            return self.idle(pick)
+        wanted = sorted(self.pending)
+        if wanted and pick % 2 == 0:
+            job, _, seg = self.requests[nth(wanted, pick >> 1)]
+            if job not in self.traces:
+                return self.idle(pick)
+        else:
+            job = nth(jobs, pick)
+        leaves, tree = self.traces[job]
+        self.act("publish", self.c[who].availability.publish, job, seg, leaves[seg],
+                 tree.proof(seg), leaves[seg + 1], tree.proof(seg + 1))
+
+    @rule(pick=PICK, wait=st.integers(0, 2))
+    def expire(self, pick: int, wait: int) -> None:
+        if not self.pending:
+            return self.idle(pick)
+        rid = nth(sorted(self.pending), pick)
+        if wait == 1:  # past the answer window (60 s)
+            self.travel(61)
+        self.act("expire", self.c[2].availability.expire, rid)
+
     # --- time ----------------------------------------------------------------------
 
     @rule(seconds=st.sampled_from([1, 5, 10, 20, 30, 61, 400]), blocks=st.integers(1, 4))
@@ -482,6 +529,16 @@ class Market(RuleBasedStateMachine):
                 self._check_settlement(a)
             elif ev.event == "AttestorSlashed":
                 STATS["attestorSlashed"] += 1
+        elif ev.contract == "Availability":
+            if ev.event == "Requested":
+                self.requests[a["requestId"]] = (a["jobId"], a["round"], a["segment"])
+                self.pending.add(a["requestId"])
+            elif ev.event == "Answered":
+                self.pending.discard(a["requestId"])
+            elif ev.event == "Expired":
+                self.pending.discard(a["requestId"])
+                job, rnd, _ = self.requests[a["requestId"]]
+                self.withheld.setdefault((job, rnd), a["challenger"])
         elif ev.contract == "DisputeGame":
             if ev.event == "DisputeResolved":
                 self.over.add(a["id"])
@@ -495,7 +552,15 @@ class Market(RuleBasedStateMachine):
         lost = sorted(d for d, (job, rnd, _) in self.disputes.items()
                       if (job, rnd) == (a["jobId"], a["round"])
                       and self.verdict.get(d) in (Verdict.INVALID, Verdict.SOLVER_TIMED_OUT))
-        assert lost, f"round {a['jobId']}/{a['round']} settled with no dispute lost"
+        if not lost:  # condemned by an unanswered availability request alone
+            who = self.withheld.get((a["jobId"], a["round"]))
+            assert who, f"round {a['jobId']}/{a['round']} settled with nothing lost"
+            assert self.paid == [(0, who, a["perChallenger"], 0)] and a["perJury"] == 0, \
+                "paid someone other than the first requester left unanswered"
+            STATS["rewardPaid"] += 1
+            STATS["withheldSettled"] += 1
+            self.paid.clear()
+            return
         first = lost[0]
         jury = self.verdict[first] == Verdict.INVALID
         assert self.paid == [(first, self.disputes[first][2], a["perChallenger"],
@@ -535,14 +600,15 @@ class Market(RuleBasedStateMachine):
         out = batch_call(self.c.w3, calls)
         n = len(self.holders)
         actual = dict(zip(self.holders, out[:n], strict=True))
-        supply, owed = out[n], sum(out[n + 1:n + 4])
-        burned = out[n + 4]
+        books = len(self.contracts)
+        supply, owed = out[n], sum(out[n + 1:n + 1 + books])
+        burned = out[n + 1 + books]
         held = sum(actual[b.address] for b in self.contracts.values())
         assert held == owed, f"contracts hold {held} but owe {owed}"
         assert actual == self.balances, "a token balance moved without a Transfer event"
         assert supply == sum(actual.values()) + self.elsewhere, "tokens appeared or vanished"
         assert burned == self.burned_before + self.burned, "totalBurned != sum of Burned"
-        credits = dict(zip(credit_keys, out[n + 5:], strict=True))
+        credits = dict(zip(credit_keys, out[n + 2 + books:], strict=True))
         assert credits == {k: self.credits[k] for k in credit_keys}, \
             "a credit changed without a Credited/Withdrawn event"
 
@@ -568,5 +634,6 @@ def test_random_actions_conserve_tokens(chain: LocalChain) -> None:
     assert STATS["actions"] >= 2000, STATS["actions"]
     for must in ("register", "stake", "postJob", "claimJob", "commitResult", "attest",
                  "finalize", "withdraw", "cancel", "reclaim", "challenge", "drawJury",
-                 "commitVote", "revealVote", "roundSettled", "rewardPaid", "disputeWithdraw"):
+                 "commitVote", "revealVote", "roundSettled", "rewardPaid", "disputeWithdraw",
+                 "request", "publish", "expire"):
         assert STATS[must] > 0, f"no successful {must} in {STATS['actions']} actions"

@@ -325,16 +325,26 @@ def test_empty_pool_draws_an_empty_committee(chain: LocalChain) -> None:
     assert solver.market.fix_seed(job) != bytes(32)
     assert solver.market.committee_of(job) == []
     chain.advance(solver.market.market_params().verification_window)
+    # no committee, so no attesting majority: paid only once the sample is on chain
+    e = revert(solver.market.finalize, job)
+    assert (e.error, e.error_args) == ("NoEvidence", {"attestations": 0, "seats": 0})
+    chain.publish_sample(solver, job, leaves, tree)
+    chain.advance(solver.market.market_params().dispute_grace)
     solver.market.finalize(job)
     assert solver.market.credits(sub.address) == BUDGET  # nobody to pay
     check_conserved(chain)
 
 
 def test_finalize_without_attestations_refunds_budget(chain: LocalChain, roles: Roles) -> None:
-    job, _, _ = commit(chain, roles)
+    """Before issue 30 a round nobody attested was paid at the window's expiry; now the
+    solver must first put the sampled segments' leaves on chain (and let disputeGrace pass)."""
+    job, leaves, tree = commit(chain, roles)
     m = roles.outsider.market
     assert revert(m.finalize, 5).error == "UnknownJob"
     chain.advance(m.market_params().verification_window)
+    assert revert(m.finalize, job).error == "NoEvidence"
+    chain.publish_sample(roles.solver, job, leaves, tree)
+    chain.advance(m.market_params().dispute_grace)
     m.finalize(job)
     assert m.credits(roles.submitter.address) == BUDGET
     assert m.credits(roles.solver.address) == REWARD
@@ -501,6 +511,8 @@ def test_lost_challenge_bars_only_that_challenger(chain: LocalChain, roles: Role
     assert m.get_job(job).window_end >= chain.timestamp() + grace
     chain.advance(grace)
     assert revert(x.market.challenge, *args).error == "WindowClosed"  # no dispute live
+    chain.publish_sample(roles.solver, job, leaves, tree)  # nobody attested: the evidence
+    chain.advance(grace)
     r = m.finalize(job)  # the solver survived both: paid as usual
     assert m.events(r, "JobFinalized")[0]["args"]["reward"] == REWARD
     assert m.credits(roles.solver.address) == REWARD

@@ -376,6 +376,7 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
     settings = node_settings(tmp_path, chain, "solver", 2, STAKE)
     sub = chain[1]
     window = chain.reader.market.market_params().verification_window
+    grace = chain.reader.market.market_params().dispute_grace
     out: dict[str, Any] = {}
 
     async def main() -> None:
@@ -383,13 +384,14 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
             await rt.ensure_registered(SOLVER, STAKE)
             c = rt.chain_client
             await rt.chain(sub.token.ensure_allowance, sub.market.address, 2 * 110 * TOKEN)
-            jobs = []
+            jobs, traces = [], []
             for _ in range(2):
                 jid = await rt.chain(sub.market.post_job, job_terms(REWARD, 10 * TOKEN))
                 await rt.chain(c.market.claim_job, jid)
                 leaves, tree = fake_trace(jid)
                 await rt.chain(c.market.commit_trace, jid, leaves, tree)
                 jobs.append(jid)
+                traces.append((leaves, tree))
             a, b = jobs
             ja = await rt.chain(c.market.get_job, a)
             # What the old code had written before it was killed: A "training", B unknown.
@@ -405,6 +407,11 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
                 passes.append(await solver._tick(nursery))
                 out["phases_open"] = {j: r.phase for j, r in solver.state.data.jobs.items()}
                 await rt.chain(chain.advance, window + 5)
+                # No committee (no verifiers): each round is paid on its sample's leaves,
+                # which the solver had put on chain before it was killed (issue 30).
+                for jid, (leaves, tree) in zip(jobs, traces, strict=True):
+                    await rt.chain(chain.publish_sample, c, jid, leaves, tree)
+                await rt.chain(chain.advance, grace + 1)
                 await rt.chain(sub.market.finalize, b)  # another party finalizes B first
                 for _ in range(3):
                     passes.append(await solver._tick(nursery))
@@ -475,6 +482,7 @@ def test_verifier_recovers_an_attestation_it_did_not_record(chain: LocalChain,
 
     jid, _, _, me = committed_job(chain)
     chain[me].market.attest(jid)  # mined; the daemon was killed before writing it down
+    chain.attest_majority(jid)  # another seat too: a majority, the round is paid (issue 30)
     params = chain.reader.market.market_params()
     settings = node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN)
     out: dict[str, Any] = {}
@@ -604,6 +612,7 @@ def test_submitter_serving_ends_with_what_another_party_settled(chain: LocalChai
     budget = 10 * TOKEN
     settings = node_settings(tmp_path, chain, "submitter", 1, 0)
     window = chain.reader.market.market_params().verification_window
+    grace = chain.reader.market.market_params().dispute_grace
     out: dict[str, Any] = {}
 
     async def main() -> None:
@@ -617,6 +626,9 @@ def test_submitter_serving_ends_with_what_another_party_settled(chain: LocalChai
             leaves, tree = fake_trace(jid)
             await rt.chain(solver.market.commit_trace, jid, leaves, tree)
             await rt.chain(chain.advance, window + 5)
+            # no committee: paid on the sample's leaves, one grace later (issue 30)
+            await rt.chain(chain.publish_sample, solver, jid, leaves, tree)
+            await rt.chain(chain.advance, grace + 1)
             await rt.chain(solver.market.finalize, jid)  # another party, first
             balance0 = await rt.chain(c.token.balance_of, rt.address)
             with trio.fail_after(30):

@@ -60,6 +60,7 @@ from verifier.machine import (
     migrate,
     needs_attest_check,
 )
+from verifier.withheld import expire_requests, request_withheld
 
 log = get_logger("polnet.verifier")
 
@@ -67,7 +68,8 @@ log = get_logger("polnet.verifier")
 BENIGN_ATTEST = errors("AlreadyAttested", "NotInCommittee", "WindowClosed", "InvalidStatus")
 BENIGN_CHALLENGE = errors("WindowClosed", "InvalidStatus", "ChallengerBarredFrom",
                           "AlreadyCondemned")
-FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen")
+# NoEvidence: no attesting majority yet; the solver publishes its sample, then it pays.
+FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen", "NoEvidence")
 SEED_BENIGN = errors("SeedAlreadyFixed")
 DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
 TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
@@ -242,6 +244,7 @@ class Verifier:
                 if await rt.chain(c.block_number) <= job.sample_block:
                     return  # the seed block is not mined yet: next tick
                 await rt.transact_ok(c.market.fix_seed, jid, benign=SEED_BENIGN)
+            await expire_requests(self, jid)
             sample = await rt.chain(c.market.sampled_segments, jid)
             mine = await self._own_share(jid, sample)
             # Our committee share first (the attestation covers it alone), then, as a
@@ -249,8 +252,9 @@ class Verifier:
             segments = mine + ([s for s in sample if s not in mine]
                                if rt.settings.watch_sample else [])
             ev = await self.evidence.for_job(jid, job)
-            if ev is None:
-                return  # no manifest announced yet: next tick
+            if ev is None:  # no manifest announced yet: next tick, or name our share
+                await request_withheld(self, jid, job, mine)
+                return
             log.info("checking", job=jid, segments=segments, share=mine)
             # Each segment on its own: one that cannot be judged now waits for the next
             # tick; one whose committed state is unusable fails (and gets challenged).
@@ -280,6 +284,7 @@ class Verifier:
                 await self._maybe_attest(jid)
             else:
                 log.info("segments_unjudged", job=jid, segments=unjudged)
+                await request_withheld(self, jid, job, [s for s in mine if s in unjudged])
             await self._maybe_challenge(jid)
         except PolnetError as exc:
             log.warning("check_failed", job=jid, error=str(exc))

@@ -49,6 +49,8 @@ class VerifierJob(BaseModel):
     challenged: bool = False
     phase: VerifierPhase = VerifierPhase.PENDING  # the last derivation; never an input
     seen_commit: bool = False  # a ResultCommitted noted since: maybe a new round's
+    # segment -> our availability request (verifier.withheld): what we could not fetch
+    requests: dict[int, int] = Field(default_factory=dict)
 
 
 class VerifierDispute(BaseModel):

@@ -8,6 +8,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 import {IDisputeGame} from "./interfaces/IDisputeGame.sol";
+import {IAvailability} from "./interfaces/IAvailability.sol";
 import {TraceLib} from "./libraries/TraceLib.sol";
 import {SegmentSampler} from "./libraries/SegmentSampler.sol";
 
@@ -30,6 +31,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     IERC20 internal immutable _token;
     INodeRegistry internal immutable _registry;
     address public override disputeGame;
+    address public override availability;
 
     // Params, as immutables (read on every hot path; `params()` rebuilds the struct)
     uint256 internal immutable _bondFactorBps;
@@ -117,6 +119,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     /// @dev Reserved jobs only (`postReservedJob`): the one solver that may claim it. A
     ///      separate mapping, so an ordinary job's post writes no extra word.
     mapping(uint256 => address) internal _reservedSolver;
+    /// @dev (job, round) => the first requester whose availability request went unanswered:
+    ///      paid the challenger's share when no dispute of the round was lost.
+    mapping(uint256 => mapping(uint32 => address)) internal _availWinner;
 
     constructor(IERC20 token_, INodeRegistry registry_, Params memory params_) Ownable(msg.sender) {
         if (address(token_) == address(0) || address(registry_) == address(0)) revert ZeroAddress();
@@ -155,6 +160,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (game == address(0)) revert ZeroAddress();
         disputeGame = game;
         emit DisputeGameSet(game);
+    }
+
+    /// @notice Wire the availability game. Once, by the owner.
+    function setAvailability(address a) external onlyOwner {
+        if (availability != address(0)) revert AlreadySet();
+        if (a == address(0)) revert ZeroAddress();
+        availability = a;
+        emit AvailabilitySet(a);
     }
 
     // --- submitter ---
@@ -296,11 +309,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 round = j.round;
         RoundInfo storage r = _rounds[jobId][round];
         if (r.condemned) return _settleCondemned(jobId, j, round, r);
+        (address[] memory seats, uint256 attested) = _seatsOf(jobId);
+        uint256 atts;
+        for (uint256 a = attested; a != 0; a &= a - 1) ++atts;
+        // INVARIANT: no payment without evidence: a majority of the committee drawn attested,
+        // or every sampled segment's leaves are on chain (Availability) and undisputed.
+        if (atts * 2 <= seats.length && !IAvailability(availability).evidenced(jobId, round)) {
+            revert NoEvidence(uint32(atts), uint32(seats.length));
+        }
         j.status = JobStatus.Finalized;
         _escrowPlusOne -= j.reward + j.verificationBudget;
         _credit(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
-        (address[] memory seats, uint256 attested) = _seatsOf(jobId);
         _closeSeats(jobId, seats, 0);
 
         uint256 per = j.verificationBudget / _attestorsPerJob;
@@ -428,11 +448,38 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             }
         }
         // Whatever the verdict, others keep time to challenge: no dispute closes the window.
-        uint256 minEnd = block.timestamp + _disputeGrace;
-        if (j.windowEnd < minEnd) {
-            j.windowEnd = uint40(minEnd);
-            emit WindowExtended(jobId, uint64(minEnd));
+        _extend(jobId, j);
+    }
+
+    // --- availability game only ---
+
+    function availabilityHook(uint256 jobId, uint32 round, uint8 op, address challenger) external nonReentrant {
+        // INVARIANT: only the availability game opens, answers and condemns by withholding.
+        if (msg.sender != availability) revert Unauthorized(msg.sender);
+        JobRec storage j = _job(jobId);
+        _requireStatus(jobId, j, JobStatus.Committed);
+        if (j.round != round) revert DisputeNotLive(0);
+        RoundInfo storage r = _rounds[jobId][round];
+        if (op == 0 || op == 3) {
+            // A request, or unasked evidence: never on a condemned round (only delay).
+            if (r.condemned) revert AlreadyCondemned(jobId, round);
+            // A pending request holds the round like a dispute.
+            if (op == 0) {
+                j.openDisputes += 1;
+                return;
+            }
+        } else {
+            j.openDisputes -= 1;
+            if (op == 2) {
+                if (!r.condemned) {
+                    r.condemned = true;
+                    emit RoundCondemned(jobId, round);
+                }
+                if (_availWinner[jobId][round] == address(0)) _availWinner[jobId][round] = challenger;
+            }
         }
+        // What was published can be disputed; a withheld round can be challenged further.
+        _extend(jobId, j);
     }
 
     // --- views ---
@@ -658,13 +705,16 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // One winner: the earliest-opened dispute the solver lost. Its jurors' share goes to
         // the challenger when the solver's clock decided it (no jurors).
         uint256 winner = r.firstWinner;
-        // Empty unless a jury decided it (Invalid), which always has a majority.
-        address[] memory jurors = IDisputeGame(disputeGame).majorityOf(winner);
+        // Empty unless a jury decided it (Invalid), which always has a majority; none when
+        // only an unanswered availability request condemned the round (winner 0).
+        address[] memory jurors;
+        if (winner != 0) jurors = IDisputeGame(disputeGame).majorityOf(winner);
         uint256 perJury = jurors.length == 0 ? 0 : juryPot;
         uint256 perCh = chPot + juryPot - perJury;
         _credit(j.submitter, toSubmitter);
         // One winner, so it is paid here: O(1) however many disputes the round had.
-        address challenger = IDisputeGame(disputeGame).challengerOf(winner);
+        address challenger =
+            winner != 0 ? IDisputeGame(disputeGame).challengerOf(winner) : _availWinner[jobId][round];
         _credit(challenger, perCh);
         // The jurors' share split equally over the winner's majority jurors, division dust to
         // the first of them; credited here (the tokens stay in the market until withdrawn).
@@ -797,6 +847,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             jobId, segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
         );
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
+    }
+
+    /// @dev Leave others at least disputeGrace of window.
+    function _extend(uint256 jobId, JobRec storage j) internal {
+        uint256 minEnd = block.timestamp + _disputeGrace;
+        if (j.windowEnd < minEnd) {
+            j.windowEnd = uint40(minEnd);
+            emit WindowExtended(jobId, uint64(minEnd));
+        }
     }
 
     function _reopen(uint256 jobId, JobRec storage j) internal {

@@ -9,6 +9,8 @@ bench/verify_cost.py) and must never be a default. Names (kwargs):
     bad_step (at=0, offset=7)    one step per segment on another batch (0 = the
                                  middle one); disputes answered along that trajectory
     withhold (missing=1)         fewer_steps; in a dispute posts hashes, serves no state
+    dark                         skip; serves nothing: no manifest, no state, no leaf
+                                 an availability request names (issue 30)
     more_steps (extra=1)         k + extra steps
     other_data (offset=7)        another step's batch
     half_batch (fraction=0.5)    part of each batch
@@ -39,6 +41,7 @@ from node.behaviors.steps import (
     BF16,
     Amplify,
     Cheat,
+    Dark,
     FewerSteps,
     HalfBatch,
     LowLR,
@@ -58,7 +61,7 @@ from node.train.behavior import SegmentBehavior, get_behavior, register_behavior
 CHEATS: tuple[type[Cheat], ...] = (SkipSteps, FewerSteps, OneBadStep, MoreSteps, OtherData,
                                    HalfBatch, LowLR, Noise, BF16, Stale, InfinitesimalSpoof,
                                    Blindfold, LazyFraction, WithholdStates, Poison, Amplify,
-                                   WrongOuter)
+                                   WrongOuter, Dark)
 for _cls in CHEATS:
     register_behavior(_cls.name, _cls)
 

@@ -52,6 +52,15 @@ class WithholdStates(FewerSteps):
     serves_dispute_states = False
 
 
+class Dark(SkipSteps):
+    """``skip`` that serves nothing at all: no trace manifest, no state, no leaf asked
+    for on chain (issue 30's withholding solver, condemned by an availability request)."""
+
+    name = "dark"
+    serves_data = False
+    serves_dispute_states = False
+
+
 class MoreSteps(Cheat):
     """Run ``k + extra`` steps (e.g. to look better), claim k."""
 

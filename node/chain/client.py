@@ -18,6 +18,7 @@ from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
 
 if TYPE_CHECKING:
+    from node.chain.availability import Availability
     from node.chain.contracts import (
         Collab,
         CollabTerms,
@@ -48,7 +49,8 @@ class ChainClient:
 
     ``ChainClient(rpc_url, account)`` connects (raising RpcUnavailable with the fix
     if the node is down). With a ``deployment`` the polnet contracts are reachable
-    as ``client.token``, ``.registry``, ``.market``, ``.dispute``, ``.collab``, ``.outer_jury``.
+    as ``client.token``, ``.registry``, ``.market``, ``.dispute``, ``.collab``, ``.outer_jury``,
+    ``.availability``.
     """
 
     def __init__(self, rpc_url: str, account: LocalAccount | str | None = None,
@@ -159,6 +161,11 @@ class ChainClient:
     def outer_jury(self) -> OuterJury:
         from node.chain.contracts import OuterJury  # noqa: PLC0415
         return self.contract("OuterJury", cls=OuterJury)
+
+    @property
+    def availability(self) -> Availability:
+        from node.chain.availability import Availability  # noqa: PLC0415
+        return self.contract("Availability", cls=Availability)
 
     def deploy(self, name: str, *args: Any) -> Bound:
         """Deploy artifact ``name`` with constructor ``args``; returns its binding."""

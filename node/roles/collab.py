@@ -66,7 +66,7 @@ JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_
 # Benign reverts (someone else moved first); transact_ok checks each name against the
 # ABIs when it is used, so a deployment without a CollabMarket never needs them.
 START_BENIGN = ("WrongRoundPhase", "CollabNotLive", "TooFewWorkers")
-SETTLE_BENIGN = ("WrongRoundPhase", "CollabNotLive", "RoundNotSettled")
+SETTLE_BENIGN = ("WrongRoundPhase", "CollabNotLive", "RoundNotSettled", "NoEvidence")
 POST_BENIGN = ("WrongRoundPhase", "CollabNotLive", "WrongRound", "AlreadyPosted")
 CHALLENGE_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowClosed", "ChallengeLive",
                     "NothingPosted", "AlreadyChallenged", "PosterCannotChallenge")

@@ -24,6 +24,7 @@ import trio
 
 from node.errors import ContractRevert
 from node.logs import get_logger
+from node.roles.evidence import requested_segments
 from node.roles.runtime import Runtime, guarded
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ async def _needed_segments(solver: Solver, jid: int) -> list[int]:
         d = await solver.rt.chain(c.dispute.get_dispute, did)
         if d.job_id == jid:
             segments.append(d.segment)
+    if c.deployment is not None and "Availability" in c.deployment.contracts:
+        # a segment named by an availability request: its requester wants to replay it
+        job = await solver.rt.chain(c.market.get_job, jid)
+        segments += await solver.rt.chain(requested_segments, c, jid, job)
     return segments
 
 

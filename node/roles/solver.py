@@ -12,6 +12,7 @@ what the chain cannot say (the inputs, the published manifest, rejections).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.collab import CollabFollower, finalize_job
+from node.roles.evidence import owed_segments, publish_segments
 from node.roles.jobfiles import fetch_job_inputs
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
@@ -44,6 +46,7 @@ from node.roles.solver_machine import (
     HeldJobView,
     PostMids,
     Publish,
+    PublishLeaves,
     ServedState,
     SolverDisk,
     SolverDisputeView,
@@ -67,7 +70,8 @@ log = get_logger("polnet.solver")
 # Reverts that mean "already done, by us or someone else": checked against the ABIs.
 CLAIM_BENIGN = errors("InvalidStatus")  # another solver claimed it first
 COMMIT_BENIGN = errors("InvalidStatus")  # our commit already landed (a lost receipt, a restart)
-FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen")
+# NoEvidence: no attesting majority yet; the solver publishes its sample, then it pays.
+FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen", "NoEvidence")
 DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
 TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
 MOVE_BENIGN = errors("NotYourTurn", "WrongPhase")
@@ -181,7 +185,8 @@ class Solver:
             dec = await self._derive(jid)
             taken.append(("job", jid, dec.action))
             withdraw |= await self._act(nursery, jid, dec)
-            if dec.phase == SolverPhase.COMMITTED:  # a sparse trace: serve sampled leaves
+            if dec.phase == SolverPhase.COMMITTED and self.behavior.serves_data:
+                # a sparse trace: serve sampled leaves
                 try:
                     await serve_missing_leaves(self, nursery, jid)
                 except (PolnetError, OSError) as exc:  # one job's files must not stall
@@ -232,6 +237,9 @@ class Solver:
         disk = HeldJobDisk(published=rec.manifest is not None,
                            has_trace=(self._trace_dir(jid) / TRACE_MANIFEST).is_file(),
                            busy=str(jid) in self._busy)
+        if committed and disk.has_trace:
+            owed = await self.rt.chain(owed_segments, c, jid, job, view.now)
+            view = dataclasses.replace(view, owed=tuple(owed))
         dec = decide_job(view, disk)
         self._record_phase(jid, dec.phase)
         return dec
@@ -248,6 +256,13 @@ class Solver:
                 log.info("trace_republished", job=jid, manifest=manifest_id)
             except (PolnetError, OSError) as exc:  # one job's files must not stall the pass
                 log.warning("trace_republish_failed", job=jid, error=str(exc))
+        elif isinstance(act, PublishLeaves) and not self.behavior.serves_data:
+            log.info("leaves_withheld", job=jid, segments=list(act.segments))
+        elif isinstance(act, PublishLeaves):
+            try:
+                await publish_segments(self, jid, list(act.segments))
+            except (PolnetError, OSError) as exc:  # retried on the next pass
+                log.warning("leaves_not_published", job=jid, error=str(exc))
         elif isinstance(act, Finalize):
             await finalize_job(self.rt, self.collab, jid, FINALIZE_BENIGN)
         elif isinstance(act, Done):
@@ -478,6 +493,10 @@ class Solver:
         from node.train.trace import MANIFEST_NAME, read_manifest  # noqa: PLC0415
 
         manifest = read_manifest(out)
+        if not self.behavior.serves_data:  # a test cheat: announce nothing, serve nothing
+            with self.state as st:
+                st.jobs[jid].manifest = ""  # "published" for the machine, never announced
+            return ""
         for entry in manifest.checkpoints:
             aid = await self.rt.p2p.publish_file(out / entry.file)
             if aid != entry.sha256:

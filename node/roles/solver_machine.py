@@ -93,6 +93,9 @@ class HeldJobView:
     window_end: int
     open_disputes: int
     credits: int = 0  # ours in the market and the dispute game (read once settled)
+    # Segments whose leaves we owe on chain: named by pending availability requests, or
+    # the sample once the window is over without an attesting majority (node.roles.evidence).
+    owed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,14 @@ class Publish:
 
 
 
+
+
+@dataclass(frozen=True)
+class PublishLeaves:
+    """Put these segments' leaves on chain (Availability.publish): an availability request
+    names them, or the round is paid on its sample's leaves (no attesting majority)."""
+
+    segments: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -145,7 +156,7 @@ class Timeout:
     pass
 
 
-JobAction = Train | Publish | Finalize | Withdraw | Wait | Done
+JobAction = Train | Publish | PublishLeaves | Finalize | Withdraw | Wait | Done
 CandidateAction = Adopt | Consider | Drop
 DisputeAction = DrawJury | PostMids | Timeout | Withdraw | Wait
 
@@ -164,6 +175,8 @@ def decide_job(chain: HeldJobView, disk: HeldJobDisk) -> Decision:
     if chain.mine and chain.status == JobStatus.COMMITTED:
         if not disk.published and disk.has_trace:
             return Decision(SolverPhase.COMMITTED, Publish())
+        if chain.owed and disk.has_trace:  # before its clock runs out, or the round is lost
+            return Decision(SolverPhase.COMMITTED, PublishLeaves(chain.owed))
         if chain.open_disputes == 0 and chain.now > chain.window_end:
             return Decision(SolverPhase.COMMITTED, Finalize())
         return Decision(SolverPhase.COMMITTED, Wait())

@@ -39,6 +39,9 @@ class SegmentBehavior(ABC):
     #: state it posts a forged one it never computed (a test cheat: recomputation
     #: alone must expose it, node.roles.collab).
     forges_outer: bool = False
+    #: False: the solver publishes no trace manifest and answers no availability
+    #: request (a test cheat: the availability game alone must condemn it, issue 30).
+    serves_data: bool = True
 
     @abstractmethod
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,

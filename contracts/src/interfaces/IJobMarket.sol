@@ -151,6 +151,7 @@ interface IJobMarket {
 
     // --- events ---
     event DisputeGameSet(address indexed disputeGame);
+    event AvailabilitySet(address indexed availability);
     event JobPosted(
         uint256 indexed jobId,
         address indexed submitter,
@@ -241,6 +242,9 @@ interface IJobMarket {
     error NothingToWithdraw();
     error NotReservedSolver(uint256 jobId, address caller);
     error OnlySubmitter(uint256 jobId, address caller);
+    /// @notice A clean round is paid only when a majority of its committee attested or every
+    ///         sampled segment is published on chain (Availability.publish).
+    error NoEvidence(uint32 attestations, uint32 seats);
 
     // --- submitter ---
 
@@ -283,7 +287,10 @@ interface IJobMarket {
     ///         instead (`SeedRearmed`).
     function fixSeed(uint256 jobId) external returns (bytes32 seed);
 
-    /// @notice After the window, with no live dispute. A clean round: credits the solver the
+    /// @notice After the window, with no live dispute. A clean round is paid only with
+    ///         evidence (else `NoEvidence`): a strict majority of the seats drawn attested, or
+    ///         every sampled segment's leaves are published (`IAvailability.evidenced`).
+    ///         A clean round: credits the solver the
     ///         reward, unlocks its bond, pays each committee member that attested
     ///         verificationBudget / attestorsPerJob (the rest to the submitter). A condemned
     ///         round: slashes the bond, credits the submitter its share and the round's first
@@ -338,7 +345,17 @@ interface IJobMarket {
         Verdict verdict
     ) external;
 
+    // --- availability game only ---
+
+    /// @notice The Availability contract reports on a round: op 0 a request opened (counted
+    ///         in `openDisputes`; refused on a condemned round), 1 answered, 2 lost (unanswered:
+    ///         condemns the round; `challenger` is paid the challenger's share at settlement when
+    ///         no dispute of the round was lost), 3 unasked leaves published. Every op but 0
+    ///         leaves at least `disputeGrace` of window.
+    function availabilityHook(uint256 jobId, uint32 round, uint8 op, address challenger) external;
+
     // --- views ---
+    function availability() external view returns (address);
     function params() external view returns (Params memory);
     function getJob(uint256 jobId) external view returns (Job memory);
     function jobCount() external view returns (uint256);
