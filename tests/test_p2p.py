@@ -145,7 +145,7 @@ def test_a_forwarder_relaying_several_publishers_is_not_cut_off(tmp_path: Path) 
                                             {"artifact_ids": [f"{i:064x}"]}, i + 1)
                     await relay.pubsub.publish("polnet/artifacts/1", raw)
                     await trio.sleep(0.05)
-                got = set()
+                got: set[str] = set()
                 with trio.move_on_after(10):
                     while len(got) < 30:
                         got.add((await rx.receive()).payload["artifact_ids"][0])
