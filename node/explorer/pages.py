@@ -375,7 +375,10 @@ def _roles(mask: int) -> str:
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """Round tick values whose range covers [lo, hi] (so the lowest loss is never clipped)."""
-    span = hi - lo or abs(hi) or 1.0
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):  # one value (or all equal): centre it
+        d = abs(hi) * 0.05 or 0.5
+        lo, hi = lo - d, hi + d
+    span = hi - lo
     raw = span / (n - 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
@@ -395,7 +398,8 @@ def loss_svg(losses: Sequence[float], k: int, width: int = 640, height: int = 26
     vals = [float(x) for x in losses if math.isfinite(float(x))]
     if not vals:
         return '<p class="muted">no segments</p>'
-    ticks = _ticks(min(vals), max(vals))
+    margin = 0.04 * (max(vals) - min(vals))  # no point sits on an axis or the frame
+    ticks = _ticks(min(vals) - margin, max(vals) + margin)
     lo, hi = ticks[0], ticks[-1]
     span = hi - lo or 1.0
     n = len(vals)
