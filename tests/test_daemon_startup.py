@@ -90,9 +90,9 @@ def test_a_verifier_registers_through_internal_errors_and_keeps_running(
 
 def test_an_error_a_person_must_fix_ends_start_up_at_once(
         chain: LocalChain, proxy: RpcProxy, tmp_path: Path) -> None:
-    """Retries must not hide what no retry fixes: staking more POL than the account
-    holds reverts, and the daemon ends at once with one line naming the shortfall
-    instead of retrying it."""
+    """Retries must not hide what no retry fixes: a stake larger than the account's
+    POL ends the daemon at once with one line saying how much is missing and what to
+    change (it was the token's raw ERC20InsufficientBalance revert)."""
     chain.deployment.save(tmp_path / "devnet" / "deployment.json")
     log = tmp_path / "verifier.log"
     p = _verifier(tmp_path, proxy, 7, 10**12 * TOKEN, log)
@@ -104,4 +104,23 @@ def test_an_error_a_person_must_fix_ends_start_up_at_once(
     assert p.returncode == 1, text[-4000:]
     assert "startup_retry" not in text and "Traceback" not in text, text[-4000:]
     last = text.strip().splitlines()[-1]
-    assert last.startswith("error: ") and "InsufficientBalance" in last, last
+    assert last.startswith("error: ") and "POLNET_STAKE" in last and "more" in last, last
+
+
+def test_node_failures_are_told_from_what_a_person_must_fix() -> None:
+    """The classification start-up retries by: the RPC node's own errors are retried;
+    a revert, no gas money, bad configuration and an RPC already given up on are not."""
+    from web3.exceptions import ContractLogicError, Web3RPCError
+
+    from node.chain.rpc import node_failure
+    from node.errors import ConfigError, ContractRevert, RpcUnavailable, TransactionFailed
+
+    assert node_failure(TransactionFailed("transaction rejected by the node: internal error"))
+    assert node_failure(TransactionFailed("simulation failed: internal error"))
+    assert node_failure(Web3RPCError("internal error"))
+    assert node_failure(ConnectionResetError())
+    assert not node_failure(ContractRevert("InsufficientStake"))
+    assert not node_failure(ContractLogicError("execution reverted"))
+    assert not node_failure(TransactionFailed("simulation failed: insufficient funds for gas"))
+    assert not node_failure(ConfigError("the node is on chain 1, the profile says 31337"))
+    assert not node_failure(RpcUnavailable("cannot reach the chain"))

@@ -25,7 +25,7 @@ from node.chain.events import EventWatcher
 from node.chain.revert_names import errors
 from node.chain.rpc import backoff_delay, node_failure
 from node.config import NodeSettings
-from node.errors import ChainError, ContractRevert, PeerUnavailable, RpcUnavailable
+from node.errors import ChainError, ConfigError, ContractRevert, PeerUnavailable, RpcUnavailable
 from node.logs import get_logger
 from node.p2p import PolnetNode
 from node.p2p.announce import Announcement
@@ -365,6 +365,13 @@ class Runtime:
         have = await self.chain(c.registry.free_stake, self.address) + \
             await self.chain(c.registry.locked_stake, self.address)
         if have < stake:
+            held = await self.chain(c.token.balance_of, self.address)
+            if held < stake - have:  # no retry mends this: say what to change
+                raise ConfigError(
+                    f"the stake setting asks for {wei_to_pol(stake)} POL staked; "
+                    f"{self.address} has {wei_to_pol(have)} POL staked and holds "
+                    f"{wei_to_pol(held)} POL: send it {wei_to_pol(stake - have - held)} POL "
+                    "more, or lower `stake` in the config (POLNET_STAKE, in wei)")
             await self.chain(c.token.ensure_allowance, c.registry.address, stake - have)
             await self.chain(c.registry.stake, stake - have)
             log.info("staked", pol=wei_to_pol(stake - have))
