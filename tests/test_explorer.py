@@ -83,7 +83,12 @@ def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
     man = run_training(ctx, trace_dir, job_id=honest)
     leaves, tree = man.leaves_and_tree()
     assert sub.post_job(job_terms(segments=spec.segment_count, k=spec.checkpoint_interval,
-                                  init=bytes.fromhex(man.state_hashes[0]))) == honest
+                                  init=bytes.fromhex(man.state_hashes[0]),
+                                  spec=spec.spec_hash())) == honest
+    h = spec.spec_hash_hex()  # the spec, as the solver's store holds it (named by its hash)
+    held = home / "nodes" / "solver" / "store" / "objects" / h[:2] / h
+    held.parent.mkdir(parents=True)
+    held.write_bytes(spec.canonical_json())
     solver.market.claim_job(honest)
     solver.market.commit_trace(honest, leaves, tree)
     _committee_attests(chain, honest)
@@ -222,7 +227,7 @@ def test_loss_chart_has_titles_and_covers_every_value(scene: Scene) -> None:
     assert "loss (segment mean)" in svg and "training step" in svg
     title = re.search(r'class="title"[^>]*>([^<]+)<', svg)
     assert title is not None and f"job {scene.honest}" in title.group(1)
-    assert "alice" in title.group(1)
+    assert "alice" in title.group(1) and "mlp-digits" in title.group(1)  # solver, spec
     ys = [float(p.split(",")[1]) for p in svg.split('points="', 1)[1].split('"', 1)[0].split()]
     assert all(28 <= y <= 216 for y in ys)  # inside the plot area (pad_t .. pad_t + h)
 
