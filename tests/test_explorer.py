@@ -168,6 +168,8 @@ def test_pages_show_jobs_disputes_nodes_and_payouts(scene: Scene) -> None:
     status, body, _ = _get(u + f"/dispute/{scene.dispute}")
     assert status == 200 and '<span class="bad">solver lost</span>' in body
     assert ">invalid</span>" not in body  # read as "this dispute is invalid"
+    ends = body.split("<td>reveal ends</td>", 1)[1].split("</tr>", 1)[0]
+    assert " ago)" not in ends and " (in " not in ends  # settled: a date, not a countdown
     assert body.count(">invalid</td>") >= 2  # the jurors' revealed votes
     assert "15..20" in body  # the range per round starts with the whole segment (3 of k=5)
     rows = body.split("Bisection: range per round", 1)[1].split("</table>", 1)[0]

@@ -279,8 +279,9 @@ def dispute_page(snap: Snapshot, did: int) -> str:
         ("challenger clock left", esc(f"{d.challenger_clock_left} s" if live else "-")),
         ("challenge bond", amount(d.challenge_bond)),
         ("votes", f"valid {d.valid_votes} · invalid {d.invalid_votes}"),
-        ("commit ends", esc(when(d.commit_end, now))),
-        ("reveal ends", esc(when(d.reveal_end, now))),
+        # a settled dispute's windows are history, not a countdown
+        ("commit ends", esc(when(d.commit_end, now) if live else stamp(d.commit_end))),
+        ("reveal ends", esc(when(d.reveal_end, now) if live else stamp(d.reveal_end))),
     ]
     rows = [[esc(i), f"{lo}..{hi}", esc(hi - lo)] for i, (lo, hi) in enumerate(snap.ranges(did))]
     votes: list[Vote | None] = [*d.votes, *([None] * (len(d.jury) - len(d.votes)))]
