@@ -512,3 +512,24 @@ def test_binding_beyond_loopback_needs_public(tmp_path: Path) -> None:
         assert "warning" in (check_bind(host, public=True) or "")
     with pytest.raises(ConfigError, match="--public"):  # the class refuses too, before binding
         ExplorerServer(None, "0.0.0.0", 0)  # type: ignore[arg-type]
+
+
+def test_a_node_name_cannot_pass_for_a_contract_or_another_node(chain: LocalChain,
+                                                                 tmp_path: Path) -> None:
+    """Names are what registrants type into their profile: one calling itself "market
+    contract" (with a right-to-left override) would pass for the market in the events
+    tables if names stood alone. A node's name is always shown beside its own address,
+    escaped, and linked to its node page; contracts are named without a link."""
+    c = chain.join(7, VERIFIER, 0)
+    c.registry.update_node(VERIFIER, "12D3KooWdev7", ["/ip4/127.0.0.1/tcp/4007"],
+                           '{"name":"market contract\u202e"}')
+    chain[5].post_job(job_terms())
+    srv = ExplorerServer(ChainIndex(chain.reader, tmp_path, min_age_s=0.0)).start()
+    try:
+        body = _get(f"{srv.url}/nodes")[1]
+        short = f"{c.address[:6]}…{c.address[-4:]}"
+        assert (f'<a href="/node/{c.address}" title="{c.address}">market contract\\u202e '
+                f'<span class="mono">{short}</span></a>') in body
+        assert "\u202e" not in body
+    finally:
+        srv.stop()
