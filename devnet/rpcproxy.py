@@ -8,7 +8,8 @@ its peers), JSON-RPC -32603 "internal error" (not transient: the caller must cop
 stall (held ``stall_s`` before it is forwarded, so a client that gave up
 may find its request executed anyway), or a reset connection. ``burst(n)`` answers
 the next ``n`` requests 429; ``stall_next(method)`` stalls the next call of one
-method. Everything it did is counted (:attr:`RpcProxy.counts`).
+method; ``fail_next(method, n)`` answers its next ``n`` calls -32603. Everything it
+did is counted (:attr:`RpcProxy.counts`).
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ class RpcProxy(ThreadingHTTPServer):
         self.arrivals: list[float] = []  # monotonic time of each request
         self._burst = 0
         self._stall_methods: set[str] = set()
+        self._fail_methods: Counter[str] = Counter()  # method -> -32603 answers still due
         self._lock = threading.Lock()
 
     @property
@@ -160,6 +162,12 @@ class RpcProxy(ThreadingHTTPServer):
         with self._lock:
             self._stall_methods.add(method)
 
+    def fail_next(self, method: str, n: int) -> None:
+        """Answer the next ``n`` requests for ``method`` -32603 "internal error" (what a
+        provider's sick backend answers; no retry of the RPC layer hides it)."""
+        with self._lock:
+            self._fail_methods[method] = n
+
     def burst_left(self) -> int:
         with self._lock:
             return self._burst
@@ -171,6 +179,12 @@ class RpcProxy(ThreadingHTTPServer):
             if self._burst > 0:
                 self._burst -= 1
                 kind = "429"
+            elif any(self._fail_methods[m] > 0 for m in methods):
+                for m in methods:
+                    if self._fail_methods[m] > 0:
+                        self._fail_methods[m] -= 1
+                        break
+                kind = "-32603"
             elif self._stall_methods.intersection(methods):
                 self._stall_methods.difference_update(methods)
                 kind = "stall"

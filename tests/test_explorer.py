@@ -65,6 +65,8 @@ def _committee_attests(chain: LocalChain, job: int) -> None:
 def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
     home = tmp_path / "home"
     solver = chain.join(1, SOLVER, 500 * TOKEN, peer_id="12D3KooWsolver")
+    solver.registry.update_node(SOLVER, "12D3KooWsolver", ["/ip4/127.0.0.1/tcp/4001"],
+                                '{"device":"cpu","name":"alice"}')  # a node's --name
     cheater = chain.join(8, SOLVER, 500 * TOKEN, peer_id=XSS)  # what a registrant types
     vs = [chain.join(i, VERIFIER, 200 * TOKEN) for i in (2, 3, 4, 6, 9)]
     sub = chain[5]
@@ -81,7 +83,12 @@ def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
     man = run_training(ctx, trace_dir, job_id=honest)
     leaves, tree = man.leaves_and_tree()
     assert sub.post_job(job_terms(segments=spec.segment_count, k=spec.checkpoint_interval,
-                                  init=bytes.fromhex(man.state_hashes[0]))) == honest
+                                  init=bytes.fromhex(man.state_hashes[0]),
+                                  spec=spec.spec_hash())) == honest
+    h = spec.spec_hash_hex()  # the spec, as the solver's store holds it (named by its hash)
+    held = home / "nodes" / "solver" / "store" / "objects" / h[:2] / h
+    held.parent.mkdir(parents=True)
+    held.write_bytes(spec.canonical_json())
     solver.market.claim_job(honest)
     solver.market.commit_trace(honest, leaves, tree)
     _committee_attests(chain, honest)
@@ -135,7 +142,12 @@ def test_pages_show_jobs_disputes_nodes_and_payouts(scene: Scene) -> None:
     assert status == 200 and "script-src" not in headers["Content-Security-Policy"]
     assert "default-src 'none'" in headers["Content-Security-Policy"]
     assert f'href="/job/{scene.honest}"' in body and f'href="/job/{scene.cheat}"' in body
-    assert "finalized" in body and "(lost)" in body
+    assert "finalized" in body and "(lost)" not in body
+    # the lost dispute names who lost it, linked (not a bare "(lost)" beside today's solver)
+    lost = body.split(f'href="/job/{scene.cheat}"', 1)[1].split("</tr>", 1)[0]
+    assert f'href="/node/{scene.cheater}"' in lost
+    assert f'lost <a href="/dispute/{scene.dispute}">dispute {scene.dispute}</a>' in lost
+    assert "alice" in body  # the honest solver by its registered name
 
     status, body, _ = _get(u + f"/job/{scene.honest}")
     assert status == 200
@@ -154,7 +166,10 @@ def test_pages_show_jobs_disputes_nodes_and_payouts(scene: Scene) -> None:
     assert "proved the solver wrong" in body and "share of the slashed bond" in body
 
     status, body, _ = _get(u + f"/dispute/{scene.dispute}")
-    assert status == 200 and ">invalid<" in body
+    assert status == 200 and '<span class="bad">solver lost</span>' in body
+    assert ">invalid</span>" not in body  # read as "this dispute is invalid"
+    ends = body.split("<td>reveal ends</td>", 1)[1].split("</tr>", 1)[0]
+    assert " ago)" not in ends and " (in " not in ends  # settled: a date, not a countdown
     assert body.count(">invalid</td>") >= 2  # the jurors' revealed votes
     assert "15..20" in body  # the range per round starts with the whole segment (3 of k=5)
     rows = body.split("Bisection: range per round", 1)[1].split("</table>", 1)[0]
@@ -168,6 +183,86 @@ def test_pages_show_jobs_disputes_nodes_and_payouts(scene: Scene) -> None:
 
     summary = _get(u + "/api/summary.json")[1]
     assert f'"{scene.cheat}": {{"status": "open"' in summary
+
+
+def test_event_fields_are_decoded_for_people(scene: Scene) -> None:
+    """Before the fix a job page's events table printed ``reward=100000000000000000000``
+    and ``deadline=1796391574``, and a finalized job's deadline read "in 8 min". Now
+    every field is decoded: amounts in POL (exact on hover), times as local times,
+    enums by name, nodes by name and contracts by name; a final job's deadline is a date."""
+    import re
+
+    u = scene.server.url
+    m = scene.chain.reader.market
+    for jid in (scene.honest, scene.cheat):
+        status, body, _ = _get(u + f"/job/{jid}")
+        assert status == 200
+        events = body.split("<h2>Events</h2>", 1)[1].split("</table>", 1)[0]
+        assert events.count("<tr>") >= 4, events  # header, posted, claimed, committed...
+        text = re.sub(r'title="[^"]*"', "", events)  # the exact values are on hover only
+        assert not re.search(r"\d{10,}", text), re.search(r".{60}\d{10,}.{20}", text)
+        j = m.get_job(jid)
+        for ts in (j.deadline, j.window_end, j.posted_at):
+            assert not ts or str(ts) not in text
+        assert "reward: <span title=\"100 POL\">100 POL</span>" in events
+        assert re.search(r"deadline: <span title=\"[^\"]*\">\d{4}-\d\d-\d\d \d\d:", events)
+    body = _get(u + f"/job/{scene.honest}")[1]
+    assert 'alice <span class="mono">' in body  # the solver's name beside its address
+    deadline = body.split("<td>deadline</td>", 1)[1].split("</tr>", 1)[0]
+    assert " (in " not in deadline and " ago)" not in deadline  # history, not a countdown
+    cheat = _get(u + f"/job/{scene.cheat}")[1]
+    events = cheat.split("<h2>Events</h2>", 1)[1]
+    assert "verdict: invalid (solver lost)" in events or "DisputeResolved" not in events
+
+
+def test_loss_chart_has_titles_and_covers_every_value(scene: Scene) -> None:
+    """Before the fix the chart's y axis ended exactly at the lowest loss (the curve sat
+    on the axis, its dots clipped), had no axis titles and named neither the job nor the
+    solver. Now its ticks span every value, both axes are titled and the chart says
+    whose trace of which job it draws."""
+    import re
+
+    body = _get(scene.server.url + f"/job/{scene.honest}")[1]
+    svg = body.split('<svg class="loss"', 1)[1].split("</svg>", 1)[0]
+    ticks = [float(t) for t in re.findall(r'class="ytick"[^>]*>([^<]+)<', svg)]
+    assert len(ticks) >= 2 and min(ticks) <= min(scene.losses) and max(ticks) >= max(scene.losses)
+    assert "loss (segment mean)" in svg and "training step" in svg
+    title = re.search(r'class="title"[^>]*>([^<]+)<', svg)
+    assert title is not None and f"job {scene.honest}" in title.group(1)
+    assert "alice" in title.group(1) and "mlp-digits" in title.group(1)  # solver, spec
+    ys = [float(p.split(",")[1]) for p in svg.split('points="', 1)[1].split('"', 1)[0].split()]
+    assert all(28 <= y <= 216 for y in ys)  # inside the plot area (pad_t .. pad_t + h)
+
+
+def test_slash_rows_link_to_their_job_and_dispute(scene: Scene) -> None:
+    """Before the fix a node's slash rows gave a block and an amount only: which job or
+    dispute it paid for had to be dug out of the logs. Now each row links to both."""
+    body = _get(scene.server.url + f"/node/{scene.cheater}")[1]
+    rows = body.split("<h2>Slashes</h2>", 1)[1].split("</table>", 1)[0]
+    assert rows.count("<tr>") >= 2
+    assert f'href="/job/{scene.cheat}"' in rows and f'href="/dispute/{scene.dispute}"' in rows
+
+
+def test_busy_port_is_one_line_naming_port(chain: LocalChain, tmp_path: Path) -> None:
+    """Before the fix `polnet explorer` on a port in use printed a 60-line traceback
+    ending in "Address already in use". Now it is one line that says to pick --port."""
+    import os
+    import socket
+    import sys
+
+    chain.deployment.save(tmp_path / "devnet" / "deployment.json")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "node.cli.main", "explorer", "--port",
+                            str(port)], cwd=ROOT,
+                           env={**os.environ, "POLNET_HOME": str(tmp_path)},
+                           capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--port" in lines[0] and "in use" in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and "polnet explorer on" not in p.stdout
 
 
 def test_bad_requests_get_clear_answers_and_change_nothing(scene: Scene) -> None:
@@ -417,3 +512,24 @@ def test_binding_beyond_loopback_needs_public(tmp_path: Path) -> None:
         assert "warning" in (check_bind(host, public=True) or "")
     with pytest.raises(ConfigError, match="--public"):  # the class refuses too, before binding
         ExplorerServer(None, "0.0.0.0", 0)  # type: ignore[arg-type]
+
+
+def test_a_node_name_cannot_pass_for_a_contract_or_another_node(chain: LocalChain,
+                                                                 tmp_path: Path) -> None:
+    """Names are what registrants type into their profile: one calling itself "market
+    contract" (with a right-to-left override) would pass for the market in the events
+    tables if names stood alone. A node's name is always shown beside its own address,
+    escaped, and linked to its node page; contracts are named without a link."""
+    c = chain.join(7, VERIFIER, 0)
+    c.registry.update_node(VERIFIER, "12D3KooWdev7", ["/ip4/127.0.0.1/tcp/4007"],
+                           '{"name":"market contract\u202e"}')
+    chain[5].post_job(job_terms())
+    srv = ExplorerServer(ChainIndex(chain.reader, tmp_path, min_age_s=0.0)).start()
+    try:
+        body = _get(f"{srv.url}/nodes")[1]
+        short = f"{c.address[:6]}…{c.address[-4:]}"
+        assert (f'<a href="/node/{c.address}" title="{c.address}">market contract\\u202e '
+                f'<span class="mono">{short}</span></a>') in body
+        assert "\u202e" not in body
+    finally:
+        srv.stop()

@@ -28,11 +28,11 @@ import requests
 from eth_utils import keccak
 from pydantic import BaseModel, ConfigDict, Field
 from web3 import Web3
-from web3.exceptions import ProviderConnectionError, Web3Exception
+from web3.exceptions import ContractLogicError, ProviderConnectionError, Web3Exception
 from web3.providers.rpc import HTTPProvider
 from web3.types import RPCEndpoint, RPCResponse
 
-from node.errors import RpcUnavailable
+from node.errors import ContractRevert, RpcUnavailable, TransactionFailed
 from node.logs import get_logger
 
 log = get_logger("polnet.chain.rpc")
@@ -78,6 +78,16 @@ class RpcSettings(BaseModel):
     backoff: float = Field(default=0.25, ge=0, le=60, description=(
         "First retry delay (s); doubles each retry, with jitter."))
     max_backoff: float = Field(default=8.0, ge=0, le=600, description="Longest retry delay (s).")
+
+
+def backoff_delay(settings: RpcSettings, attempt: int, after: float | None = None) -> float:
+    """The wait before retry ``attempt`` (0-based): ``backoff`` doubled each time, capped
+    at ``max_backoff``, with jitter (so restarted nodes do not retry in step); at least a
+    server's ``Retry-After`` (capped too)."""
+    delay = min(settings.max_backoff, settings.backoff * 2 ** attempt) * random.uniform(0.5, 1.5)
+    if after is not None:
+        delay = max(delay, min(after, settings.max_backoff))
+    return delay
 
 
 class RequestBudget:
@@ -138,6 +148,25 @@ def is_transient(response: Any) -> bool:
         return True
     # code 3 is a revert: its text is the contract's, whatever words it contains
     return err.get("code") != 3 and bool(_TRANSIENT_TEXT.search(str(err.get("message", ""))))
+
+
+# A node's answers that no retry changes: the account, the gas or the chain is wrong.
+_PERSON_MUST_FIX = re.compile(r"insufficient funds|revert|intrinsic gas|gas limit|"
+                              r"invalid chain id|invalid sender", re.IGNORECASE)
+
+
+def node_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure of the transport or of the RPC node (a -32603
+    "internal error" answered to a gas estimate or a send, a reset), which the same call
+    may get past later, as opposed to a verdict a person must act on: a contract's
+    revert (too little stake or tokens), an account without gas money, bad
+    configuration (the wrong chain). RpcUnavailable is not counted here: its retries
+    are spent already (the provider's, then the daemon's patience)."""
+    if isinstance(exc, RpcUnavailable | ContractRevert | ContractLogicError):
+        return False
+    if isinstance(exc, TransactionFailed):
+        return not _PERSON_MUST_FIX.search(str(exc))
+    return isinstance(exc, TRANSPORT_ERRORS + (Web3Exception,))
 
 
 def _refused(exc: BaseException) -> bool:
@@ -204,9 +233,7 @@ class ResilientHTTPProvider(HTTPProvider):
                 reason = exc.reason
                 if attempt == s.retries:
                     break
-                delay = min(s.max_backoff, s.backoff * 2 ** attempt) * random.uniform(0.5, 1.5)
-                if exc.after is not None:
-                    delay = max(delay, min(exc.after, s.max_backoff))
+                delay = backoff_delay(s, attempt, exc.after)
                 log.debug("rpc_retry", method=method, reason=reason, attempt=attempt + 1,
                           delay=round(delay, 3))
                 time.sleep(delay)

@@ -23,7 +23,7 @@ from node.chain.client import ChainClient
 from node.chain.contracts import DisputeState, Job, NodeInfo
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.payouts import job_payouts
-from node.errors import CheckpointError, MalformedInput, TrainingError
+from node.errors import CheckpointError, MalformedInput, PolnetError, TrainingError
 
 MAX_JOBS = 500  # the newest; older ones are still reachable by id
 LOG_RANGE = 5_000  # blocks per eth_getLogs
@@ -152,6 +152,14 @@ class ChainIndex:
     @staticmethod
     def _tally(nodes: dict[str, NodeRecord], jobs: dict[int, Job],
                events: list[ChainEvent]) -> None:
+        # The registry's Slashed names no job: the market or game event of the same
+        # transaction does (finalize reopening a job, a dispute resolved).
+        cause: dict[str, dict[str, int]] = defaultdict(dict)
+        for e in events:
+            if e.contract == "DisputeGame" and "id" in e.args:
+                cause[e.tx_hash].setdefault("dispute", int(e.args["id"]))
+            if "jobId" in e.args:
+                cause[e.tx_hash].setdefault("job", int(e.args["jobId"]))
         for e in events:
             a = e.args
             if e.event == "JobFinalized" and str(a["solver"]) in nodes:
@@ -167,7 +175,9 @@ class ChainIndex:
                 n.slashed += int(a["amount"])
                 n.slashes.append({"block": e.block_number, "amount": int(a["amount"]),
                                   "from": "locked bond or seat" if a["fromLocked"]
-                                  else "free stake"})
+                                  else "free stake",
+                                  "job": cause[e.tx_hash].get("job"),
+                                  "dispute": cause[e.tx_hash].get("dispute")})
 
     # --- the node's own files ----------------------------------------------------------
 
@@ -187,3 +197,20 @@ class ChainIndex:
             if m.job_id == job_id and m.root.removeprefix("0x") == root:
                 return LossCurve(list(m.losses), m.k, str(d / "trace.json"), job.round)
         return None
+
+    def spec_name(self, spec_hash: bytes) -> str:
+        """The name in the job's spec, if a node here holds the spec (its artifact id is
+        the hash on chain, so the store checked it); "" otherwise."""
+        from node.spec import MAX_SPEC_BYTES, parse_spec_json  # noqa: PLC0415
+
+        if self.home is None:
+            return ""
+        h = spec_hash.hex()
+        for p in sorted((self.home / "nodes").glob(f"*/store/objects/{h[:2]}/{h}"))[:8]:
+            try:
+                if p.stat().st_size > MAX_SPEC_BYTES:
+                    continue
+                return parse_spec_json(p.read_bytes()).name
+            except (OSError, ValueError, PolnetError):
+                continue  # not evidence of anything: the page shows the hash alone
+        return ""

@@ -11,13 +11,20 @@ registrant cannot make one peer id look like another or reverse the text around 
 from __future__ import annotations
 
 import html
+import json
+import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from node.chain.contracts import DisputeState, Job, JobStatus, Phase, Verdict, Vote
+from node.chain.contracts import DisputeState, Job, JobStatus, NodeInfo, Phase, Verdict, Vote
+from node.chain.events import ChainEvent
+from node.event_text import AMOUNT_FIELDS, TIME_FIELDS, address_text, field_text
+from node.event_text import pol as pol_text
 from node.explorer.index import LossCurve, NodeRecord, Snapshot
 from node.units import wei_to_pol, when
+
+MAX_NAME = 32  # characters of a node's self-chosen name shown
 
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
@@ -50,6 +57,40 @@ def pol(wei: int) -> str:
     return f"{wei_to_pol(wei)} POL"
 
 
+def amount(wei: int) -> str:
+    """An amount to a sensible precision (``3.33 POL``), the exact one on hover."""
+    return f'<span title="{esc(pol(wei))}">{esc(pol_text(wei))}</span>'
+
+
+def stamp(ts: int) -> str:
+    """A unix time as the local time alone: for what is history (a final job's deadline,
+    an event's fields), where "in 8 min" measured from now would mislead."""
+    if ts == 0:
+        return "-"
+    return when(ts, ts).split(" (", 1)[0]
+
+
+def node_name(info: NodeInfo) -> str | None:
+    """The ``name`` a node put in its registry profile, if any (self-chosen: always shown
+    beside its address, so it cannot pass for a contract or another node)."""
+    try:
+        prof = json.loads(info.profile)
+    except ValueError:
+        return None
+    name = prof.get("name") if isinstance(prof, dict) else None
+    return name[:MAX_NAME] if isinstance(name, str) and name.strip() else None
+
+
+def names_of(snap: Snapshot) -> dict[str, str]:
+    """Address -> label: contracts by name, nodes by ``name 0x1234…abcd`` (or the short
+    address); the burn address is named by :func:`address_text`."""
+    out = {a: f"{n} contract" for n, a in snap.addresses.items()}
+    for a, n in snap.nodes.items():
+        name = node_name(n.info)
+        out[a] = f"{visible(name)} {short(a)}" if name else short(a)
+    return out
+
+
 def _utc(ts: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
@@ -58,10 +99,15 @@ def short(addr: str) -> str:
     return addr if len(addr) < 12 else f"{addr[:6]}…{addr[-4:]}"
 
 
-def node_link(addr: str) -> str:
+def node_link(addr: str, snap: Snapshot | None = None) -> str:
+    """A link to a node's page: its registered name (if any) beside the short address."""
     if not addr or int(addr, 16) == 0:
         return "-"
-    return f'<a class="mono" href="/node/{esc(addr)}" title="{esc(addr)}">{esc(short(addr))}</a>'
+    rec = snap.nodes.get(addr) if snap is not None else None
+    name = node_name(rec.info) if rec is not None else None
+    label = f"{esc(name)} " if name else ""
+    return (f'<a href="/node/{esc(addr)}" title="{esc(addr)}">{label}'
+            f'<span class="mono">{esc(short(addr))}</span></a>')
 
 
 def table(head: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -> str:
@@ -92,11 +138,30 @@ def status_cell(job: Job) -> str:
     return f'<span class="{name}">{esc(name)}</span>'
 
 
+# How a dispute ended, said from the solver's side: "invalid" in red read as "this
+# dispute is invalid" when it meant the solver's trace was.
+VERDICT_TEXT = {Verdict.VALID: "solver won", Verdict.INVALID: "solver lost",
+                Verdict.SOLVER_TIMED_OUT: "solver lost (timed out)",
+                Verdict.VOID: "void (no quorum)"}
+
+
 def _verdict(d: DisputeState) -> str:
     if d.verdict == Verdict.NONE:
         return esc(d.phase.name.lower())
-    cls = "bad" if d.verdict in (Verdict.INVALID, Verdict.SOLVER_TIMED_OUT) else ""
-    return f'<span class="{cls}">{esc(d.verdict.name.lower())}</span>'
+    cls = "bad" if _lost(d) else ""
+    return f'<span class="{cls}">{esc(VERDICT_TEXT.get(d.verdict, d.verdict.name.lower()))}</span>'
+
+
+def _final(job: Job) -> bool:
+    return job.status in (JobStatus.FINALIZED, JobStatus.CANCELLED)
+
+
+def _lost_cell(snap: Snapshot, ds: list[DisputeState]) -> str:
+    """The disputes column: how many, and for each lost one who lost it (the solver of
+    that round, not necessarily the job's solver now)."""
+    lost = [f'<span class="bad">{node_link(d.solver, snap)} lost '
+            f'<a href="/dispute/{d.id}">dispute {d.id}</a></span>' for d in ds if _lost(d)]
+    return esc(len(ds)) + ("<br>" + "<br>".join(lost) if lost else "")
 
 
 # --- pages ---------------------------------------------------------------------------
@@ -108,11 +173,9 @@ def jobs_page(snap: Snapshot) -> str:
         j = snap.jobs[jid]
         ds = snap.disputes_of(jid)
         paid = sum(p["amount"] for p in snap.payouts(jid))
-        rows.append([f'<a href="/job/{jid}">{jid}</a>', status_cell(j), esc(pol(j.reward)),
-                     node_link(j.solver), esc(j.segment_count), esc(j.round),
-                     f"{j.attestations}", esc(len(ds)) + (" <span class=bad>(lost)</span>"
-                                                          if any(_lost(d) for d in ds) else ""),
-                     esc(pol(paid))])
+        rows.append([f'<a href="/job/{jid}">{jid}</a>', status_cell(j), amount(j.reward),
+                     node_link(j.solver, snap), esc(j.segment_count), esc(j.round),
+                     f"{j.attestations}", _lost_cell(snap, ds), amount(paid)])
     body = (f"<h1>Jobs ({snap.job_count})</h1>"
             + table(["job", "status", "reward", "solver", "segments", "round", "attestations",
                      "disputes", "paid out"], rows, "jobs"))
@@ -124,19 +187,23 @@ def _lost(d: DisputeState) -> bool:
 
 
 def job_page(snap: Snapshot, jid: int, curve: LossCurve | None,
-             sampled: list[int], committee: list[str], attestors: list[str]) -> str:
+             sampled: list[int], committee: list[str], attestors: list[str],
+             spec_name: str = "") -> str:
     j = snap.jobs[jid]
     now = snap.timestamp
+    # A final job's deadline and window are history: "in 8 min" would read as pending.
+    due = stamp if _final(j) else (lambda ts: when(ts, now))
     facts = [
         ("status", status_cell(j)), ("round", esc(j.round)),
-        ("submitter", node_link(j.submitter)), ("solver", node_link(j.solver)),
-        ("reward", esc(pol(j.reward))), ("verification budget", esc(pol(j.verification_budget))),
-        ("solver bond", esc(pol(j.bond))),
+        ("submitter", node_link(j.submitter, snap)), ("solver", node_link(j.solver, snap)),
+        ("reward", amount(j.reward)), ("verification budget", amount(j.verification_budget)),
+        ("solver bond", amount(j.bond)),
         ("steps", f"{j.total_steps} ({j.segment_count} segments of {j.steps_per_segment})"),
-        ("posted", esc(when(j.posted_at, now))), ("deadline", esc(when(j.deadline, now))),
-        ("window ends", esc(when(j.window_end, now))),
+        ("posted", esc(when(j.posted_at, now))), ("deadline", esc(due(j.deadline))),
+        ("window ends", esc(due(j.window_end))),
         ("trace root", f'<span class="mono">0x{j.trace_root.hex()}</span>'),
-        ("spec hash", f'<span class="mono">0x{j.spec_hash.hex()}</span>'),
+        ("spec", (f"{esc(spec_name)} " if spec_name else "")
+         + f'<span class="mono">0x{j.spec_hash.hex()}</span>'),
         ("open disputes", esc(j.open_disputes)),
     ]
     body = [f"<h1>Job {jid}</h1>", table(["", ""], ([esc(k), v] for k, v in facts), "facts")]
@@ -145,30 +212,58 @@ def job_page(snap: Snapshot, jid: int, curve: LossCurve | None,
         body.append('<p class="muted">no trace of this round on this node (a solver\'s node '
                     "shows the curve of the trace it committed)</p>")
     else:
-        body.append(loss_svg(curve.losses, curve.steps_per_segment))
+        names = names_of(snap)
+        who = names.get(j.solver, short(j.solver)) if int(j.solver, 16) else "no solver"
+        title = (f"job {jid}" + (f" · {spec_name}" if spec_name else "")
+                 + f" · round {curve.round} · solver {who}")
+        body.append(loss_svg(curve.losses, curve.steps_per_segment, title=title))
         body.append(f'<p class="muted">from {esc(curve.source)}, round {curve.round}; its root '
                     "is the one committed on chain</p>")
     body.append("<h2>Sampled segments</h2>")
     body.append(f"<p>{esc(', '.join(map(str, sampled))) or 'not drawn yet'}</p>")
     body.append("<h2>Committee and attestations</h2>")
-    body.append(table(["verifier", "attested"], ([node_link(a), "yes" if a in attestors else
-                                                  "no"] for a in committee), "committee"))
+    body.append(table(["verifier", "attested"], ([node_link(a, snap), "yes" if a in attestors
+                                                  else "no"] for a in committee), "committee"))
     body.append("<h2>Disputes</h2>")
-    body.append(table(["dispute", "segment", "challenger", "state", "range now"],
+    body.append(table(["dispute", "segment", "solver", "challenger", "state", "range now"],
                       ([f'<a href="/dispute/{d.id}">{d.id}</a>', esc(d.segment),
-                        node_link(d.challenger), _verdict(d), f"{d.lo}..{d.hi}"]
-                       for d in snap.disputes_of(jid)), "disputes"))
+                        node_link(d.solver, snap), node_link(d.challenger, snap), _verdict(d),
+                        f"{d.lo}..{d.hi}"] for d in snap.disputes_of(jid)), "disputes"))
     body.append("<h2>Payouts</h2>")
     body.append(table(["to", "amount", "why"],
-                      ([node_link(p["to"]) if p["to"].startswith("0x") else esc(p["to"]),
-                        esc(pol(p["amount"])), esc(p["why"])] for p in snap.payouts(jid)),
+                      ([node_link(p["to"], snap) if p["to"].startswith("0x") else esc(p["to"]),
+                        amount(p["amount"]), esc(p["why"])] for p in snap.payouts(jid)),
                       "payouts"))
     body.append("<h2>Events</h2>")
-    body.append(table(["block", "event", "details"],
-                      ([esc(e.block_number), esc(e.event), f'<span class="mono">'
-                        f"{esc(_args(e.args))}</span>"] for e in snap.job_events.get(jid, [])),
-                      "events"))
+    body.append(events_table(snap, snap.job_events.get(jid, []), skip=("jobId",)))
     return page(f"job {jid}", "".join(body), snap)
+
+
+def events_table(snap: Snapshot, events: Iterable[ChainEvent],
+                 skip: tuple[str, ...] = ()) -> str:
+    names = names_of(snap)
+    return table(["block", "event", "details"],
+                 ([esc(e.block_number), esc(e.event),
+                   "<br>".join(f"{esc(k)}: {event_field(snap, names, e.event, k, v)}"
+                               for k, v in e.args.items() if k not in skip)]
+                  for e in events), "events")
+
+
+def event_field(snap: Snapshot, names: Mapping[str, str], event: str, field: str,
+                value: Any) -> str:
+    """One event field as HTML: decoded by :func:`node.event_text.field_text`; amounts
+    rounded with the exact value on hover, times as local times (the relative time on
+    hover), nodes linked by name."""
+    if isinstance(value, str) and value.startswith("0x") and len(value) == 42:
+        if value in snap.nodes:
+            return node_link(value, snap)
+        return f'<span title="{esc(value)}">{esc(address_text(value, names))}</span>'
+    if isinstance(value, int) and not isinstance(value, bool):
+        if field in AMOUNT_FIELDS:
+            return amount(value)
+        if field in TIME_FIELDS:
+            return f'<span title="{esc(when(value, snap.timestamp))}">{esc(stamp(value))}</span>'
+    return esc(field_text(event, field, value, names, now=snap.timestamp))
 
 
 def dispute_page(snap: Snapshot, did: int) -> str:
@@ -178,18 +273,19 @@ def dispute_page(snap: Snapshot, did: int) -> str:
     turn = d.next_move
     facts = [
         ("job", f'<a href="/job/{d.job_id}">{d.job_id}</a>'), ("segment", esc(d.segment)),
-        ("solver", node_link(d.solver)), ("challenger", node_link(d.challenger)),
+        ("solver", node_link(d.solver, snap)), ("challenger", node_link(d.challenger, snap)),
         ("state", _verdict(d)), ("turn", esc(turn)),
         ("solver clock left", esc(f"{d.solver_clock_left} s" if live else "-")),
         ("challenger clock left", esc(f"{d.challenger_clock_left} s" if live else "-")),
-        ("challenge bond", esc(pol(d.challenge_bond))),
+        ("challenge bond", amount(d.challenge_bond)),
         ("votes", f"valid {d.valid_votes} · invalid {d.invalid_votes}"),
-        ("commit ends", esc(when(d.commit_end, now))),
-        ("reveal ends", esc(when(d.reveal_end, now))),
+        # a settled dispute's windows are history, not a countdown
+        ("commit ends", esc(when(d.commit_end, now) if live else stamp(d.commit_end))),
+        ("reveal ends", esc(when(d.reveal_end, now) if live else stamp(d.reveal_end))),
     ]
     rows = [[esc(i), f"{lo}..{hi}", esc(hi - lo)] for i, (lo, hi) in enumerate(snap.ranges(did))]
     votes: list[Vote | None] = [*d.votes, *([None] * (len(d.jury) - len(d.votes)))]
-    jury = [[node_link(a), esc(_vote(v))] for a, v in zip(d.jury, votes, strict=False)]
+    jury = [[node_link(a, snap), esc(_vote(v))] for a, v in zip(d.jury, votes, strict=False)]
     body = (f"<h1>Dispute {did}</h1>" + table(["", ""], ([esc(k), v] for k, v in facts), "facts")
             + "<h2>Bisection: range per round</h2>" + table(["round", "steps", "width"], rows,
                                                              "rounds")
@@ -209,17 +305,18 @@ def _vote(v: Vote | None) -> str:
 
 def disputes_page(snap: Snapshot) -> str:
     rows = ([f'<a href="/dispute/{d.id}">{d.id}</a>', f'<a href="/job/{d.job_id}">{d.job_id}</a>',
-             esc(d.segment), node_link(d.challenger), _verdict(d), f"{d.lo}..{d.hi}",
-             esc(d.rounds)] for d in sorted(snap.disputes.values(), key=lambda d: -d.id))
-    body = "<h1>Disputes</h1>" + table(["dispute", "job", "segment", "challenger", "state",
-                                        "range", "rounds"], rows, "disputes")
+             esc(d.segment), node_link(d.solver, snap), node_link(d.challenger, snap),
+             _verdict(d), f"{d.lo}..{d.hi}", esc(d.rounds)]
+            for d in sorted(snap.disputes.values(), key=lambda d: -d.id))
+    body = "<h1>Disputes</h1>" + table(["dispute", "job", "segment", "solver", "challenger",
+                                        "state", "range", "rounds"], rows, "disputes")
     return page("disputes", body, snap)
 
 
 def nodes_page(snap: Snapshot) -> str:
-    rows = ([node_link(n.address), esc(_roles(n.info.roles)), esc(pol(n.info.free_stake)),
-             esc(pol(n.info.locked_stake)), esc(n.jobs_solved), esc(n.attestations),
-             f'<span class="{"bad" if n.slashed else ""}">{esc(pol(n.slashed))}</span>']
+    rows = ([node_link(n.address, snap), esc(_roles(n.info.roles)), amount(n.info.free_stake),
+             amount(n.info.locked_stake), esc(n.jobs_solved), esc(n.attestations),
+             f'<span class="{"bad" if n.slashed else ""}">{amount(n.slashed)}</span>']
             for n in snap.nodes.values())
     body = "<h1>Nodes</h1>" + table(["node", "roles", "free stake", "locked", "jobs solved",
                                      "attestations", "slashed"], rows, "nodes")
@@ -233,21 +330,36 @@ def node_page(snap: Snapshot, n: NodeRecord) -> str:
         ("roles", esc(_roles(i.roles))), ("peer id", f'<span class="mono">{esc(i.peer_id)}</span>'),
         ("multiaddrs", "<br>".join(f'<span class="mono">{esc(m)}</span>' for m in i.multiaddrs)),
         ("profile", f'<span class="mono">{esc(i.profile)}</span>'),
-        ("free stake", esc(pol(i.free_stake))), ("locked stake", esc(pol(i.locked_stake))),
-        ("unbonding", esc(pol(i.unbonding_stake))),
-        ("seat-locked (juror / attestor seats)", esc(pol(i.seat_locked_stake))),
+        ("name", esc(node_name(i) or "-")),
+        ("free stake", amount(i.free_stake)), ("locked stake", amount(i.locked_stake)),
+        ("unbonding", amount(i.unbonding_stake)),
+        ("seat-locked (juror / attestor seats)", amount(i.seat_locked_stake)),
         ("jobs solved", esc(n.jobs_solved)), ("steps delivered", esc(n.steps_delivered)),
-        ("rewards", esc(pol(n.rewards))), ("attestations", esc(n.attestations)),
-        ("credits to withdraw", esc(pol(n.market_credits + n.game_credits))),
-        ("slashed in all", f'<span class="{"bad" if n.slashed else ""}">{esc(pol(n.slashed))}'
+        ("rewards", amount(n.rewards)), ("attestations", esc(n.attestations)),
+        ("credits to withdraw", amount(n.market_credits + n.game_credits)),
+        ("slashed in all", f'<span class="{"bad" if n.slashed else ""}">{amount(n.slashed)}'
                            "</span>"),
     ]
     body = (f"<h1>Node {esc(short(n.address))}</h1>"
             + table(["", ""], ([esc(k), v] for k, v in facts), "facts")
             + "<h2>Slashes</h2>"
-            + table(["block", "amount", "from"], ([esc(s["block"]), esc(pol(s["amount"])),
-                                                   esc(s["from"])] for s in n.slashes), "slashes"))
+            + table(["block", "amount", "from", "for"],
+                    ([esc(s["block"]), amount(s["amount"]), esc(s["from"]),
+                      _slash_cause(snap, n.address, s)] for s in n.slashes), "slashes"))
     return page(f"node {short(n.address)}", body, snap)
+
+
+def _slash_cause(snap: Snapshot, node: str, s: Mapping[str, Any]) -> str:
+    """Links to the job and dispute a slash paid for. The registry's Slashed event names
+    neither: the index matched the job (or dispute) by transaction; a bond slashed when
+    the job was finalized was lost in the disputes of that job this node lost."""
+    job, did = s.get("job"), s.get("dispute")
+    dids = ([int(did)] if did is not None else
+            [d.id for d in snap.disputes_of(int(job)) if d.solver == node and _lost(d)]
+            if job is not None else [])
+    links = [f'<a href="/job/{int(job)}">job {int(job)}</a>'] if job is not None else []
+    links += [f'<a href="/dispute/{i}">dispute {i}</a>' for i in dids]
+    return " · ".join(links) or "-"
 
 
 def not_found(snap: Snapshot, what: str) -> str:
@@ -260,27 +372,37 @@ def _roles(mask: int) -> str:
     return ", ".join(names) or "-"
 
 
-def _args(args: dict[str, Any]) -> str:
-    def plain(v: Any) -> Any:
-        if isinstance(v, bytes):
-            return "0x" + v.hex()[:16] + ("…" if len(v) > 8 else "")
-        if isinstance(v, list | tuple):
-            return [plain(x) for x in v]
-        return v
-    return ", ".join(f"{k}={plain(v)}" for k, v in args.items() if k != "jobId")
-
-
 # --- the loss curve -----------------------------------------------------------------
 
 
-def loss_svg(losses: Sequence[float], k: int, width: int = 640, height: int = 240) -> str:
-    """A line chart of segment losses over training steps, as inline SVG."""
-    pad_l, pad_r, pad_t, pad_b = 56, 16, 14, 34
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """Round tick values whose range covers [lo, hi] (so the lowest loss is never clipped)."""
+    if hi - lo <= 1e-12 * max(1.0, abs(hi)):  # one value (or all equal): centre it
+        d = abs(hi) * 0.05 or 0.5
+        lo, hi = lo - d, hi + d
+    span = hi - lo
+    raw = span / (n - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first = math.floor(lo / step) * step
+    out = [first]
+    while out[-1] < hi - 1e-12 * step or len(out) < 2:
+        out.append(first + len(out) * step)
+    return out
+
+
+def loss_svg(losses: Sequence[float], k: int, width: int = 640, height: int = 260,
+             title: str = "") -> str:
+    """A line chart of segment losses over training steps, as inline SVG: axis titles,
+    y ticks spanning every value, the job and solver in its title."""
+    pad_l, pad_r, pad_t, pad_b = 64, 16, 28, 44
     w, h = width - pad_l - pad_r, height - pad_t - pad_b
-    vals = [float(x) for x in losses]
+    vals = [float(x) for x in losses if math.isfinite(float(x))]
     if not vals:
         return '<p class="muted">no segments</p>'
-    lo, hi = min(vals), max(vals)
+    margin = 0.04 * (max(vals) - min(vals))  # no point sits on an axis or the frame
+    ticks = _ticks(min(vals) - margin, max(vals) + margin)
+    lo, hi = ticks[0], ticks[-1]
     span = hi - lo or 1.0
     n = len(vals)
 
@@ -294,15 +416,23 @@ def loss_svg(losses: Sequence[float], k: int, width: int = 640, height: int = 24
     axis = (f'<line x1="{pad_l}" y1="{pad_t + h}" x2="{pad_l + w}" y2="{pad_t + h}" '
             f'stroke="#888"/><line x1="{pad_l}" y1="{pad_t}" x2="{pad_l}" y2="{pad_t + h}" '
             'stroke="#888"/>')
-    labels = (f'<text x="{pad_l - 6}" y="{pad_t + 4}" text-anchor="end" font-size="11">'
-              f"{hi:.3g}</text>"
-              f'<text x="{pad_l - 6}" y="{pad_t + h}" text-anchor="end" font-size="11">{lo:.3g}'
-              f'</text><text x="{pad_l}" y="{height - 8}" font-size="11">step {k}</text>'
-              f'<text x="{pad_l + w}" y="{height - 8}" text-anchor="end" font-size="11">'
-              f"step {n * k}</text>")
+    yt = "".join(f'<text class="ytick" x="{pad_l - 6}" y="{xy(0, t)[1] + 4:.1f}" '
+                 f'text-anchor="end" font-size="11">{t:.4g}</text>'
+                 f'<line x1="{pad_l}" y1="{xy(0, t)[1]:.1f}" x2="{pad_l + w}" '
+                 f'y2="{xy(0, t)[1]:.1f}" stroke="#eee"/>' for t in ticks)
+    labels = (f'<text x="{pad_l}" y="{pad_t + h + 16}" font-size="11">step {k}</text>'
+              f'<text x="{pad_l + w}" y="{pad_t + h + 16}" text-anchor="end" font-size="11">'
+              f"step {n * k}</text>"
+              f'<text class="xtitle" x="{pad_l + w / 2:.0f}" y="{height - 6}" '
+              'text-anchor="middle" font-size="12">training step (end of segment)</text>'
+              f'<text class="ytitle" x="14" y="{pad_t + h / 2:.0f}" text-anchor="middle" '
+              f'font-size="12" transform="rotate(-90 14 {pad_t + h / 2:.0f})">'
+              "loss (segment mean)</text>"
+              f'<text class="title" x="{pad_l}" y="16" font-size="12" font-weight="600">'
+              f"{esc(title)}</text>")
     return (f'<svg class="loss" xmlns="http://www.w3.org/2000/svg" width="{width}" '
             f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-            f'aria-label="loss per segment">{axis}{labels}'
+            f'aria-label="{esc(title or "loss per segment")}">{axis}{yt}{labels}'
             f'<polyline fill="none" stroke="#1a55b0" stroke-width="2" points="{pts}"/>{dots}'
             "</svg>")
 

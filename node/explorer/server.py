@@ -15,6 +15,7 @@ few hundred idle sockets cannot grow the process without bound.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import json
 import re
@@ -144,7 +145,15 @@ class ExplorerServer(ThreadingHTTPServer):
                  request_deadline: float = REQUEST_DEADLINE_S,
                  max_connections: int = MAX_CONNECTIONS) -> None:
         self.warning = check_bind(host, public)  # raises ConfigError before binding
-        super().__init__((host, port), _Handler)
+        try:
+            super().__init__((host, port), _Handler)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is already in use (another explorer?):"
+                                  " pick another with --port, or --port 0 for any free "
+                                  "one") from None
+            raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick "
+                              "another --host or --port") from None
         self.index = index
         self.read_timeout = read_timeout
         self.request_deadline = request_deadline
@@ -252,7 +261,8 @@ class ExplorerServer(ThreadingHTTPServer):
         attestors = [str(a) for a in m.attestors_of(jid)] if j.round else []
         curve = self.index.loss_curve(jid, j)
         return HTTPStatus.OK, "text/html", pages.job_page(snap, jid, curve, sampled, committee,
-                                                          attestors)
+                                                          attestors, self.index.spec_name(
+                                                              j.spec_hash))
 
 
 def _summary(snap: Snapshot) -> dict[str, Any]:

@@ -22,8 +22,9 @@ from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
 from node.chain.revert_names import errors
+from node.chain.rpc import backoff_delay, node_failure
 from node.config import NodeSettings
-from node.errors import ContractRevert, PeerUnavailable, RpcUnavailable
+from node.errors import ChainError, ConfigError, ContractRevert, PeerUnavailable, RpcUnavailable
 from node.logs import get_logger
 from node.p2p import PolnetNode
 from node.p2p.announce import Announcement
@@ -39,6 +40,7 @@ log = get_logger("polnet.runtime")
 
 WITHDRAW_BENIGN = errors("NothingToWithdraw")
 RPC_PATIENCE_S = 120.0  # how long a node waits out a dead RPC before giving up
+STARTUP_ATTEMPTS = 8  # tries of each start-up step that meets a node error
 GC_EVERY_S = 300.0       # how often a daemon collects garbage in its store
 PART_MAX_AGE_S = 2 * 3600.0  # an interrupted download untouched this long is deleted
 
@@ -169,9 +171,9 @@ class Runtime:
     async def __aenter__(self) -> Runtime:
         key = self.settings.load_private_key()
         dep = Deployment.load(self.settings.deployment_path)
-        self._chain = await self.chain(ChainClient, self.settings.rpc_url or dep.rpc_url, key,
-                                       dep, rpc=self.settings.rpc,
-                                       expected_chain_id=self.settings.expected_chain_id)
+        self._chain = await self.start_step("connect", lambda: self.chain(
+            ChainClient, self.settings.rpc_url or dep.rpc_url, key, dep, rpc=self.settings.rpc,
+            expected_chain_id=self.settings.expected_chain_id))
         self._p2p = PolnetNode(self.settings.p2p_dir, self.settings.p2p)
         await self._p2p.__aenter__()
         assert self._p2p.nursery is not None
@@ -311,12 +313,43 @@ class Runtime:
                 return False
             raise
 
+    async def start_step(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """Run one start-up step, retrying it on a failure of the transport or of the RPC
+        node (:func:`node.chain.rpc.node_failure`: a -32603 "internal error", a reset)
+        with the RPC layer's backoff, at most ``STARTUP_ATTEMPTS`` times. Before this a
+        daemon exited on the first such answer, before its loop ran. What a person must
+        fix (a revert such as too little stake, the wrong chain) ends it at once."""
+        for attempt in range(STARTUP_ATTEMPTS):
+            try:
+                return await step()
+            except Exception as exc:
+                if not node_failure(exc):
+                    raise
+                if attempt == STARTUP_ATTEMPTS - 1:
+                    url = self.settings.rpc_url or "the deployment's rpc_url"
+                    raise ChainError(
+                        f"start-up step '{what}' failed {STARTUP_ATTEMPTS} times, the last "
+                        f"with: {exc}; the RPC node at {url} keeps failing: check it, or "
+                        "point rpc_url at another one") from exc
+                delay = backoff_delay(self.settings.rpc, attempt)
+                log.warning("startup_retry", step=what, error=str(exc) or repr(exc),
+                            attempt=attempt + 1, of=STARTUP_ATTEMPTS, retry_in=round(delay, 2))
+                await trio.sleep(delay)
+        raise AssertionError("unreachable")
+
     async def ensure_registered(self, roles: int, stake: int) -> None:
-        """Register (with a measured capability profile) and top the stake up to ``stake``."""
+        """Register (with a measured capability profile) and top the stake up to
+        ``stake``; a node error on the way is retried (:meth:`start_step`): each try
+        re-reads the registry, so a registration that landed unanswered is not repeated."""
+        profile = json.dumps({**await trio.to_thread.run_sync(measure_profile),
+                              "name": self.settings.name}, sort_keys=True)
+        await self.start_step("register", lambda: self._register(roles, stake, profile))
+        await self.start_step("stake metrics", self.refresh_stake_metrics)
+
+    async def _register(self, roles: int, stake: int, profile: str) -> None:
         c = self.chain_client
         info = await self.chain(c.registry.node_of, self.address)
         peer_id = self.p2p.peer_id.to_base58()
-        profile = json.dumps(await trio.to_thread.run_sync(measure_profile), sort_keys=True)
         if not info.registered:
             await self.chain(c.registry.register, roles, peer_id, self.p2p.addrs, profile)
             log.info("registered", roles=roles, peer_id=peer_id)
@@ -327,10 +360,16 @@ class Runtime:
         # Seats' locked slashes are still this node's stake: no top-up for them.
         have = info.free_stake + info.locked_stake + info.seat_locked_stake
         if have < stake:
+            held = await self.chain(c.token.balance_of, self.address)
+            if held < stake - have:  # no retry mends this: say what to change
+                raise ConfigError(
+                    f"the stake setting asks for {wei_to_pol(stake)} POL staked; "
+                    f"{self.address} has {wei_to_pol(have)} POL staked and holds "
+                    f"{wei_to_pol(held)} POL: send it {wei_to_pol(stake - have - held)} POL "
+                    "more, or lower `stake` in the config (POLNET_STAKE, in wei)")
             await self.chain(c.token.ensure_allowance, c.registry.address, stake - have)
             await self.chain(c.registry.stake, stake - have)
             log.info("staked", pol=wei_to_pol(stake - have))
-        await self.refresh_stake_metrics()
 
     async def refresh_stake_metrics(self) -> None:
         c = self.chain_client
