@@ -84,6 +84,9 @@ def test_artifact_commands_use_the_store_of_the_daemon_named(tmp_path: Path) -> 
     aid = ArtifactStore(daemon.p2p_dir / "store").put_bytes(b"checkpoint bytes")
     out = polnet("artifact", "ls", "--name", "solver1", home=tmp_path)
     assert out.returncode == 0 and aid in out.stdout, out.stderr
+    # not a bare hash: its size and what keeps it (nothing here: gc would delete it)
+    row = next(ln for ln in out.stdout.splitlines() if aid in ln)
+    assert "16" in row and "gc" in row and "kept for" in out.stdout
     assert aid not in polnet("artifact", "ls", "--name", "other", home=tmp_path).stdout
     blob = tmp_path / "blob.bin"
     blob.write_bytes(b"put by hand")

@@ -91,8 +91,14 @@ def register(app: typer.Typer) -> None:
         """List stored artifacts with their size and pins."""
         store = _store(config, name)
         pins = store.pins()
-        for aid in store.ids():
-            typer.echo(f"{aid}  {store.size(aid):>14,}  {','.join(pins.get(aid, []))}")
+        ids = store.ids()
+        if not ids:
+            typer.echo(f"no artifacts in {store.root}")
+            return
+        typer.echo(f"{'artifact id (sha256 of the bytes)':<64}  {'bytes':>14}  kept for")
+        for aid in ids:
+            why = ", ".join(pins.get(aid, [])) or "nothing (`polnet artifact gc` deletes it)"
+            typer.echo(f"{aid}  {store.size(aid):>14,}  {why}")
 
     @art_app.command("gc")
     def gc(config: ConfigOpt = None, name: NameOpt = None) -> None:
