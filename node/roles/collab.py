@@ -33,7 +33,6 @@ import hashlib
 import os
 import secrets
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ import trio
 
 from node.errors import CheckpointError, ContractRevert, IntegrityError, PolnetError, SpecError
 from node.logs import get_logger
+from node.roles.bans import BanList
 from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
@@ -61,6 +61,10 @@ JURY_DRAWING = 1
 
 ZERO_ADDRESS = "0x" + "0" * 40  # an unset address in a chain view
 ANNOUNCE_EVERY_S = 5.0
+# An announced theta_r is fetched in the background (never inline in a tick), all its
+# senders together within this budget per (job, round), each within its own share.
+OUTER_FETCH_BUDGET_S = 90.0
+OUTER_FETCH_PER_SENDER_S = 30.0
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
@@ -115,7 +119,13 @@ class CollabFollower:
         self._round_zero_ok: set[int] = set()  # round-0 commitments checked
         self._first_seen: dict[int, float] = {}
         self._published: dict[tuple[int, int], str] = {}
-        self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
+        # Announcers that served an unusable theta_r: on disk, by peer id and account.
+        self.bad_announcers = BanList(self.dir / "bad-announcers.json")
+        self.fetch_budget_s = OUTER_FETCH_BUDGET_S
+        self.fetch_per_sender_s = OUTER_FETCH_PER_SENDER_S
+        self._fetching: set[tuple[int, int]] = set()  # background fetches running
+        self._fetch_spent: dict[tuple[int, int], float] = {}  # seconds, per (job, round)
+        self._fetched: dict[tuple[int, int], OuterState] = {}  # checked, not yet taken
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
         self._outer_jury_params: OuterJuryParamsView | None = None
@@ -194,9 +204,11 @@ class CollabFollower:
         if (cid, r) in self._outer:
             return self._outer[(cid, r)]
         spec, _ = await self.inputs(cid)
-        state = await trio.to_thread.run_sync(self._load_cached, cid, r)
+        state = await trio.to_thread.run_sync(self._load_cached, cid, r, spec)
         if state is None and r > 0:
-            state = await self._fetch_announced(cid, r)
+            state = self._fetched.pop((cid, r), None)
+            if state is None:
+                self._start_fetch(cid, r)  # in the background; recomputing meanwhile
         if state is None:
             if r == 0:
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
@@ -244,42 +256,76 @@ class CollabFollower:
                  outer_hash=(await _outer_hash(state)).hex())
         return state
 
-    async def _fetch_announced(self, cid: int, r: int) -> OuterState | None:
-        """theta_r from a peer's ``outer_state`` announcement, used only if its outer
-        hash is the one the CollabMarket accepted for round r - 1 (a joiner or a
-        restarted worker need not recompute every round since the first)."""
-        from node.train.layout import max_file_bytes  # noqa: PLC0415
+    def _hints(self, cid: int, r: int) -> list[tuple[str, str]]:
+        """(sender, artifact) announced for theta_r, banned senders left out."""
+        accounts = self.rt.peer_accounts
+        return [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
+                if not self.bad_announcers.banned(s, accounts.get(s))]
 
-        hints = [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
-                 if s not in self._bad_announcers]
-        if not hints:
-            return None
-        c = self.rt.chain_client
-        rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
-        if not rnd.accepted:
-            return None
-        spec, _ = await self.inputs(cid)
-        for sender, aid in hints:
-            try:
-                path = await self.rt.fetch(aid, expected_size=max_file_bytes(spec.inner),
-                                           timeout=30)
-                state = await trio.to_thread.run_sync(load_outer_file, path, r)
-            except (PolnetError, OSError, ValueError) as exc:
-                log.warning("collab_outer_fetch_failed", job=cid, round=r, error=str(exc),
-                            sender=sender)
-                state = None
-            if state is not None and await _outer_hash(state) == rnd.outer_hash:
+    def _start_fetch(self, cid: int, r: int) -> None:
+        """Fetch an announced theta_r in the background (the next ``outer_state`` takes
+        it), unless one runs, the (job, round)'s budget is spent or no sender is left."""
+        key = (cid, r)
+        if key in self._fetching or self._fetch_spent.get(key, 0.0) >= self.fetch_budget_s \
+                or not self._hints(cid, r):
+            return
+        nursery = self.rt.p2p.nursery
+        assert nursery is not None, "runtime not entered"
+        self._fetching.add(key)
+        nursery.start_soon(self._fetch_announced, cid, r)
+
+    async def _fetch_announced(self, cid: int, r: int) -> None:
+        """theta_r from peers' ``outer_state`` announcements, kept only if its outer hash
+        is the one the CollabMarket accepted for round r - 1 (a joiner or a restarted
+        worker need not recompute every round since the first). A task of its own:
+        nothing may escape it (it runs in the node's nursery)."""
+        key = (cid, r)
+        try:
+            c = self.rt.chain_client
+            rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
+            if not rnd.accepted:
+                return
+            spec, _ = await self.inputs(cid)
+            for sender, aid in self._hints(cid, r):
+                left = self.fetch_budget_s - self._fetch_spent.get(key, 0.0)
+                if left <= 0:
+                    log.info("collab_outer_fetch_budget_spent", job=cid, round=r)
+                    return
+                t0 = trio.current_time()
+                try:
+                    with trio.fail_after(min(left, self.fetch_per_sender_s)):
+                        state = await self._fetch_one(aid, r, spec)
+                    if await _outer_hash(state) != rnd.outer_hash:
+                        raise IntegrityError(f"outer state {aid} is not the accepted theta_{r}")
+                except (PolnetError, OSError, trio.TooSlowError) as exc:
+                    # Charged to the sender, on disk: a sender that served nothing usable,
+                    # slowly or wrongly, never costs this node a download again.
+                    reason = f"{type(exc).__name__}: {exc}"
+                    log.warning("collab_outer_announcement_bad", job=cid, round=r,
+                                artifact=aid, sender=sender, error=reason[:300])
+                    self.bad_announcers.ban(f"outer_state {cid}/{r}: {reason}", sender,
+                                            self.rt.peer_accounts.get(sender))
+                    continue
+                finally:
+                    self._fetch_spent[key] = self._fetch_spent.get(key, 0.0) \
+                        + trio.current_time() - t0
                 log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
-                return state
-            if state is not None:
-                log.warning("collab_outer_announcement_wrong", job=cid, round=r,
-                            artifact=aid, sender=sender)
-            # Not tried again (bounded): a sender that served nothing usable, slowly or
-            # wrongly, must not cost every tick a download; recomputing is always there.
-            self._bad_announcers[sender] = None
-            while len(self._bad_announcers) > 1024:
-                self._bad_announcers.popitem(last=False)
-        return None
+                self._fetched[key] = state
+                return
+        except Exception as exc:  # the next tick tries again or recomputes
+            log.exception("collab_outer_fetch_failed", job=cid, round=r, error=repr(exc))
+        finally:
+            self._fetching.discard(key)
+
+    async def _fetch_one(self, aid: str, r: int, spec: CollaborativeSpec) -> OuterState:
+        from node.train.outer_file import max_file_bytes  # noqa: PLC0415
+
+        path = await self.rt.fetch(aid, expected_size=max_file_bytes(spec),
+                                   timeout=self.fetch_per_sender_s)
+        state = await trio.to_thread.run_sync(load_outer_file, path, r, spec)
+        if state is None:
+            raise CheckpointError(f"outer state {aid} vanished from the store")
+        return state
 
     async def announce(self) -> None:
         """Serve the newest accepted outer state of every live job we follow."""
@@ -312,10 +358,10 @@ class CollabFollower:
         tensors = {k: v.contiguous() for k, v in outer_tensors(state).items()}
         atomic_write(path, save(tensors))
 
-    def _load_cached(self, cid: int, r: int) -> OuterState | None:
+    def _load_cached(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
         path = self._path(cid, r)
         try:
-            return load_outer_file(path, r)
+            return load_outer_file(path, r, spec)
         except Exception as exc:  # noqa: BLE001 - a damaged cache is recomputed, not fatal
             log.warning("collab_outer_cache_unusable", path=str(path), error=str(exc))
             path.unlink(missing_ok=True)
@@ -380,6 +426,9 @@ class CollabFollower:
                 log.warning("collab_follow_failed", job=cid, error=str(exc))
                 if isinstance(exc, SpecError):
                     self._bad.add(cid)
+            except Exception as exc:  # a bug or an input no check caught: logged whole,
+                # and still one job's: the tick goes on to the others
+                log.exception("collab_follow_crashed", job=cid, error=repr(exc))
 
     async def _follow(self, cid: int) -> None:
         rt, c = self.rt, self.rt.chain_client
@@ -651,18 +700,9 @@ async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
     return await rt.transact_ok(c.market.finalize, jid, benign=benign)
 
 
-def load_outer_file(path: Path, r: int) -> OuterState | None:
-    """An outer state cached by a follower (None if there is no file; CheckpointError
-    if it is not round ``r``'s)."""
-    from safetensors.torch import load_file  # noqa: PLC0415
+def load_outer_file(path: Path, r: int, spec: CollaborativeSpec) -> OuterState | None:
+    """An outer state file, ours or a peer's (None if there is no file; CheckpointError
+    if it is not a well-formed round-``r`` state of ``spec``: node.train.outer_file)."""
+    from node.train.outer_file import read_outer_file  # noqa: PLC0415 - torch is heavy
 
-    from node.train.diloco import OuterState  # noqa: PLC0415
-
-    if not path.is_file():
-        return None
-    t = load_file(str(path))
-    theta = {k.removeprefix("theta."): v for k, v in t.items() if k.startswith("theta.")}
-    mom = {k.removeprefix("momentum."): v for k, v in t.items() if k.startswith("momentum.")}
-    if int(t["meta.round"]) != r:
-        raise CheckpointError(f"{path} holds round {int(t['meta.round'])}, not {r}")
-    return OuterState(r, theta, mom, tuple(int(s) for s in t["meta.slots"].tolist()))
+    return read_outer_file(path, r, spec)

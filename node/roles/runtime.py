@@ -144,6 +144,9 @@ class Runtime:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.book = AnnouncementBook()
         self.registered_peers: set[str] = set()
+        # peer id -> the account that registered it (any registration, latest or not):
+        # a ban charged to a peer reaches its account (node.roles.bans)
+        self.peer_accounts: dict[str, str] = {}
         self.metrics = Metrics.create()
         self._settled: set[int] = set()
         self._chain: ChainClient | None = None
@@ -213,6 +216,7 @@ class Runtime:
             if ev.event in ("NodeRegistered", "NodeUpdated"):
                 latest[str(ev.args["node"])] = (str(ev.args["peerId"]),
                                                 list(ev.args["multiaddrs"]))
+                self.peer_accounts[str(ev.args["peerId"])] = str(ev.args["node"])
         return [v for k, v in latest.items() if k.lower() != self.address.lower()]
 
     async def _registry_peers_loop(self) -> None:
