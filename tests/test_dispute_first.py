@@ -1,0 +1,89 @@
+"""Issue 37, item 3: a live dispute clock spent on junk jobs. On anvil, a real solver
+Runtime with one of its commits disputed and a stream of job posts whose inputs
+nobody serves."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from devnet.params import TOKEN
+from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
+from node.chain.contracts import SOLVER, VERIFIER, JobTerms
+from node.roles import solver_machine as sm
+
+STAKE = 500 * TOKEN
+REWARD = 100 * TOKEN
+JUNK = 3
+
+
+def test_dispute_moves_come_before_any_candidate_job(chain: LocalChain, tmp_path: Path) -> None:
+    """Attack: while one of a solver's commits is disputed (its turn to post mids),
+    post jobs whose inputs nobody serves: each consideration waits up to 60 s for its
+    inputs, then a probe of up to 120 s. Before: ``Solver._tick`` considered every
+    candidate inline before any dispute move, so N such posts held the dispute move for
+    N x 60 s or more (with ``--max-jobs`` above 1). Now the pass decides the dispute move
+    first and considers candidates in the background, one at a time: the pass returns
+    with the mids under way while a junk job is still being considered, and the next
+    pass moves again without waiting for it."""
+    from node.chain.events import EventWatcher  # noqa: PLC0415 - web3 is heavy
+    from node.roles.runtime import Runtime  # noqa: PLC0415
+    from node.roles.solver import Solver  # noqa: PLC0415
+
+    verifiers = (4, 5, 6, 7, 8)
+    for i in verifiers:
+        chain.join(i, VERIFIER, 200 * TOKEN)
+    me = chain.join(2, SOLVER, STAKE)
+    sub = chain[1]
+    sub.token.ensure_allowance(sub.market.address, REWARD + 10 * TOKEN + JUNK * 20 * TOKEN)
+    jid = sub.market.post_job(job_terms(REWARD, 10 * TOKEN))
+    me.market.claim_job(jid)
+    leaves, tree = fake_trace(jid)
+    me.market.commit_trace(jid, leaves, tree)
+    did = chain[4].market.challenge(jid, 3, leaves[3], tree.proof(3), leaves[4], tree.proof(4))
+    base = job_terms(10 * TOKEN, 5 * TOKEN)
+    junk = [sub.market.post_job(JobTerms(**{**base.__dict__,
+                                            "spec_hash": os.urandom(32),
+                                            "dataset_hash": os.urandom(32)}))
+            for _ in range(JUNK)]
+    settings = node_settings(tmp_path, chain, "solver", 2, STAKE)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Runtime(settings, "solver") as rt:
+            c = rt.chain_client
+            assert c.deployment is not None
+            j = await rt.chain(c.market.get_job, jid)
+            # On our books as a committed job (the solver that trained it).
+            (rt.dir / "solver.json").write_text(json.dumps({
+                "jobs": {str(jid): {"round": j.round, "phase": "committed",
+                                    "spec": j.spec_hash.hex(), "dataset": j.dataset_hash.hex()}},
+                "candidates": [], "disputes": [], "served": [], "rejected": {},
+                "considering": {}}))
+            solver = Solver(rt, max_jobs=3)
+            watcher = EventWatcher(c.w3, [c.market, c.dispute],
+                                   start_block=c.deployment.deploy_block)
+            async with trio.open_nursery() as nursery:
+                await rt.chain(watcher.poll, solver._on_event)
+                out["candidates"] = list(solver.state.data.candidates)
+                out["pass1"] = await solver._tick(nursery)
+                out["busy1"] = set(solver._busy)
+                out["pass2"] = await solver._tick(nursery)
+                out["busy2"] = set(solver._busy)
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert set(junk) <= set(out["candidates"]), out
+    p1 = [(k, i, type(a)) for k, i, a in out["pass1"]]
+    assert p1[0] == ("dispute", did, sm.PostMids), p1  # the first thing the pass did
+    # One junk job is being considered in the background, no more; the pass did not
+    # wait for it.
+    considering = {k for k in out["busy1"] if k.startswith("c")}
+    assert len(considering) == 1 and considering <= {f"c{j}" for j in junk}, out
+    assert considering <= out["busy2"], out  # still under way at the next pass
+    p2 = [(k, i, type(a)) for k, i, a in out["pass2"]]
+    assert p2[0][:2] == ("dispute", did), p2
