@@ -126,6 +126,7 @@ class CollabFollower:
         self._fetching: set[tuple[int, int]] = set()  # background fetches running
         self._fetch_spent: dict[tuple[int, int], float] = {}  # seconds, per (job, round)
         self._fetched: dict[tuple[int, int], OuterState] = {}  # checked, not yet taken
+        self._claiming: int | None = None  # the job whose slot claim runs in the background
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
         self._outer_jury_params: OuterJuryParamsView | None = None
@@ -417,29 +418,53 @@ class CollabFollower:
                 await self.announce()
             except (PolnetError, OSError) as exc:
                 log.warning("collab_announce_failed", error=str(exc))
+        jobs: list[tuple[int, Any]] = []
         for cid in range(1, n + 1):
             if cid in self._bad or cid in self._over:
                 continue
-            try:
-                await self._follow(cid)
-            except (PolnetError, OSError) as exc:  # one job must not stall the others
-                log.warning("collab_follow_failed", job=cid, error=str(exc))
-                if isinstance(exc, SpecError):
-                    self._bad.add(cid)
-            except Exception as exc:  # a bug or an input no check caught: logged whole,
-                # and still one job's: the tick goes on to the others
-                log.exception("collab_follow_crashed", job=cid, error=repr(exc))
+            job = await self._contained(cid, self._live_job, cid)
+            if job is not None:
+                jobs.append((cid, job))
+        # Outer moves first (post, challenge, jury votes and reveals, resolve): their
+        # windows run on the chain's clock (issue 37). Then what may wait: slot claims
+        # (in the background: a probe takes up to minutes), round starts, settlements.
+        for cid, job in jobs:
+            if job.phase == OUTER:
+                await self._contained(cid, self._outer_moves, cid, job.round)
+        for cid, job in jobs:
+            if cid not in self._bad:
+                await self._contained(cid, self._follow, cid, job)
 
-    async def _follow(self, cid: int) -> None:
-        rt, c = self.rt, self.rt.chain_client
-        job = await rt.chain(c.collab.get_collab, cid)
+    async def _contained(self, cid: int, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` for job ``cid``; a failure is logged and stays that job's (a
+        SpecError marks the job unusable). None on failure."""
+        try:
+            return await fn(*args)
+        except (PolnetError, OSError) as exc:  # one job must not stall the others
+            log.warning("collab_follow_failed", job=cid, error=str(exc))
+            if isinstance(exc, SpecError):
+                self._bad.add(cid)
+        except Exception as exc:  # a bug or an input no check caught: logged whole,
+            # and still one job's: the tick goes on to the others
+            log.exception("collab_follow_crashed", job=cid, error=repr(exc))
+        return None
+
+    async def _live_job(self, cid: int) -> Any:
+        """The job's chain view, or None when there is nothing to do for it."""
+        job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
         if job.status in (FINISHED, FAILED):
             self._over.add(cid)  # final: the tick reads it no more (a hot-path read saved)
-            return
-        if job.status == 0:
-            return
-        if self.want_slots and job.phase in (IDLE, OUTER):
-            await self._maybe_claim_slots(cid, job)
+            return None
+        return None if job.status == 0 else job
+
+    async def _follow(self, cid: int, job: Any) -> None:
+        """Everything but the outer moves (the tick's first pass makes those)."""
+        rt, c = self.rt, self.rt.chain_client
+        if self.want_slots and job.phase in (IDLE, OUTER) and self._claiming is None:
+            self._claiming = cid
+            nursery = rt.p2p.nursery
+            assert nursery is not None, "runtime not entered"
+            nursery.start_soon(self._claim_in_background, cid, job)
         r = job.round
         if job.phase == IDLE:
             if r == 0 and job.retries == 0 and not await self._join_window_over(cid):
@@ -450,8 +475,13 @@ class CollabFollower:
             rnd = await rt.chain(c.collab.get_round, cid, r)
             if await self._round_may_settle(rnd):
                 await rt.transact_ok(c.collab.settle_round, cid, benign=SETTLE_BENIGN)
-            return
-        await self._outer_moves(cid, r)
+
+    async def _claim_in_background(self, cid: int, job: Any) -> None:
+        """Slot claims, one job at a time: a task of its own, nothing escapes it."""
+        try:
+            await self._contained(cid, self._maybe_claim_slots, cid, job)
+        finally:
+            self._claiming = None
 
     async def _join_window_over(self, cid: int) -> bool:
         """Round 0 waits for every slot to be taken, or JOIN_GRACE_S after we first saw
