@@ -227,6 +227,7 @@ class CollabFollower:
                     return None
             await trio.to_thread.run_sync(self._save, cid, r, state)
         self._outer[(cid, r)] = state
+        self._fetched.pop((cid, r), None)  # a fetch that finished after we recomputed
         return state
 
     async def _recompute(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
@@ -284,7 +285,7 @@ class CollabFollower:
         try:
             c = self.rt.chain_client
             rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
-            if not rnd.accepted:
+            if not rnd.accepted or key in self._outer:
                 return
             spec, _ = await self.inputs(cid)
             for sender, aid in self._hints(cid, r):
@@ -311,7 +312,8 @@ class CollabFollower:
                     self._fetch_spent[key] = self._fetch_spent.get(key, 0.0) \
                         + trio.current_time() - t0
                 log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
-                self._fetched[key] = state
+                if key not in self._outer:  # not recomputed meanwhile
+                    self._fetched[key] = state
                 return
         except Exception as exc:  # the next tick tries again or recomputes
             log.exception("collab_outer_fetch_failed", job=cid, round=r, error=repr(exc))
