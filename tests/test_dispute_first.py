@@ -87,3 +87,88 @@ def test_dispute_moves_come_before_any_candidate_job(chain: LocalChain, tmp_path
     assert considering <= out["busy2"], out  # still under way at the next pass
     p2 = [(k, i, type(a)) for k, i, a in out["pass2"]]
     assert p2[0][:2] == ("dispute", did), p2
+
+
+def test_verifier_moves_its_dispute_while_a_collab_job_holds_the_pass(
+        chain: LocalChain, tmp_path: Path) -> None:
+    """Attack: a collaborative job in its outer phase whose spec nobody serves (the
+    follower waits up to 120 s for it in every pass) while the verifier is a challenger
+    in a live dispute. Before: the verifier started its dispute moves at the end of
+    the pass, after the collaborative follow-up, so each pass held them 120 s. Now the
+    dispute move runs while that pass is still waiting on the collaborative job."""
+    from node.chain.events import EventWatcher  # noqa: PLC0415 - web3 is heavy
+    from node.roles.runtime import Runtime  # noqa: PLC0415
+    from tests.test_collab_market import Net, claim_all, post, terms, window, work  # noqa: PLC0415
+    from tests.test_collab_market import solver as collab_solver  # noqa: PLC0415
+    from verifier.daemon import Verifier  # noqa: PLC0415
+
+    verifiers = (4, 5, 6, 7, 8)
+    for i in verifiers:
+        chain.join(i, VERIFIER, 200 * TOKEN)
+    me_solver = chain.join(2, SOLVER, STAKE)
+    sub = chain[1]
+    sub.token.ensure_allowance(sub.market.address, REWARD + 10 * TOKEN)
+    jid = sub.market.post_job(job_terms(REWARD, 10 * TOKEN))
+    me_solver.market.claim_job(jid)
+    leaves, tree = fake_trace(jid)
+    me_solver.market.commit_trace(jid, leaves, tree)
+    chain.mine(5)
+    chain[4].market.fix_seed(jid)
+    committee = chain.reader.market.committee_of(jid)
+    me = next(i for i in verifiers if chain.addresses[i] in committee)
+    did = chain[me].market.challenge(jid, 3, leaves[3], tree.proof(3), leaves[4],
+                                     tree.proof(4))
+    # A collaborative job in its outer phase; its spec hash names bytes nobody serves.
+    me_solver.token.approve(me_solver.collab.address, 1_000 * TOKEN)
+    net = Net(chain, submitter=chain[1], workers=[me_solver, collab_solver(chain, 3),
+                                                  collab_solver(chain, 9)],
+              verifiers=[], outsider=chain[0])
+    cid = post(net, terms(rounds=1))
+    claim_all(net, cid)
+    net.outsider.collab.start_round(cid)
+    work(net, cid, 0)
+    chain.advance(window(net))
+    net.outsider.collab.settle_round(cid)
+    assert chain.reader.collab.get_collab(cid).phase == 2  # Outer
+    settings = node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN)
+    out: dict[str, Any] = {}
+
+    class Watched(Verifier):
+        """The real daemon; it only notes whether its pass was over at each move."""
+
+        tick_over = True
+        moves: list[bool]
+
+        async def _dispute_move(self, did: int) -> object:
+            self.moves.append(self.tick_over)
+            return await super()._dispute_move(did)
+
+    async def main() -> None:
+        async with Runtime(settings, "verifier") as rt:
+            c = rt.chain_client
+            assert c.deployment is not None
+            v = Watched(rt)
+            v.moves = []
+            watcher = EventWatcher(c.w3, [c.market, c.dispute],
+                                   start_block=c.deployment.deploy_block)
+            await rt.chain(watcher.poll, v._on_event)
+            out["disputes"] = list(v.state.data.disputes)
+
+            async def one_pass(nursery: trio.Nursery) -> None:
+                v.tick_over = False
+                await v._tick(nursery)
+                v.tick_over = True
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one_pass, nursery)
+                with trio.move_on_after(60):
+                    while not v.moves:
+                        await trio.sleep(0.1)
+                out["moves"] = list(v.moves)
+                out["pass_over"] = v.tick_over
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert out["disputes"] == [did], out
+    # The move ran while the pass was still held by the collaborative job.
+    assert out["moves"] == [False] and out["pass_over"] is False, out
