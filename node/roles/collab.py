@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.errors import CheckpointError, ContractRevert, IntegrityError, PolnetError, SpecError
+from node.errors import (
+    CheckpointError,
+    ContractRevert,
+    IntegrityError,
+    PeerUnavailable,
+    PolnetError,
+    SpecError,
+)
 from node.logs import get_logger
 from node.roles.bans import BanList
 from node.roles.runtime import Runtime
@@ -65,6 +72,10 @@ ANNOUNCE_EVERY_S = 5.0
 # senders together within this budget per (job, round), each within its own share.
 OUTER_FETCH_BUDGET_S = 90.0
 OUTER_FETCH_PER_SENDER_S = 30.0
+# A job whose inputs could not be fetched is left out of the tick this long (after the
+# 1st, 2nd, ... failure): a job posted with inputs nobody serves must not cost every
+# pass its fetch timeout.
+INPUTS_RETRY_S = (10.0, 30.0, 60.0, 120.0)
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
@@ -127,6 +138,7 @@ class CollabFollower:
         self._fetch_spent: dict[tuple[int, int], float] = {}  # seconds, per (job, round)
         self._fetched: dict[tuple[int, int], OuterState] = {}  # checked, not yet taken
         self._claiming: int | None = None  # the job whose slot claim runs in the background
+        self._inputs_retry: dict[int, tuple[int, float]] = {}  # job -> (failures, retry at)
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
         self._outer_jury_params: OuterJuryParamsView | None = None
@@ -147,26 +159,38 @@ class CollabFollower:
     async def inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
         """The job's collaborative spec and dataset, fetched over libp2p by their
         on-chain hashes (the store checks the bytes; the spec must be canonical)."""
+        if cid not in self._specs:
+            try:
+                self._specs[cid] = await self._fetch_inputs(cid)
+            except PeerUnavailable:
+                n = self._inputs_retry.get(cid, (0, 0.0))[0] + 1
+                wait = INPUTS_RETRY_S[min(n, len(INPUTS_RETRY_S)) - 1]
+                self._inputs_retry[cid] = (n, time.monotonic() + wait)
+                log.info("collab_inputs_unreachable", job=cid, failures=n, retry_in_s=wait)
+                raise
+            self._inputs_retry.pop(cid, None)
+        return self._specs[cid]
+
+    async def _fetch_inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
+        """``inputs`` itself: PeerUnavailable while the submitter does not serve them."""
         from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
 
-        if cid not in self._specs:
-            c = self.rt.chain_client
-            job = await self.rt.chain(c.collab.get_collab, cid)
-            path = await self.rt.fetch(job.spec_hash.hex(), (job.submitter,),
-                                       expected_size=MAX_SPEC_BYTES)
-            spec = parse_collaborative_spec_json(path.read_bytes())
-            if spec.spec_hash() != job.spec_hash:
-                raise SpecError("the served collaborative spec is not in canonical form",
-                                field="spec")
-            ds_path = await self.rt.fetch(job.dataset_hash.hex(), (job.submitter,))
-            ds = await trio.to_thread.run_sync(load_dataset, ds_path, job.dataset_hash.hex())
-            if spec.init_weights is not None:
-                # theta_0's file is an input like the others: no probe, so no slot claim,
-                # before we hold it (a submitter withholding it reaps no slot bonds).
-                self._init_states[cid] = await self._fetch_init_weights(cid, spec,
-                                                                        job.submitter)
-            self._specs[cid] = (spec, ds)
-        return self._specs[cid]
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.collab.get_collab, cid)
+        path = await self.rt.fetch(job.spec_hash.hex(), (job.submitter,),
+                                   expected_size=MAX_SPEC_BYTES)
+        spec = parse_collaborative_spec_json(path.read_bytes())
+        if spec.spec_hash() != job.spec_hash:
+            raise SpecError("the served collaborative spec is not in canonical form",
+                            field="spec")
+        ds_path = await self.rt.fetch(job.dataset_hash.hex(), (job.submitter,))
+        ds = await trio.to_thread.run_sync(load_dataset, ds_path, job.dataset_hash.hex())
+        if spec.init_weights is not None:
+            # theta_0's file is an input like the others: no probe, so no slot claim,
+            # before we hold it (a submitter withholding it reaps no slot bonds).
+            self._init_states[cid] = await self._fetch_init_weights(cid, spec,
+                                                                    job.submitter)
+        return spec, ds
 
     async def _fetch_init_weights(self, cid: int, spec: CollaborativeSpec,
                                   submitter: str) -> OuterState:
@@ -421,8 +445,10 @@ class CollabFollower:
             except (PolnetError, OSError) as exc:
                 log.warning("collab_announce_failed", error=str(exc))
         jobs: list[tuple[int, Any]] = []
+        now = time.monotonic()
         for cid in range(1, n + 1):
-            if cid in self._bad or cid in self._over:
+            if cid in self._bad or cid in self._over \
+                    or self._inputs_retry.get(cid, (0, 0.0))[1] > now:
                 continue
             job = await self._contained(cid, self._live_job, cid)
             if job is not None:
