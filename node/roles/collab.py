@@ -453,9 +453,16 @@ class CollabFollower:
             job = await self._contained(cid, self._live_job, cid)
             if job is not None:
                 jobs.append((cid, job))
-        # Outer moves first (post, challenge, jury votes and reveals, resolve): their
-        # windows run on the chain's clock (issue 37). Then what may wait: slot claims
-        # (in the background: a probe takes up to minutes), round starts, settlements.
+        # Slot claims start first, in the background (a probe takes up to minutes; a
+        # restarted worker must re-claim within the outer window). Then outer moves
+        # (post, challenge, jury votes and reveals, resolve): their windows run on the
+        # chain's clock (issue 37). Then what may wait: round starts, settlements.
+        for cid, job in jobs:
+            if self.want_slots and job.phase in (IDLE, OUTER) and self._claiming is None:
+                self._claiming = cid
+                nursery = self.rt.p2p.nursery
+                assert nursery is not None, "runtime not entered"
+                nursery.start_soon(self._claim_in_background, cid, job)
         for cid, job in jobs:
             if job.phase == OUTER:
                 await self._contained(cid, self._outer_moves, cid, job.round)
@@ -486,13 +493,8 @@ class CollabFollower:
         return None if job.status == 0 else job
 
     async def _follow(self, cid: int, job: Any) -> None:
-        """Everything but the outer moves (the tick's first pass makes those)."""
+        """Round starts and settlements (the tick makes claims and outer moves first)."""
         rt, c = self.rt, self.rt.chain_client
-        if self.want_slots and job.phase in (IDLE, OUTER) and self._claiming is None:
-            self._claiming = cid
-            nursery = rt.p2p.nursery
-            assert nursery is not None, "runtime not entered"
-            nursery.start_soon(self._claim_in_background, cid, job)
         r = job.round
         if job.phase == IDLE:
             if r == 0 and job.retries == 0 and not await self._join_window_over(cid):
