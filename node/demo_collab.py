@@ -160,7 +160,7 @@ def final_and_solo_loss(home: Path, spec_path: Path, text: Path, cid: int,
         path = (home / "nodes" / w / "collab" / str(cid)
                 / f"outer-{spec.outer_rounds:06d}.safetensors")
         if path.is_file():
-            state = load_outer_file(path, spec.outer_rounds)
+            state = load_outer_file(path, spec.outer_rounds, spec)
             if state is not None and hash_of(state) == outer_hash:
                 final = state
                 break

@@ -35,14 +35,24 @@ from node.datasets import pack_digits, pack_text, parse_dataset
 from node.errors import PolnetError
 from node.p2p import wire
 from node.p2p.announce import AnnouncementVerifier, make_announcement
-from node.spec import load_spec, parse_spec, parse_spec_json
+from node.roles import announce_kinds  # noqa: F401 - registers outer_state
+from node.roles.runtime import AnnouncementBook
+from node.spec import (
+    load_spec,
+    parse_collaborative_spec,
+    parse_collaborative_spec_json,
+    parse_spec,
+    parse_spec_json,
+)
 from node.store.manifest import Manifest, ManifestBuilder, chunk_size_for
+from node.train.diloco import OuterState, initial_outer_state, outer_tensors
+from node.train.outer_file import read_outer_file
 from node.train.step import TrainContext, init_state, state_tensors
 from node.train.trace import TraceManifest, load_checkpoint, run_training, write_state_file
 from verifier.evidence import parse_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGETS = 8
+TARGETS = 11
 TOTAL = int(os.environ.get("POLNET_FUZZ_EXAMPLES", "4000"))
 PER_TARGET = max(1, TOTAL // TARGETS)
 FUZZ = settings(max_examples=PER_TARGET, deadline=None, database=None,
@@ -163,9 +173,23 @@ def valid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     hlen = int.from_bytes(text[:8], "little")
     small_text = st_save({"tokens": torch.arange(50, dtype=torch.int32) % 10},
                          metadata=json.loads(text[8:8 + hlen])["__metadata__"])
+    inner = spec_dict(digits)
+    inner.update(total_steps=4)
+    cspec = parse_collaborative_spec({
+        "kind": "collaborative", "name": "fuzz", "inner": inner,
+        "workers": {"min": 1, "max": 2}, "inner_steps": 2, "outer_rounds": 2,
+        "outer_optimizer": {"lr": 0.7, "momentum": 0.9}, "holdout_samples": 16})
+    s0 = initial_outer_state(cspec)
+    outer = st_save({k: v.contiguous() for k, v in outer_tensors(
+        OuterState(1, s0.theta, s0.momentum, (0, 1))).items()})
+    outer_payload = {"collab_job_id": 2, "round": 1, "outer_hash": "0x" + "ef" * 32,
+                     "artifact_id": "12" * 32}
+    outer_ann = make_announcement(kp.private_key, sender, "outer_state", outer_payload, 2)
     return {"spec": spec, "spec_json": spec.canonical_json(), "ckpt": ckpt.read_bytes(),
             "trace": (trace / "trace.json").read_bytes(), "manifest": b.finish().to_bytes(),
-            "ann": ann, "sender": sender, "dataset": small, "text": small_text}
+            "ann": ann, "sender": sender, "dataset": small, "text": small_text,
+            "cspec": cspec, "cspec_json": cspec.canonical_json(), "outer": outer,
+            "outer_payload": outer_payload, "outer_ann": outer_ann, "key": kp.private_key}
 
 
 # --- targets -----------------------------------------------------------------------------
@@ -322,3 +346,60 @@ def test_fuzz_text_dataset(valid: dict[str, Any]) -> None:
         only_polnet_errors(lambda: parse_dataset(raw))
     run()
     ran_all("text_dataset")
+
+
+# --- collaborative jobs (issue 37): specs, outer-state files, outer_state announcements ---
+
+
+def test_fuzz_collaborative_spec(valid: dict[str, Any]) -> None:
+    @FUZZ
+    @given(raw=hostile(valid["cspec_json"]) | with_field(json.loads(valid["cspec_json"])))
+    def run(raw: bytes) -> None:
+        CASES["collab_spec"] += 1
+        only_polnet_errors(lambda: parse_collaborative_spec_json(raw))
+    run()
+    ran_all("collab_spec")
+
+
+def test_fuzz_outer_state_file(valid: dict[str, Any], tmp_path: Path) -> None:
+    """What any registered node may serve as theta_r: only CheckpointError escapes."""
+    path = tmp_path / "outer.safetensors"
+    path.write_bytes(valid["outer"])
+    assert read_outer_file(path, 1, valid["cspec"]) is not None  # the valid one loads
+
+    @FUZZ
+    @given(raw=hostile(valid["outer"]) | _header_swap(valid["outer"]), r=st.sampled_from([1, 2]))
+    def run(raw: bytes, r: int) -> None:
+        CASES["outer_state"] += 1
+        path.write_bytes(raw)
+        only_polnet_errors(lambda: read_outer_file(path, r, valid["cspec"]))
+    run()
+    ran_all("outer_state")
+
+
+def test_fuzz_outer_state_announcement(valid: dict[str, Any]) -> None:
+    """Raw bytes: the verifier never raises. Payloads signed by their sender: the
+    verifier and then the follower's book take any that validates without raising."""
+    payloads = with_field(valid["outer_payload"]).map(json.loads)
+
+    @FUZZ
+    @given(raw=hostile(valid["outer_ann"]) | with_field(json.loads(valid["outer_ann"])),
+           payload=payloads)
+    def run(raw: bytes, payload: dict[str, Any]) -> None:
+        CASES["outer_announcement"] += 1
+        verifier = AnnouncementVerifier()
+        book = AnnouncementBook()
+        got = verifier.verify(raw, "polnet/collab/1", valid["sender"])  # never raises
+        if got is not None:
+            book.add(got)
+        try:
+            signed = make_announcement(valid["key"], valid["sender"], "outer_state", payload, 3)
+        except ValueError:  # the sender's own check refuses it; a hostile one signs anyway
+            return
+        got = verifier.verify(signed, "polnet/collab/1", valid["sender"])
+        assert got is not None
+        book.add(got)
+        hints = book.outer_hints(int(payload["collab_job_id"]), int(payload["round"]))
+        assert hints == [(valid["sender"].to_base58(), str(payload["artifact_id"]))]
+    run()
+    ran_all("outer_announcement")

@@ -146,6 +146,13 @@ class Verifier:
         now = await rt.chain(c.timestamp)
         taken: list[tuple[str, int, object]] = []
         await self._fill_dispute_rounds()
+        # Dispute moves, votes and reveals first, before anything else this role does
+        # (issue 37): each runs as a task of its own, so no job, collaborative follow-up
+        # or input of anyone's delays a dispute clock.
+        for did, d in list(self.state.data.disputes.items()):
+            if f"d{did}" not in self._busy and not d.over:
+                self._busy.add(f"d{did}")
+                nursery.start_soon(guarded, "_dispute_move", self._dispute_move, did)
         try:
             await self.collab.tick()
         except PolnetError as exc:
@@ -190,10 +197,6 @@ class Verifier:
                 self._settled.add(jid)
         if withdraw:
             await self._withdraw()
-        for did, d in list(self.state.data.disputes.items()):
-            if f"d{did}" not in self._busy and not d.over:
-                self._busy.add(f"d{did}")
-                nursery.start_soon(guarded, "_dispute_move", self._dispute_move, did)
         return taken
 
     def _job_disk(self, jid: int, busy: bool = False) -> JobDisk:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from safetensors.torch import load_file, save_file
 
+from node.childenv import child_env
 from node.errors import ConfigError, TrainingError
 from node.train.step import (
     TrainContext,
@@ -183,9 +183,10 @@ def replay_in_subprocess(cfg: HonestConfig, ctx: TrainContext, dataset_path: str
     job = {"spec": json.loads(ctx.spec.canonical_json()), "dataset": str(dataset_path),
            "start_step": start_step, "k": k, "config": asdict(cfg)}
     (d / "job.json").write_text(json.dumps(job))
-    env = {**os.environ, **dict(cfg.env)}
+    env = child_env(dict(cfg.env))  # the job's data, so no keys (node.childenv)
     proc = subprocess.run([sys.executable, "-m", "verifier.drift", str(d)], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False,
+                          close_fds=True)
     if proc.returncode != 0:
         raise TrainingError(f"drift worker {cfg.name} failed: {proc.stderr[-2000:]}")
     res = json.loads((d / "result.json").read_text())

@@ -33,15 +33,22 @@ import hashlib
 import os
 import secrets
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.errors import CheckpointError, ContractRevert, IntegrityError, PolnetError, SpecError
+from node.errors import (
+    CheckpointError,
+    ContractRevert,
+    IntegrityError,
+    PeerUnavailable,
+    PolnetError,
+    SpecError,
+)
 from node.logs import get_logger
+from node.roles.bans import BanList
 from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
@@ -61,6 +68,14 @@ JURY_DRAWING = 1
 
 ZERO_ADDRESS = "0x" + "0" * 40  # an unset address in a chain view
 ANNOUNCE_EVERY_S = 5.0
+# An announced theta_r is fetched in the background (never inline in a tick), all its
+# senders together within this budget per (job, round), each within its own share.
+OUTER_FETCH_BUDGET_S = 90.0
+OUTER_FETCH_PER_SENDER_S = 30.0
+# A job whose inputs could not be fetched is left out of the tick this long (after the
+# 1st, 2nd, ... failure): a job posted with inputs nobody serves must not cost every
+# pass its fetch timeout.
+INPUTS_RETRY_S = (10.0, 30.0, 60.0, 120.0)
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
@@ -115,7 +130,15 @@ class CollabFollower:
         self._round_zero_ok: set[int] = set()  # round-0 commitments checked
         self._first_seen: dict[int, float] = {}
         self._published: dict[tuple[int, int], str] = {}
-        self._bad_announcers: OrderedDict[str, None] = OrderedDict()  # sent a wrong state
+        # Announcers that served an unusable theta_r: on disk, by peer id and account.
+        self.bad_announcers = BanList(self.dir / "bad-announcers.json")
+        self.fetch_budget_s = OUTER_FETCH_BUDGET_S
+        self.fetch_per_sender_s = OUTER_FETCH_PER_SENDER_S
+        self._fetching: set[tuple[int, int]] = set()  # background fetches running
+        self._fetch_spent: dict[tuple[int, int], float] = {}  # seconds, per (job, round)
+        self._fetched: dict[tuple[int, int], OuterState] = {}  # checked, not yet taken
+        self._claiming: int | None = None  # the job whose slot claim runs in the background
+        self._inputs_retry: dict[int, tuple[int, float]] = {}  # job -> (failures, retry at)
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
         self._outer_jury_params: OuterJuryParamsView | None = None
@@ -136,26 +159,38 @@ class CollabFollower:
     async def inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
         """The job's collaborative spec and dataset, fetched over libp2p by their
         on-chain hashes (the store checks the bytes; the spec must be canonical)."""
+        if cid not in self._specs:
+            try:
+                self._specs[cid] = await self._fetch_inputs(cid)
+            except PeerUnavailable:
+                n = self._inputs_retry.get(cid, (0, 0.0))[0] + 1
+                wait = INPUTS_RETRY_S[min(n, len(INPUTS_RETRY_S)) - 1]
+                self._inputs_retry[cid] = (n, time.monotonic() + wait)
+                log.info("collab_inputs_unreachable", job=cid, failures=n, retry_in_s=wait)
+                raise
+            self._inputs_retry.pop(cid, None)
+        return self._specs[cid]
+
+    async def _fetch_inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
+        """``inputs`` itself: PeerUnavailable while the submitter does not serve them."""
         from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
 
-        if cid not in self._specs:
-            c = self.rt.chain_client
-            job = await self.rt.chain(c.collab.get_collab, cid)
-            path = await self.rt.fetch(job.spec_hash.hex(), (job.submitter,),
-                                       expected_size=MAX_SPEC_BYTES)
-            spec = parse_collaborative_spec_json(path.read_bytes())
-            if spec.spec_hash() != job.spec_hash:
-                raise SpecError("the served collaborative spec is not in canonical form",
-                                field="spec")
-            ds_path = await self.rt.fetch(job.dataset_hash.hex(), (job.submitter,))
-            ds = await trio.to_thread.run_sync(load_dataset, ds_path, job.dataset_hash.hex())
-            if spec.init_weights is not None:
-                # theta_0's file is an input like the others: no probe, so no slot claim,
-                # before we hold it (a submitter withholding it reaps no slot bonds).
-                self._init_states[cid] = await self._fetch_init_weights(cid, spec,
-                                                                        job.submitter)
-            self._specs[cid] = (spec, ds)
-        return self._specs[cid]
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.collab.get_collab, cid)
+        path = await self.rt.fetch(job.spec_hash.hex(), (job.submitter,),
+                                   expected_size=MAX_SPEC_BYTES)
+        spec = parse_collaborative_spec_json(path.read_bytes())
+        if spec.spec_hash() != job.spec_hash:
+            raise SpecError("the served collaborative spec is not in canonical form",
+                            field="spec")
+        ds_path = await self.rt.fetch(job.dataset_hash.hex(), (job.submitter,))
+        ds = await trio.to_thread.run_sync(load_dataset, ds_path, job.dataset_hash.hex())
+        if spec.init_weights is not None:
+            # theta_0's file is an input like the others: no probe, so no slot claim,
+            # before we hold it (a submitter withholding it reaps no slot bonds).
+            self._init_states[cid] = await self._fetch_init_weights(cid, spec,
+                                                                    job.submitter)
+        return spec, ds
 
     async def _fetch_init_weights(self, cid: int, spec: CollaborativeSpec,
                                   submitter: str) -> OuterState:
@@ -194,9 +229,11 @@ class CollabFollower:
         if (cid, r) in self._outer:
             return self._outer[(cid, r)]
         spec, _ = await self.inputs(cid)
-        state = await trio.to_thread.run_sync(self._load_cached, cid, r)
+        state = await trio.to_thread.run_sync(self._load_cached, cid, r, spec)
         if state is None and r > 0:
-            state = await self._fetch_announced(cid, r)
+            state = self._fetched.pop((cid, r), None)
+            if state is None:
+                self._start_fetch(cid, r)  # in the background; recomputing meanwhile
         if state is None:
             if r == 0:
                 job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
@@ -214,6 +251,7 @@ class CollabFollower:
                     return None
             await trio.to_thread.run_sync(self._save, cid, r, state)
         self._outer[(cid, r)] = state
+        self._fetched.pop((cid, r), None)  # a fetch that finished after we recomputed
         return state
 
     async def _recompute(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
@@ -244,42 +282,77 @@ class CollabFollower:
                  outer_hash=(await _outer_hash(state)).hex())
         return state
 
-    async def _fetch_announced(self, cid: int, r: int) -> OuterState | None:
-        """theta_r from a peer's ``outer_state`` announcement, used only if its outer
-        hash is the one the CollabMarket accepted for round r - 1 (a joiner or a
-        restarted worker need not recompute every round since the first)."""
-        from node.train.layout import max_file_bytes  # noqa: PLC0415
+    def _hints(self, cid: int, r: int) -> list[tuple[str, str]]:
+        """(sender, artifact) announced for theta_r, banned senders left out."""
+        accounts = self.rt.peer_accounts
+        return [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
+                if not self.bad_announcers.banned(s, accounts.get(s))]
 
-        hints = [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
-                 if s not in self._bad_announcers]
-        if not hints:
-            return None
-        c = self.rt.chain_client
-        rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
-        if not rnd.accepted:
-            return None
-        spec, _ = await self.inputs(cid)
-        for sender, aid in hints:
-            try:
-                path = await self.rt.fetch(aid, expected_size=max_file_bytes(spec.inner),
-                                           timeout=30)
-                state = await trio.to_thread.run_sync(load_outer_file, path, r)
-            except (PolnetError, OSError, ValueError) as exc:
-                log.warning("collab_outer_fetch_failed", job=cid, round=r, error=str(exc),
-                            sender=sender)
-                state = None
-            if state is not None and await _outer_hash(state) == rnd.outer_hash:
+    def _start_fetch(self, cid: int, r: int) -> None:
+        """Fetch an announced theta_r in the background (the next ``outer_state`` takes
+        it), unless one runs, the (job, round)'s budget is spent or no sender is left."""
+        key = (cid, r)
+        if key in self._fetching or self._fetch_spent.get(key, 0.0) >= self.fetch_budget_s \
+                or not self._hints(cid, r):
+            return
+        nursery = self.rt.p2p.nursery
+        assert nursery is not None, "runtime not entered"
+        self._fetching.add(key)
+        nursery.start_soon(self._fetch_announced, cid, r)
+
+    async def _fetch_announced(self, cid: int, r: int) -> None:
+        """theta_r from peers' ``outer_state`` announcements, kept only if its outer hash
+        is the one the CollabMarket accepted for round r - 1 (a joiner or a restarted
+        worker need not recompute every round since the first). A task of its own:
+        nothing may escape it (it runs in the node's nursery)."""
+        key = (cid, r)
+        try:
+            c = self.rt.chain_client
+            rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
+            if not rnd.accepted or key in self._outer:
+                return
+            spec, _ = await self.inputs(cid)
+            for sender, aid in self._hints(cid, r):
+                left = self.fetch_budget_s - self._fetch_spent.get(key, 0.0)
+                if left <= 0:
+                    log.info("collab_outer_fetch_budget_spent", job=cid, round=r)
+                    return
+                t0 = trio.current_time()
+                try:
+                    with trio.fail_after(min(left, self.fetch_per_sender_s)):
+                        state = await self._fetch_one(aid, r, spec)
+                    if await _outer_hash(state) != rnd.outer_hash:
+                        raise IntegrityError(f"outer state {aid} is not the accepted theta_{r}")
+                except (PolnetError, OSError, trio.TooSlowError) as exc:
+                    # Charged to the sender, on disk: a sender that served nothing usable,
+                    # slowly or wrongly, never costs this node a download again.
+                    reason = f"{type(exc).__name__}: {exc}"
+                    log.warning("collab_outer_announcement_bad", job=cid, round=r,
+                                artifact=aid, sender=sender, error=reason[:300])
+                    self.bad_announcers.ban(f"outer_state {cid}/{r}: {reason}", sender,
+                                            self.rt.peer_accounts.get(sender))
+                    continue
+                finally:
+                    self._fetch_spent[key] = self._fetch_spent.get(key, 0.0) \
+                        + trio.current_time() - t0
                 log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
-                return state
-            if state is not None:
-                log.warning("collab_outer_announcement_wrong", job=cid, round=r,
-                            artifact=aid, sender=sender)
-            # Not tried again (bounded): a sender that served nothing usable, slowly or
-            # wrongly, must not cost every tick a download; recomputing is always there.
-            self._bad_announcers[sender] = None
-            while len(self._bad_announcers) > 1024:
-                self._bad_announcers.popitem(last=False)
-        return None
+                if key not in self._outer:  # not recomputed meanwhile
+                    self._fetched[key] = state
+                return
+        except Exception as exc:  # the next tick tries again or recomputes
+            log.exception("collab_outer_fetch_failed", job=cid, round=r, error=repr(exc))
+        finally:
+            self._fetching.discard(key)
+
+    async def _fetch_one(self, aid: str, r: int, spec: CollaborativeSpec) -> OuterState:
+        from node.train.outer_file import max_file_bytes  # noqa: PLC0415
+
+        path = await self.rt.fetch(aid, expected_size=max_file_bytes(spec),
+                                   timeout=self.fetch_per_sender_s)
+        state = await trio.to_thread.run_sync(load_outer_file, path, r, spec)
+        if state is None:
+            raise CheckpointError(f"outer state {aid} vanished from the store")
+        return state
 
     async def announce(self) -> None:
         """Serve the newest accepted outer state of every live job we follow."""
@@ -312,10 +385,10 @@ class CollabFollower:
         tensors = {k: v.contiguous() for k, v in outer_tensors(state).items()}
         atomic_write(path, save(tensors))
 
-    def _load_cached(self, cid: int, r: int) -> OuterState | None:
+    def _load_cached(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
         path = self._path(cid, r)
         try:
-            return load_outer_file(path, r)
+            return load_outer_file(path, r, spec)
         except Exception as exc:  # noqa: BLE001 - a damaged cache is recomputed, not fatal
             log.warning("collab_outer_cache_unusable", path=str(path), error=str(exc))
             path.unlink(missing_ok=True)
@@ -371,26 +444,57 @@ class CollabFollower:
                 await self.announce()
             except (PolnetError, OSError) as exc:
                 log.warning("collab_announce_failed", error=str(exc))
+        jobs: list[tuple[int, Any]] = []
+        now = time.monotonic()
         for cid in range(1, n + 1):
-            if cid in self._bad or cid in self._over:
+            if cid in self._bad or cid in self._over \
+                    or self._inputs_retry.get(cid, (0, 0.0))[1] > now:
                 continue
-            try:
-                await self._follow(cid)
-            except (PolnetError, OSError) as exc:  # one job must not stall the others
-                log.warning("collab_follow_failed", job=cid, error=str(exc))
-                if isinstance(exc, SpecError):
-                    self._bad.add(cid)
+            job = await self._contained(cid, self._live_job, cid)
+            if job is not None:
+                jobs.append((cid, job))
+        # Slot claims start first, in the background (a probe takes up to minutes; a
+        # restarted worker must re-claim within the outer window). Then outer moves
+        # (post, challenge, jury votes and reveals, resolve): their windows run on the
+        # chain's clock (issue 37). Then what may wait: round starts, settlements.
+        for cid, job in jobs:
+            if self.want_slots and job.phase in (IDLE, OUTER) and self._claiming is None:
+                self._claiming = cid
+                nursery = self.rt.p2p.nursery
+                assert nursery is not None, "runtime not entered"
+                nursery.start_soon(self._claim_in_background, cid, job)
+        for cid, job in jobs:
+            if job.phase == OUTER:
+                await self._contained(cid, self._outer_moves, cid, job.round)
+        for cid, job in jobs:
+            if cid not in self._bad:
+                await self._contained(cid, self._follow, cid, job)
 
-    async def _follow(self, cid: int) -> None:
-        rt, c = self.rt, self.rt.chain_client
-        job = await rt.chain(c.collab.get_collab, cid)
+    async def _contained(self, cid: int, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` for job ``cid``; a failure is logged and stays that job's (a
+        SpecError marks the job unusable). None on failure."""
+        try:
+            return await fn(*args)
+        except (PolnetError, OSError) as exc:  # one job must not stall the others
+            log.warning("collab_follow_failed", job=cid, error=str(exc))
+            if isinstance(exc, SpecError):
+                self._bad.add(cid)
+        except Exception as exc:  # a bug or an input no check caught: logged whole,
+            # and still one job's: the tick goes on to the others
+            log.exception("collab_follow_crashed", job=cid, error=repr(exc))
+        return None
+
+    async def _live_job(self, cid: int) -> Any:
+        """The job's chain view, or None when there is nothing to do for it."""
+        job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
         if job.status in (FINISHED, FAILED):
             self._over.add(cid)  # final: the tick reads it no more (a hot-path read saved)
-            return
-        if job.status == 0:
-            return
-        if self.want_slots and job.phase in (IDLE, OUTER):
-            await self._maybe_claim_slots(cid, job)
+            return None
+        return None if job.status == 0 else job
+
+    async def _follow(self, cid: int, job: Any) -> None:
+        """Round starts and settlements (the tick makes claims and outer moves first)."""
+        rt, c = self.rt, self.rt.chain_client
         r = job.round
         if job.phase == IDLE:
             if r == 0 and job.retries == 0 and not await self._join_window_over(cid):
@@ -401,8 +505,13 @@ class CollabFollower:
             rnd = await rt.chain(c.collab.get_round, cid, r)
             if await self._round_may_settle(rnd):
                 await rt.transact_ok(c.collab.settle_round, cid, benign=SETTLE_BENIGN)
-            return
-        await self._outer_moves(cid, r)
+
+    async def _claim_in_background(self, cid: int, job: Any) -> None:
+        """Slot claims, one job at a time: a task of its own, nothing escapes it."""
+        try:
+            await self._contained(cid, self._maybe_claim_slots, cid, job)
+        finally:
+            self._claiming = None
 
     async def _join_window_over(self, cid: int) -> bool:
         """Round 0 waits for every slot to be taken, or JOIN_GRACE_S after we first saw
@@ -651,18 +760,9 @@ async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
     return await rt.transact_ok(c.market.finalize, jid, benign=benign)
 
 
-def load_outer_file(path: Path, r: int) -> OuterState | None:
-    """An outer state cached by a follower (None if there is no file; CheckpointError
-    if it is not round ``r``'s)."""
-    from safetensors.torch import load_file  # noqa: PLC0415
+def load_outer_file(path: Path, r: int, spec: CollaborativeSpec) -> OuterState | None:
+    """An outer state file, ours or a peer's (None if there is no file; CheckpointError
+    if it is not a well-formed round-``r`` state of ``spec``: node.train.outer_file)."""
+    from node.train.outer_file import read_outer_file  # noqa: PLC0415 - torch is heavy
 
-    from node.train.diloco import OuterState  # noqa: PLC0415
-
-    if not path.is_file():
-        return None
-    t = load_file(str(path))
-    theta = {k.removeprefix("theta."): v for k, v in t.items() if k.startswith("theta.")}
-    mom = {k.removeprefix("momentum."): v for k, v in t.items() if k.startswith("momentum.")}
-    if int(t["meta.round"]) != r:
-        raise CheckpointError(f"{path} holds round {int(t['meta.round'])}, not {r}")
-    return OuterState(r, theta, mom, tuple(int(s) for s in t["meta.slots"].tolist()))
+    return read_outer_file(path, r, spec)

@@ -129,4 +129,6 @@ class CollabProgress:
             return await self.tick()
         except (PolnetError, OSError, ValueError) as exc:
             log.warning("collab_progress_failed", job=self.cid, error=str(exc))
-            return await self.rt.chain(self.rt.chain_client.collab.get_collab, self.cid)
+        except Exception as exc:  # a bug or an unchecked input: logged whole, not fatal
+            log.exception("collab_progress_crashed", job=self.cid, error=repr(exc))
+        return await self.rt.chain(self.rt.chain_client.collab.get_collab, self.cid)

@@ -97,6 +97,10 @@ class RegistryView:
         return [(n.peer_id, n.multiaddrs) for addr, n in self.nodes.items()
                 if addr != exclude.lower()]
 
+    def accounts(self) -> dict[str, str]:
+        """Peer id -> account (lower case) of every registered node, latest wins."""
+        return {n.peer_id: addr for addr, n in self.nodes.items()}
+
     def staked(self) -> set[str]:
         """Peer ids of registered nodes holding at least the minimum stake."""
         bar = self.min_stake or 0

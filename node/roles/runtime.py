@@ -146,6 +146,9 @@ class Runtime:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.book = AnnouncementBook()
         self.registered_peers: set[str] = set()
+        # peer id -> the account that registered it (any registration, latest or not):
+        # a ban charged to a peer reaches its account (node.roles.bans)
+        self.peer_accounts: dict[str, str] = {}
         self.metrics = Metrics.create()
         self._settled: set[int] = set()
         self._chain: ChainClient | None = None
@@ -219,6 +222,8 @@ class Runtime:
                 await self.chain(view.refresh)
                 peers = view.peers(exclude=self.address)
                 self.registered_peers = view.staked() | {me}
+                # who announced: a ban on a bad sender holds its account too (collab)
+                self.peer_accounts = view.accounts()
                 self.p2p.set_staked(self.registered_peers)
                 self.p2p.set_seats(view.seats())
                 fresh = [(p, a) for p, a in peers if (p, tuple(a)) not in known]

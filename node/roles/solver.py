@@ -54,6 +54,7 @@ from node.roles.solver_machine import (
     SolverPhase,
     Timeout,
     Train,
+    Wait,
     Withdraw,
     decide_candidate,
     decide_dispute,
@@ -175,6 +176,17 @@ class Solver:
         Returns what was decided: ("job" | "candidate" | "dispute", id, action)."""
         taken: list[tuple[str, int, object]] = []
         withdraw = False
+        # Dispute moves first, before anything else this role does (issue 37): a live
+        # dispute clock never waits on collaborative follow-up, our jobs or candidates.
+        # Each is a few chain reads and at most one transaction (mids: in the background).
+        for did in list(self.state.data.disputes):
+            try:
+                act2 = await self._dispute_move(nursery, did)
+            except PolnetError as exc:  # one dispute's failure must not stall the others
+                log.warning("dispute_move_failed", dispute=did, error=str(exc))
+                continue
+            taken.append(("dispute", did, act2))
+            withdraw |= isinstance(act2, Withdraw)
         try:
             await self.collab.tick()
         except PolnetError as exc:
@@ -191,22 +203,25 @@ class Solver:
                     await serve_missing_leaves(self, nursery, jid)
                 except (PolnetError, OSError) as exc:  # one job's files must not stall
                     log.warning("leaves_not_served", job=jid, error=str(exc))
-        # A committed job still needs us (disputes), so it counts until it is paid.
+        # A committed job still needs us (disputes), so it counts until it is paid; one
+        # being considered counts too (its claim may land).
         active = sum(1 for r in self.state.data.jobs.values() if r.phase in ACTIVE)
         for jid in list(self.state.data.candidates):
-            full = active >= self.max_jobs
+            considering = sum(1 for k in self._busy if k.startswith("c"))
+            full = active + considering >= self.max_jobs
             if full and self._looked_over and jid not in self._reserved_ours:
                 continue
             # The first pass looks at every candidate even when full: one the chain gives
             # us already (claimed before a kill recorded it) is adopted, never left behind.
-            act = await self._candidate(jid, may_claim=not full)
+            try:
+                act = await self._candidate(nursery, jid, may_claim=not full
+                                            and considering == 0)
+            except PolnetError as exc:  # one job's input must not end the pass
+                log.warning("candidate_failed", job=jid, error=str(exc))
+                continue
             taken.append(("candidate", jid, act))
             if isinstance(act, Adopt):
                 active += 1
-        for did in list(self.state.data.disputes):
-            act2 = await self._dispute_move(nursery, did)
-            taken.append(("dispute", did, act2))
-            withdraw |= isinstance(act2, Withdraw)
         self._looked_over = True
         if withdraw:
             await self._withdraw()
@@ -279,9 +294,11 @@ class Solver:
             self.rt.metrics.jobs.labels(p.value).set(
                 sum(1 for r in self.state.data.jobs.values() if r.phase == p))
 
-    async def _candidate(self, jid: int, may_claim: bool = True) -> object:
+    async def _candidate(self, nursery: trio.Nursery, jid: int, may_claim: bool = True) -> object:
         """A posted or reopened job: adopt it if the chain says it is ours already,
-        else consider it (if ``may_claim``). Returns Adopt when it is on our books."""
+        else consider it (if ``may_claim``) in the background: fetching its inputs and
+        probing them takes minutes that no pass may wait for. Returns Adopt when it is
+        on our books."""
         c = self.rt.chain_client
         job = await self.rt.chain(c.market.get_job, jid)
         rec = self.state.data.jobs.get(jid)
@@ -294,9 +311,16 @@ class Solver:
         elif self.collab.is_sub_job(job):
             if await self._claim_sub_job(jid, job):  # our slot's: not bounded by max_jobs
                 return Adopt()
-        elif may_claim and await self._consider(jid, job):
-            return Adopt()
+        elif may_claim and f"c{jid}" not in self._busy:
+            self._busy.add(f"c{jid}")
+            nursery.start_soon(guarded, "_consider", self._consider_in_background, jid, job)
         return act
+
+    async def _consider_in_background(self, jid: int, job: Job) -> None:
+        try:
+            await self._consider(jid, job)
+        finally:
+            self._busy.discard(f"c{jid}")
 
     async def _claim_sub_job(self, jid: int, job: Job) -> bool:
         """A collaborative round's sub-job: ours only if reserved for us (our slot, whose
@@ -539,6 +563,11 @@ class Solver:
             block=await self.rt.chain(c.block_number) if d.phase == Phase.DRAWING else 0,
             credits=await self.rt.credits_owed() if d.phase == Phase.RESOLVED else 0)
         act = decide_dispute(view, busy=f"d{did}" in self._busy)
+        if isinstance(act, PostMids) and d.job_id not in self.state.data.jobs:
+            # Disputes come first in a pass; a job the chain gives us but our books lost
+            # is adopted later in the same pass, and its mids posted in the next one.
+            log.info("dispute_waits_for_adoption", dispute=did, job=d.job_id)
+            return Wait()
         if isinstance(act, Done):
             with self.state as st:
                 st.disputes.remove(did)

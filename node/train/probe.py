@@ -6,7 +6,9 @@ runs one warm-up and two timed steps of it in a child process (``python -m
 node.train.probe``) that sets its own address-space limit (``RLIMIT_AS``)
 before anything else and runs under a wall-clock timeout. An allocator error,
 a C-stack overflow in a decoder, the OOM killer or a hang then ends the child,
-never the daemon; the daemon reads a one-line JSON verdict or a signal.
+never the daemon; the daemon reads a one-line JSON verdict or a signal. The
+child inherits no key, password or ``POLNET_*`` setting and no descriptor beyond
+its three standard streams (node.childenv).
 
 In the child, in order: the spec (hash and canonical form), its estimated
 memory against the budget and its FLOPs against the time allowed (nothing
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node.childenv import child_env
 from node.errors import JobRejected, SpecError
 
 if TYPE_CHECKING:
@@ -203,9 +206,11 @@ async def probe_job(spec_path: Path, dataset_path: Path, spec_hash: str, dataset
     import trio  # noqa: PLC0415
 
     repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    # No key, no password, no POLNET_* setting (node.childenv): the child runs a
+    # stranger's spec and dataset.
+    env = child_env({"PYTHONPATH": os.pathsep.join(
         p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
-        "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": str(threads)}
+        "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": str(threads)})
     cmd = [sys.executable, "-m", "node.train.probe", str(spec_path), str(dataset_path),
            "--spec-hash", spec_hash, "--dataset-hash", dataset_hash,
            "--memory-mb", str(memory_mb), "--limit-mb", str(memory_mb + VIRTUAL_SLACK_MB),
@@ -214,7 +219,7 @@ async def probe_job(spec_path: Path, dataset_path: Path, spec_hash: str, dataset
     proc: Any = None
     with trio.move_on_after(timeout_s) as scope:
         proc = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True,
-                                      check=False, env=env, stdin=b"")
+                                      check=False, env=env, stdin=b"", close_fds=True)
     if scope.cancelled_caught or proc is None:
         raise JobRejected(f"the probe (build + {PROBE_STEPS} steps) did not finish in "
                           f"{timeout_s:.0f} s")
