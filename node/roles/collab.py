@@ -138,6 +138,7 @@ class CollabFollower:
         self._fetch_spent: dict[tuple[int, int], float] = {}  # seconds, per (job, round)
         self._fetched: dict[tuple[int, int], OuterState] = {}  # checked, not yet taken
         self._claiming: int | None = None  # the job whose slot claim runs in the background
+        self._last_claim = 0  # the job whose claim ran last: the next one takes its turn
         self._inputs_retry: dict[int, tuple[int, float]] = {}  # job -> (failures, retry at)
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
@@ -457,18 +458,27 @@ class CollabFollower:
         # restarted worker must re-claim within the outer window). Then outer moves
         # (post, challenge, jury votes and reveals, resolve): their windows run on the
         # chain's clock (issue 37). Then what may wait: round starts, settlements.
-        for cid, job in jobs:
-            if self.want_slots and job.phase in (IDLE, OUTER) and self._claiming is None:
-                self._claiming = cid
-                nursery = self.rt.p2p.nursery
-                assert nursery is not None, "runtime not entered"
-                nursery.start_soon(self._claim_in_background, cid, job)
+        self._start_claim(jobs)
         for cid, job in jobs:
             if job.phase == OUTER:
                 await self._contained(cid, self._outer_moves, cid, job.round)
         for cid, job in jobs:
             if cid not in self._bad:
                 await self._contained(cid, self._follow, cid, job)
+
+    def _start_claim(self, jobs: list[tuple[int, Any]]) -> None:
+        """Start one job's slot claim in the background unless one runs; the jobs take
+        turns (the one after the last tried), so none waits behind another."""
+        if not self.want_slots or self._claiming is not None:
+            return
+        open_ = [(cid, job) for cid, job in jobs if job.phase in (IDLE, OUTER)]
+        if not open_:
+            return
+        cid, job = next(((c, j) for c, j in open_ if c > self._last_claim), open_[0])
+        self._claiming = self._last_claim = cid
+        nursery = self.rt.p2p.nursery
+        assert nursery is not None, "runtime not entered"
+        nursery.start_soon(self._claim_in_background, cid, job)
 
     async def _contained(self, cid: int, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` for job ``cid``; a failure is logged and stays that job's (a
