@@ -222,8 +222,9 @@ class Runtime:
                 await self.chain(view.refresh)
                 peers = view.peers(exclude=self.address)
                 self.registered_peers = view.staked() | {me}
-                # who announced: a ban on a bad sender holds its account too (collab)
-                self.peer_accounts = view.accounts()
+                # who announced: a ban on a bad sender holds its account too (collab);
+                # updated, not replaced, so a node's earlier peer ids keep its account
+                self.peer_accounts.update(view.accounts())
                 self.p2p.set_staked(self.registered_peers)
                 self.p2p.set_seats(view.seats())
                 fresh = [(p, a) for p, a in peers if (p, tuple(a)) not in known]
