@@ -36,6 +36,7 @@ Public API::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -125,7 +126,7 @@ class _Rank:
     def _shard(self, plain: TrainState) -> TrainState:
         from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
         from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
-        from torch.distributed.tensor import distribute_tensor  # noqa: PLC0415
+        from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
 
         if self._mesh is None:
             self._mesh = init_device_mesh("cpu", (self.world,))
@@ -135,6 +136,7 @@ class _Rank:
         fresh = _fresh_optimizer_state(self.ctx, model)
         with torch.no_grad():
             for p, st in fresh.optimizer.state.items():
+                assert isinstance(p, DTensor)  # fully_shard made every parameter one
                 pname = fresh.param_names[id(p)]
                 for key in st:
                     full = full_optim[f"optim.{pname}.{key}"]
@@ -332,10 +334,8 @@ def rank_main(cfg: RankConfig) -> None:
 def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it just exited
                 os.killpg(p.pid, signal.SIGKILL)  # its session: the rank and anything it forked
-            except ProcessLookupError:
-                pass
     for p in procs:
         p.wait()
 
