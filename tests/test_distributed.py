@@ -15,6 +15,8 @@ import psutil
 import pytest
 
 from node.errors import TrainingError
+from node.roles.runtime import measure_profile
+from node.train.budget import estimate, estimate_world
 from node.train.dist_plan import check_world, rank_rows
 from node.train.distributed import launch
 from node.train.step import TrainContext
@@ -63,6 +65,30 @@ def test_plan_splits_the_batch_like_micro_batches() -> None:
         check_world(64, 3)
     with pytest.raises(TrainingError, match="outside"):
         rank_rows(64, 2, 2)
+
+
+def test_claims_count_every_rank(cache: Path) -> None:
+    spec = job("lm", cache).spec
+    one = estimate(spec).total_mb
+    # Data-parallel ranks each hold the whole state (and a runtime): a claim counts both.
+    assert estimate_world(spec, 1).total_mb == one
+    ddp = estimate_world(spec, 2)
+    assert ddp.other.weights_bytes == estimate(spec).weights_bytes and ddp.total_mb > one
+    # FSDP2 ranks hold a share of the state; rank 0 also gathers it at a leaf.
+    fsdp = estimate_world(spec, 4, "fsdp")
+    assert fsdp.other.weights_bytes * 4 >= estimate(spec).weights_bytes
+    assert fsdp.other.total_bytes < fsdp.rank0.total_bytes
+    profile = measure_profile(2)
+    assert profile["world_size"] == 2 and profile["aggregate_memory_mb"] > 0
+
+
+def test_solver_cli_takes_a_world_size() -> None:
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from node.cli.solver_cmd import app  # noqa: PLC0415
+
+    out = CliRunner().invoke(app, ["run", "--help"], terminal_width=200)
+    assert out.exit_code == 0 and "--world-size" in out.output and "--dist-mode" in out.output
 
 
 @pytest.mark.parallel
