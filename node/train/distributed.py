@@ -252,6 +252,7 @@ class _Leader(SegmentBehavior):
 
     def __init__(self, rank: _Rank) -> None:
         self.r = rank
+        self.train_seconds = 0.0  # inside the ranks' steps: the rest is recording
 
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
                     start_step: int, k: int) -> tuple[TrainState, float]:
@@ -264,7 +265,9 @@ class _Leader(SegmentBehavior):
                 r.live = state  # the trace writer hashes the live replicated state
         elif r.live is not None and r.live.step != start_step:
             raise TrainingError(f"rank 0 is at step {r.live.step}, segment starts {start_step}")
+        t0 = time.perf_counter()
         loss = r.segment(start_step, k)
+        self.train_seconds += time.perf_counter() - t0
         if r.cfg.mode == "ddp":
             assert r.live is not None
             return r.live, loss
@@ -320,8 +323,14 @@ def rank_main(cfg: RankConfig) -> None:
         r = _Rank(ctx, cfg)
         if cfg.rank == 0:
             leader = _Leader(r)
-            run_training(ctx, cfg.out_dir, cfg.job_id, leader, keep_every=cfg.keep_every)
+            t0 = time.perf_counter()
+            m = run_training(ctx, cfg.out_dir, cfg.job_id, leader, keep_every=cfg.keep_every)
             leader.stop()
+            # Where rank 0's time went (bench/distributed.py reads it): steps vs the rest.
+            timing = {"run_s": time.perf_counter() - t0, "train_s": leader.train_seconds,
+                      "segments": m.segment_count}
+            out = Path(cfg.out_dir)
+            (out.parent / f"{out.name}.ranks" / "timing.json").write_text(json.dumps(timing))
         else:
             _follow(r)
     finally:
