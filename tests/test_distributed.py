@@ -7,6 +7,8 @@ trace replays on one rank (issue 33)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -53,7 +55,7 @@ def _rank_processes(out: Path) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if "node.train.distributed" in cmd and str(out) in cmd:
+        if "-m node.train.distributed" in cmd and str(out) in cmd:
             found.append(p)
     return found
 
@@ -159,3 +161,26 @@ def test_fsdp2_sharded_job_replays_on_one_rank(cache: Path, tmp_path: Path) -> N
     # Rank 0 gathers each shard in turn for the checkpoint: the ordinary state hash.
     assert got.state_hashes == _reference(ctx, tmp_path).state_hashes
     assert _verdicts(ctx, tmp_path / "fsdp") == [True, True]
+
+
+@pytest.mark.parallel
+def test_ranks_die_with_a_killed_launcher(cache: Path, tmp_path: Path) -> None:
+    ctx = job("cnn", cache, k=K, total_steps=400)
+    spec, data, out = _spec_file(ctx, tmp_path), dataset_path("digits", cache), tmp_path / "dist"
+    code = ("import sys; from node.train.distributed import launch; "
+            "launch(sys.argv[1], sys.argv[2], sys.argv[3], job_id=1, world_size=2)")
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(spec), str(data), str(out)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / checkpoint_name(K)).exists() and launcher.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ranks = _rank_processes(out)
+        assert launcher.poll() is None and len(ranks) == 2
+        launcher.kill()  # SIGKILL: no cleanup code of the launcher runs
+        launcher.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert alive == [] and _rank_processes(out) == []
+    finally:
+        launcher.kill()
+        launcher.wait()

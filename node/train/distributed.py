@@ -296,7 +296,9 @@ def _follow(r: _Rank) -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """Linux: the kernel kills this rank when the launcher's thread group goes."""
+    """Linux: the kernel kills this rank when the thread that started it ends; that
+    thread waits in ``launch`` until every rank is dead, so only its death (the
+    launcher killed) fires this."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
