@@ -253,6 +253,7 @@ class _Leader(SegmentBehavior):
     def __init__(self, rank: _Rank) -> None:
         self.r = rank
         self.train_seconds = 0.0  # inside the ranks' steps: the rest is recording
+        self.sync_seconds = 0.0   # the one state broadcast of a run
 
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
                     start_step: int, k: int) -> tuple[TrainState, float]:
@@ -260,7 +261,9 @@ class _Leader(SegmentBehavior):
         first = r.live is None
         dist.broadcast(torch.tensor([1, start_step, int(first)], dtype=torch.int64), src=0)
         if first:
+            t0 = time.perf_counter()
             r.sync_from(state_tensors(state), start_step)
+            self.sync_seconds = time.perf_counter() - t0
             if r.cfg.mode == "ddp":
                 r.live = state  # the trace writer hashes the live replicated state
         elif r.live is not None and r.live.step != start_step:
@@ -330,7 +333,7 @@ def rank_main(cfg: RankConfig) -> None:
             leader.stop()
             # Where rank 0's time went (bench/distributed.py reads it): steps vs the rest.
             timing = {"run_s": time.perf_counter() - t0, "train_s": leader.train_seconds,
-                      "segments": m.segment_count}
+                      "sync_s": leader.sync_seconds, "segments": m.segment_count}
             out = Path(cfg.out_dir)
             (out.parent / f"{out.name}.ranks" / "timing.json").write_text(json.dumps(timing))
         else:
