@@ -16,13 +16,19 @@ from pathlib import Path
 import psutil
 import pytest
 
-from node.errors import TrainingError
+from node.errors import CheckpointError, TrainingError
 from node.roles.runtime import measure_profile
 from node.train.budget import estimate, estimate_world
 from node.train.dist_plan import check_world, rank_rows
 from node.train.distributed import launch
 from node.train.step import TrainContext
-from node.train.trace import TraceManifest, checkpoint_name, run_training
+from node.train.trace import (
+    TraceManifest,
+    checkpoint_name,
+    read_manifest,
+    regenerate_many,
+    run_training,
+)
 from verifier.jobs import dataset_path, job
 from verifier.replay import verify_trace_segment
 
@@ -184,3 +190,19 @@ def test_ranks_die_with_a_killed_launcher(cache: Path, tmp_path: Path) -> None:
     finally:
         launcher.kill()
         launcher.wait()
+
+
+@pytest.mark.parallel
+def test_a_sparse_distributed_trace_regenerates_on_one_process(cache: Path,
+                                                                tmp_path: Path) -> None:
+    """A leaf the ranks did not keep is rebuilt by the solver's daemon (one process) for
+    a dispute or a verifier: with micro_batches = 2 it hashes to the 2-rank leaf."""
+    ctx = job("cnn", cache, k=K, total_steps=3 * K)
+    out = tmp_path / "dist"
+    launch(_spec_file(ctx, tmp_path), dataset_path("digits", cache), out, job_id=1,
+           world_size=2, keep_every=2)
+    assert [c.step for c in read_manifest(out).checkpoints] == [0, 2 * K, 3 * K]
+    two = TrainContext.create(ctx.spec, ctx.dataset, micro_batches=2)
+    regenerate_many(two, out, [K, K + 2])  # raises unless leaf K hashes as committed
+    with pytest.raises(CheckpointError, match="does not reproduce"):
+        regenerate_many(ctx, out, [K])  # hence the solver's micro-batched context

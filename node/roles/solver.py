@@ -430,6 +430,8 @@ class Solver:
             return False
         job = claimed
         keep = await keep_every_for(rt, jid, job, probe.per_step_s)
+        if self.world_size > 2:  # > 2 ranks sum in an order one process cannot replay
+            keep = 1             # bitwise: keep every leaf, regenerate none
         self._adopt(jid, job, "job_claimed", keep_every=keep)
         log.info("job_claim_terms", job=jid, bond_pol=wei_to_pol(job.bond), deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
@@ -491,8 +493,13 @@ class Solver:
             rec = self.state.data.jobs[jid]
             spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(rec.spec),
                                                    bytes.fromhex(rec.dataset))
+            # A distributed trace is regenerated here (dispute points, leaves not kept) by
+            # one process: micro-batches like the ranks' split make 2 ranks bitwise equal.
+            micro = self.world_size if self.world_size > 1 \
+                and spec.batch_size % self.world_size == 0 else 1
             self._contexts[jid] = await trio.to_thread.run_sync(functools.partial(
-                TrainContext.create, spec, dataset, threads=self.rt.settings.threads))
+                TrainContext.create, spec, dataset, threads=self.rt.settings.threads,
+                micro_batches=micro))
         return self._contexts[jid]
 
     async def _train_and_commit(self, jid: int) -> None:
