@@ -343,11 +343,11 @@ class Runtime:
                 await trio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def ensure_registered(self, roles: int, stake: int) -> None:
+    async def ensure_registered(self, roles: int, stake: int, world_size: int = 1) -> None:
         """Register (with a measured capability profile) and top the stake up to
         ``stake``; a node error on the way is retried (:meth:`start_step`): each try
         re-reads the registry, so a registration that landed unanswered is not repeated."""
-        profile = json.dumps({**await trio.to_thread.run_sync(measure_profile),
+        profile = json.dumps({**await trio.to_thread.run_sync(measure_profile, world_size),
                               "name": self.settings.name}, sort_keys=True)
         await self.start_step("register", lambda: self._register(roles, stake, profile))
         await self.start_step("stake metrics", self.refresh_stake_metrics)
@@ -513,8 +513,11 @@ async def guarded(what: str, fn: Callable[..., Any], *args: Any) -> None:
         log.exception("task_failed", task=what, error=repr(exc))
 
 
-def measure_profile() -> dict[str, Any]:
-    """Capability profile published in the registry: device, memory, throughput."""
+def measure_profile(world_size: int = 1) -> dict[str, Any]:
+    """Capability profile published in the registry: device, memory, throughput, and
+    the ranks a job gets (``world_size``, node.train.distributed) with the memory they
+    share (CPU ranks on one machine: its memory; the claim check compares a job's
+    all-rank estimate with it)."""
     import torch  # noqa: PLC0415
 
     mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
@@ -525,7 +528,8 @@ def measure_profile() -> dict[str, Any]:
     dt = time.perf_counter() - t0
     gflops = 20 * 2 * 256**3 / dt / 1e9
     return {"device": "cpu", "threads": torch.get_num_threads(), "memory_mb": int(mem_mb),
-            "matmul_gflops": round(gflops, 2)}
+            "matmul_gflops": round(gflops, 2), "world_size": world_size,
+            "aggregate_memory_mb": int(mem_mb)}
 
 
 def node_info(home: Path, name: str) -> dict[str, Any]:
