@@ -67,7 +67,7 @@ def play(c: LocalChain) -> dict[str, Any]:
         c.extra(i, 200 * TOKEN)
     honest = [c.join(i, VERIFIER, 200 * TOKEN) for i in (3, 4, 5, 6, 7, *range(10, 16))]
     griefers = [c.join(i, VERIFIER, minimum) for i in (8, 9, 0)]
-    everyone = {x.address: x for x in [*honest, *griefers]}
+    everyone: dict[str, ChainClient] = {x.address: x for x in [*honest, *griefers]}
     solver0 = worth(c, solver)
     griefers0 = sum(worth(c, x) for x in griefers)
     burned0 = g.total_burned() + m.total_burned()
@@ -97,8 +97,8 @@ def play(c: LocalChain) -> dict[str, Any]:
         if ts > now:
             c.advance(ts - now)
 
-    a = challenge(griefers[0], 0)  # A: keeps the round open on its clock
-    solver_moves(a)
+    first = challenge(griefers[0], 0)  # A: keeps the round open on its clock
+    solver_moves(first)
     at(horizon - 2)
     av = griefers[1].availability
     griefers[1].token.ensure_allowance(av.address, ap.bond)
@@ -132,8 +132,8 @@ def play(c: LocalChain) -> dict[str, Any]:
     at(d.reveal_end)
     solver.dispute.resolve(last)
     # A's clock ran out during C's game: the solver times it out (a loss for A)
-    at(c.timestamp() + g.get_dispute(a).challenger_clock_left)
-    solver.dispute.timeout(a)
+    at(c.timestamp() + g.get_dispute(first).challenger_clock_left)
+    solver.dispute.timeout(first)
     at(max(m.get_job(job).window_end, c.timestamp() + 1))
     r = solver.market.finalize(job)
     assert m.get_job(job).status == JobStatus.FINALIZED

@@ -84,7 +84,7 @@ def attest_all(net: Net, job: int) -> None:
     """Every committee seat attests (griefers drawn too: the round has its majority)."""
     net.chain.mine(3)
     net.honest[0].market.fix_seed(job)
-    by = {c.address: c for c in [*net.honest, *net.griefers]}
+    by: dict[str, ChainClient] = {c.address: c for c in [*net.honest, *net.griefers]}
     for a in net.chain.reader.market.committee_of(job):
         by[a].market.attest(job)
 
@@ -169,7 +169,7 @@ def test_chained_griefing_is_bounded_and_pays_the_solver(net: Net) -> None:
 
 
 def vote(net: Net, did: int, valid_of: dict[str, bool]) -> None:
-    by = {x.address: x for x in [*net.honest, *net.griefers]}
+    by: dict[str, ChainClient] = {x.address: x for x in [*net.honest, *net.griefers]}
     for a, v in valid_of.items():
         by[a].dispute.commit_vote(did, v, keccak(a.encode()))
     d = net.chain.reader.dispute.get_dispute(did)
