@@ -66,13 +66,13 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         // Open while the round could still be paid without evidence being asked for: the
         // window, a live dispute or request, or no attestation majority (then it never closes,
         // so a round its committee would not vouch for can always be forced to show its data).
-        bool quorum = _quorum(jobId, j);
-        if (block.timestamp >= j.windowEnd && j.openDisputes == 0 && quorum) revert RequestsClosed(jobId);
         // INVARIANT: delay is bounded: past the horizon a request can only ask for what the
         // round needs to be paid at all (a sampled segment, no attesting majority); the solver
-        // that publishes its sample leaves nothing to ask.
-        if (block.timestamp >= j.committedAt + _horizon && (quorum || !_sampled(jobId, segment))) {
-            revert RequestsClosed(jobId);
+        // that publishes its sample leaves nothing to ask. (The committee is read only when
+        // it matters: an external call.)
+        bool late = block.timestamp >= j.committedAt + _horizon;
+        if (late || (block.timestamp >= j.windowEnd && j.openDisputes == 0)) {
+            if (_quorum(jobId, j) || (late && !_sampled(jobId, segment))) revert RequestsClosed(jobId);
         }
         requestId = ++requestCount;
         uint64 deadline = uint64(block.timestamp + _answerWindow);
