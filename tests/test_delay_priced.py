@@ -163,7 +163,11 @@ def test_chained_griefing_is_bounded_and_pays_the_solver(net: Net) -> None:
     assert expect_revert(net.honest[1].dispute.settle_delay, job, 1).error == \
         "NoDelayCompensation"
     assert net.worth(net.solver) - solver_before == REWARD + held
-    assert griefers_before - sum(net.worth(x) for x in net.griefers) == len(chain_ids) * cb
+    # the griefers lost their bonds, less what any of them earned on the committee
+    per_seat = BUDGET // m.market_params().attestors_per_job
+    seated = sum(a in {x.address for x in net.griefers} for a in m.committee_of(job))
+    assert griefers_before - sum(net.worth(x) for x in net.griefers) == \
+        len(chain_ids) * cb - seated * per_seat
     held_tokens, owed = c.conservation()
     assert held_tokens == owed
 
@@ -257,5 +261,26 @@ def test_requests_close_at_the_horizon_unless_the_round_lacks_evidence(net: Net)
     c.advance(c.reader.dispute.get_dispute(pid).challenger_clock_left + 1)
     net.honest[0].dispute.timeout(pid)
     assert expect_revert(net.honest[0].dispute.settle_delay, job, 1).error == "RoundNotSettled"
+    held_tokens, owed = c.conservation()
+    assert held_tokens == owed
+
+
+def test_past_the_horizon_only_the_missing_sample_can_be_asked_for(net: Net) -> None:
+    """A round nobody vouched for stays open to requests (it must be able to show its
+    data or be condemned), but past the horizon only on a sampled segment not yet on
+    chain: before, any of its S segments could be asked for, one after another, each
+    holding the round another answer window and grace."""
+    c = net.chain
+    m = c.reader.market
+    W = m.market_params().verification_window
+    job, leaves, tree = commit(net)
+    c.mine(3)
+    net.honest[0].market.fix_seed(job)  # a committee is drawn, nobody attests
+    sampled = m.sampled_segments(job)
+    other = next(s for s in range(SEGMENTS) if s not in sampled)
+    c.advance(m.get_job(job).committed_at + HORIZON_WINDOWS * W - c.timestamp() + 1)
+    assert expect_revert(request, net.griefers[0], job, other).error == "RequestsClosed"
+    request(net.griefers[0], job, sampled[0])  # what the round needs to be paid at all
+    assert m.get_job(job).open_disputes == 1
     held_tokens, owed = c.conservation()
     assert held_tokens == owed
