@@ -542,6 +542,17 @@ class Dispute(Bound):
     def total_burned(self) -> int:
         return int(self.call("totalBurned"))
 
+    def settle_delay(self, job_id: int, round_: int) -> TxReceipt:
+        """Anyone, once the round settled: its held delay compensation to its solver (the
+        round was paid) or to the burn address (condemned)."""
+        return self.transact("settleDelay", job_id, round_)
+
+    def delay_held(self, job_id: int, round_: int) -> int:
+        return int(self.call("delayHeld", job_id, round_))
+
+    def total_delay_held(self) -> int:
+        return int(self.call("totalDelayHeld"))
+
     def withdraw(self) -> int:
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
 

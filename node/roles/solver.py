@@ -73,6 +73,8 @@ CLAIM_BENIGN = errors("InvalidStatus")  # another solver claimed it first
 COMMIT_BENIGN = errors("InvalidStatus")  # our commit already landed (a lost receipt, a restart)
 # NoEvidence: no attesting majority yet; the solver publishes its sample, then it pays.
 FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen", "NoEvidence")
+# someone else settled the round's held delay compensation first (it is ours either way)
+DELAY_BENIGN = errors("NoDelayCompensation", "RoundNotSettled")
 DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
 TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
 MOVE_BENIGN = errors("NotYourTurn", "WrongPhase")
@@ -288,9 +290,23 @@ class Solver:
                 log.warning("leaves_not_published", job=jid, error=str(exc))
         elif isinstance(act, Finalize):
             await finalize_job(self.rt, self.collab, jid, FINALIZE_BENIGN)
+            await self._settle_delay(jid)
+        elif isinstance(act, Withdraw):
+            await self._settle_delay(jid)
         elif isinstance(act, Done):
             self._settled.add(jid)
         return isinstance(act, Withdraw)
+
+    async def _settle_delay(self, jid: int) -> None:
+        """Our round was paid: collect the halves of the griefers' lost challenge bonds the
+        game held for it (issue 30, delay is priced), so the next withdraw takes them."""
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.market.get_job, jid)
+        if job.status != JobStatus.FINALIZED or job.solver.lower() != self.rt.address.lower():
+            return
+        if await self.rt.chain(c.dispute.delay_held, jid, job.round):
+            await self.rt.transact_ok(c.dispute.settle_delay, jid, job.round,
+                                      benign=DELAY_BENIGN)
 
     def _record_phase(self, jid: int, phase: SolverPhase) -> None:
         if self.state.data.jobs[jid].phase == phase:
