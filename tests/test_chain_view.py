@@ -1,0 +1,125 @@
+"""The chain view (node/chain/view.py) on a real anvil: it follows jobs and disputes
+created in new blocks with a fixed number of requests per block (counted by the
+throttling proxy of devnet/rpcproxy.py, with no throttling), costs one request per
+update while no block arrives, and rebuilds when the chain it saw is reverted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from devnet.anvil import AnvilProcess
+from devnet.rpcproxy import RpcProxy
+from devnet.testing import LocalChain
+from node.chain.client import ChainClient
+from node.chain.contracts import JobStatus, Phase
+from node.chain.view import ChainView
+from tests.test_dispute_game import CHAL, CHAL2, challenge, deploy_game, new_job
+from tests.test_dispute_game import PARAMS as GAME_PARAMS
+
+PARAMS = GAME_PARAMS
+
+
+@pytest.fixture(scope="module")
+def vchain(anvil: AnvilProcess) -> LocalChain:
+    return deploy_game(anvil, PARAMS)
+
+
+@pytest.fixture
+def c(vchain: LocalChain) -> Iterator[LocalChain]:
+    snap = vchain.snapshot()
+    try:
+        yield vchain
+    finally:
+        vchain.revert(snap)
+
+
+@pytest.fixture
+def proxy(vchain: LocalChain) -> Iterator[RpcProxy]:
+    p = RpcProxy(vchain.url).start()
+    yield p
+    p.stop()
+
+
+def _view(c: LocalChain, proxy: RpcProxy) -> ChainView:
+    return ChainView(ChainClient(proxy.url, None, c.deployment))
+
+
+def test_view_follows_new_jobs_and_disputes_one_batch_per_block(
+        c: LocalChain, proxy: RpcProxy) -> None:
+    view = _view(c, proxy)
+    first = view.update()
+    jobs_before = set(first.jobs)
+    # Idle: one eth_blockNumber per update, the same snapshot back.
+    n = proxy.counts["total"]
+    for _ in range(5):
+        assert view.update() is first
+    assert proxy.counts["total"] - n == 5
+    assert proxy.methods["eth_blockNumber"] >= 5
+
+    job = new_job(c)  # post, claim, commit, seed, attest: many blocks
+    snap = view.update()
+    assert snap.block > first.block
+    assert set(snap.jobs) - jobs_before == {job.id}
+    assert snap.jobs[job.id].status == JobStatus.COMMITTED
+    assert snap.jobs[job.id] == c.reader.market.get_job(job.id)
+    assert {e.event for e in snap.events} >= {"JobPosted", "ResultCommitted", "Attested"}
+
+    # One new block holding a dispute: blockNumber + one batch (reorg check, header,
+    # logs) + one batch of eth_calls, however many jobs are on chain.
+    did = challenge(c, job, CHAL)
+    n = proxy.counts["total"]
+    snap = view.update()
+    assert proxy.counts["total"] - n == 3
+    d = snap.disputes[did]
+    assert d == c.reader.dispute.get_dispute(did)  # range hashes from events included
+    assert d.phase == Phase.BISECTION and did in snap.live_disputes()
+    assert snap.jobs[job.id].open_disputes == 1
+
+    # Blocks with an unrelated event (approve, stake): the live dispute is re-read (its clocks move),
+    # still in the one batch.
+    c[CHAL2].stake(1)
+    n = proxy.counts["total"]
+    snap2 = view.update()
+    assert proxy.counts["total"] - n == 3
+    assert snap2.block > snap.block
+    assert snap2.timestamp >= snap.timestamp
+    assert snap2.disputes[did].challenger_clock_left <= d.challenger_clock_left
+    # The snapshot is frozen: roles cannot change what others read.
+    with pytest.raises(TypeError):
+        snap2.jobs[job.id] = snap2.jobs[job.id]  # type: ignore[index]
+
+
+def test_view_rebuilds_after_reorg(c: LocalChain, proxy: RpcProxy) -> None:
+    view = _view(c, proxy)
+    base = view.update()
+    snap_id = c.snapshot()
+    job = new_job(c, attest=False)
+    seen = view.update()
+    assert job.id in seen.jobs and seen.epoch == base.epoch
+    # The chain goes back and grows again past where the view was, on other blocks:
+    # the hash of the view's last block changed, so it rebuilds (new epoch) and the
+    # reverted job is gone.
+    c.revert(snap_id)
+    c[CHAL2].stake(1)
+    c.mine(seen.block - base.block + 2)
+    after = view.update()
+    assert after.block > seen.block
+    assert after.epoch == seen.epoch + 1
+    assert job.id not in after.jobs
+    assert set(after.jobs) == set(base.jobs)
+    assert any(e.event == "Staked" for e in after.events)  # a rebuild replays everything
+
+
+def test_view_rebuilds_when_chain_shrinks(c: LocalChain, proxy: RpcProxy) -> None:
+    view = _view(c, proxy)
+    snap_id = c.snapshot()
+    job = new_job(c, attest=False)
+    seen = view.update()
+    assert job.id in seen.jobs
+    c.revert(snap_id)  # the head is now below the view's block
+    after = view.update()
+    assert after.block < seen.block and after.epoch == seen.epoch + 1
+    assert job.id not in after.jobs
