@@ -78,8 +78,8 @@ def test_view_follows_new_jobs_and_disputes_one_batch_per_block(
     assert d.phase == Phase.BISECTION and did in snap.live_disputes()
     assert snap.jobs[job.id].open_disputes == 1
 
-    # Blocks with an unrelated event (approve, stake): the live dispute is re-read (its clocks move),
-    # still in the one batch.
+    # Blocks with unrelated events (approve, stake): the live dispute is re-read (its
+    # clocks move), still in the one batch.
     c[CHAL2].stake(1)
     n = proxy.counts["total"]
     snap2 = view.update()
