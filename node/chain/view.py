@@ -24,11 +24,12 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.datastructures import AttributeDict
+from web3.types import LogReceipt
 
 from node.chain.bound import Bound
 from node.chain.client import ChainClient
@@ -110,9 +111,9 @@ def touched(events: list[ChainEvent]) -> tuple[set[int], set[int], set[int]]:
     return jobs, disputes, collabs
 
 
-def _as_log(raw: dict[str, Any]) -> AttributeDict[str, Any]:
+def _as_log(raw: dict[str, Any]) -> LogReceipt:
     """A raw ``eth_getLogs`` entry (hex strings) in the shape web3 decodes."""
-    return AttributeDict({
+    return cast(LogReceipt, AttributeDict({
         "address": Web3.to_checksum_address(raw["address"]),
         "topics": [HexBytes(t) for t in raw["topics"]],
         "data": HexBytes(raw["data"]),
@@ -121,7 +122,7 @@ def _as_log(raw: dict[str, Any]) -> AttributeDict[str, Any]:
         "transactionHash": HexBytes(raw["transactionHash"]),
         "transactionIndex": int(raw["transactionIndex"], 16),
         "logIndex": int(raw["logIndex"], 16),
-    })
+    }))
 
 
 class ChainView:
