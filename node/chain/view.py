@@ -20,9 +20,11 @@ update (and a rebuild) reads everything since the deployment block, in chunks.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -41,7 +43,7 @@ from node.chain.contracts import (
     dispute_state,
     from_struct,
 )
-from node.chain.events import ChainEvent, EventWatcher
+from node.chain.events import ChainEvent, Cursor, EventWatcher
 from node.chain.rpc import endpoint_of, rpc_guard
 from node.errors import ChainError, ConfigError
 from node.logs import get_logger
@@ -153,6 +155,9 @@ class ChainView:
         self._epoch = 0
         self._state: _State | None = None
         self.snapshot: Snapshot | None = None
+        # Every event of the current epoch, in chain order: consumers that do not see
+        # every snapshot (an EventFeed) read what they missed from here.
+        self.log: list[ChainEvent] = []
         self.requests = 0  # HTTP requests this view made (a batch is one)
 
     # --- RPC ------------------------------------------------------------------------
@@ -228,6 +233,7 @@ class ChainView:
         (block,) = self._batch([("eth_getBlockByNumber", [hex(top), False])])
         st = _State(block=start - 1, block_hash=ZERO32)
         self._state = None
+        self.log = []
         snap = self._advance(st, top, block, events, head, everything=True)
         return snap
 
@@ -253,6 +259,7 @@ class ChainView:
         st.block_hash = bytes(HexBytes(header["hash"]))
         st.timestamp = int(header["timestamp"], 16)
         self._state = st
+        self.log.extend(events)
         snap = Snapshot(block=block, block_hash=st.block_hash, timestamp=st.timestamp,
                         epoch=self._epoch, jobs=MappingProxyType(dict(st.jobs)),
                         disputes=MappingProxyType(dict(st.disputes)),
@@ -287,6 +294,52 @@ class ChainView:
             st.disputes[d] = dispute_state(d, next(it), st.ranges.get(d, (ZERO32, ZERO32)))
         for k in collabs:
             st.collabs[k] = from_struct(CollabJob, next(it))
+
+
+class EventFeed:
+    """One consumer's place in a view's events: :meth:`take` returns each event once,
+    in chain order. With ``cursor_path`` the last block handled persists (call
+    :meth:`done` after handling), so a restarted process skips what it handled
+    before. After a rebuild (a reorg) everything of the new epoch comes again:
+    consumers must take replays (they derive their decisions from the chain)."""
+
+    def __init__(self, view: ChainView, cursor_path: Path | None = None) -> None:
+        self.view = view
+        self.cursor_path = cursor_path
+        self._epoch: int | None = None
+        self._index = 0
+        self._skip_to = -1
+        if cursor_path is not None and cursor_path.is_file():
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self._skip_to = Cursor.from_json(cursor_path.read_text()).block
+        self._block = self._skip_to
+        self.restarted = False  # the last take began a new epoch (after a reorg)
+
+    def take(self) -> list[ChainEvent]:
+        view = self.view
+        with view._lock:  # noqa: SLF001 - the view's own lock, against a concurrent update
+            snap = view.snapshot
+            if snap is None:
+                return []
+            self.restarted = False
+            if snap.epoch != self._epoch:
+                if self._epoch is not None:
+                    self._skip_to = -1  # a reorg: replay the new epoch's events
+                    self.restarted = True
+                self._epoch, self._index = snap.epoch, 0
+            new = view.log[self._index:]
+            self._index = len(view.log)
+            self._block = snap.block
+        return [e for e in new if e.block_number > self._skip_to]
+
+    def done(self) -> None:
+        """Persist: every event taken so far is handled."""
+        if self.cursor_path is None or self._block < 0:
+            return
+        self.cursor_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.cursor_path.with_suffix(".tmp")
+        tmp.write_text(Cursor(self._block).to_json())
+        os.replace(tmp, self.cursor_path)
 
 
 def _deployed(client: ChainClient, name: str) -> bool:
