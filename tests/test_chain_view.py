@@ -7,17 +7,22 @@ update while no block arrives, and rebuilds when the chain it saw is reverted.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
 from devnet.anvil import AnvilProcess
+from devnet.params import TOKEN
 from devnet.rpcproxy import RpcProxy
-from devnet.testing import LocalChain
+from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.client import ChainClient
-from node.chain.contracts import JobStatus, Phase
+from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
 from node.chain.view import ChainView
 from tests.test_dispute_game import CHAL, CHAL2, challenge, deploy_game, new_job
 from tests.test_dispute_game import PARAMS as GAME_PARAMS
+from verifier import machine as vm
 
 PARAMS = GAME_PARAMS
 
@@ -123,3 +128,62 @@ def test_view_rebuilds_when_chain_shrinks(c: LocalChain, proxy: RpcProxy) -> Non
     after = view.update()
     assert after.block < seen.block and after.epoch == seen.epoch + 1
     assert job.id not in after.jobs
+
+
+def test_verifier_pass_requests_do_not_grow_with_jobs(chain: LocalChain, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verifier's pass reads the jobs it follows from the process's snapshot: a
+    pass over 3 followed jobs costs the requests a pass over 1 does (before the view,
+    each followed job was one getJob per pass)."""
+    from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
+    from verifier.daemon import Verifier  # noqa: PLC0415
+
+    chain.join(3, VERIFIER, 200 * TOKEN)
+    solver = chain.join(2, SOLVER, 500 * TOKEN)
+    sub = chain[1]
+    sub.token.ensure_allowance(sub.market.address, 10**27)
+    jobs = []
+    for _ in range(3):  # committed, in their window (each bond locks 150 of the stake)
+        jid = sub.market.post_job(job_terms(100 * TOKEN, 10 * TOKEN))
+        solver.market.claim_job(jid)
+        leaves, tree = fake_trace(jid)
+        solver.market.commit_trace(jid, leaves, tree)
+        jobs.append(jid)
+    async def no_discovery(self: Runtime) -> None:
+        await trio.sleep_forever()
+
+    # Peer discovery reads the chain on its own clock: counted, it would blur the pass's.
+    monkeypatch.setattr(Runtime, "_registry_peers_loop", no_discovery)
+    proxy = RpcProxy(chain.url).start()
+    settings = node_settings(tmp_path, chain, "verifier", 3, 200 * TOKEN)
+    settings.rpc_url = proxy.url
+    out: dict[str, Any] = {}
+
+    def follow(v: Verifier, ids: list[int]) -> None:
+        with v.state as st:  # checked, passed, attested: each pass only waits on them
+            for j in ids:
+                st.jobs[j] = vm.VerifierJob(round=1, checked=True, verdicts={0: True},
+                                            attested=True)
+
+    async def main() -> None:
+        async with Runtime(settings, "verifier") as rt:
+            v = Verifier(rt)
+            async with trio.open_nursery() as nursery:
+                for ids in (jobs[:1], jobs):
+                    follow(v, ids)
+                    await v._tick(nursery)  # the view takes the new ids in
+                    n = proxy.counts["total"]
+                    taken = await v._tick(nursery)
+                    out[len(ids)] = (proxy.counts["total"] - n,
+                                     {i: type(a) for _, i, a in taken})
+                nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        proxy.stop()
+    (small, acts1), (big, acts3) = out[1], out[3]
+    assert acts1 == {j: vm.Wait for j in jobs[:1]}
+    assert acts3 == {j: vm.Wait for j in jobs}  # every followed job was decided on
+    assert big == small, out
+    assert small <= 3, out  # blockNumber (+ collab job count); no block, no batch
