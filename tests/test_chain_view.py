@@ -157,7 +157,7 @@ def test_verifier_pass_requests_do_not_grow_with_jobs(chain: LocalChain, tmp_pat
     proxy = RpcProxy(chain.url).start()
     settings = node_settings(tmp_path, chain, "verifier", 3, 200 * TOKEN)
     settings.rpc_url = proxy.url
-    out: dict[str, Any] = {}
+    out: dict[int, Any] = {}
 
     def follow(v: Verifier, ids: list[int]) -> None:
         with v.state as st:  # checked, passed, attested: each pass only waits on them
