@@ -19,7 +19,7 @@ from devnet.rpcproxy import RpcProxy
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
-from node.chain.view import ChainView
+from node.chain.view import ChainView, EventFeed
 from tests.test_dispute_game import CHAL, CHAL2, challenge, deploy_game, new_job
 from tests.test_dispute_game import PARAMS as GAME_PARAMS
 from verifier import machine as vm
@@ -187,3 +187,33 @@ def test_verifier_pass_requests_do_not_grow_with_jobs(chain: LocalChain, tmp_pat
     assert acts3 == {j: vm.Wait for j in jobs}  # every followed job was decided on
     assert big == small, out
     assert small <= 3, out  # blockNumber (+ collab job count); no block, no batch
+
+
+def test_event_feed_resumes_from_its_cursor_and_replays_after_a_reorg(
+        c: LocalChain, proxy: RpcProxy, tmp_path: Path) -> None:
+    cursor = tmp_path / "feed.cursor"
+    view = _view(c, proxy)
+    view.update()
+    feed = EventFeed(view, cursor_path=cursor)
+    first = feed.take()
+    assert first and feed.take() == []  # each event once
+    feed.done()
+    snap_id = c.snapshot()
+    job = new_job(c, attest=False)
+    view.update()
+    new = feed.take()
+    assert {e.event for e in new} >= {"JobPosted", "ResultCommitted"}
+    assert all(e.block_number > first[-1].block_number for e in new)
+    # A restarted process (a new view from the deployment block) resumes after the
+    # block its cursor holds: what it handled before is not delivered again.
+    feed.done()
+    view2 = _view(c, proxy)
+    view2.update()
+    assert EventFeed(view2, cursor_path=cursor).take() == []
+    # A reorg: the view rebuilds, the feed says so and delivers the new epoch again.
+    c.revert(snap_id)
+    view.update()
+    again = feed.take()
+    assert feed.restarted and not any(int(e.args.get("jobId", 0)) == job.id
+                                      and e.event == "ResultCommitted" for e in again)
+    assert len(again) >= len(first)

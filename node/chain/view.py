@@ -151,7 +151,8 @@ class ChainView:
         self._decoder = EventWatcher(self.w3, watched)
         self._addresses = [b.address for b in watched]
         self._has_collab = any(b.name == "CollabMarket" for b in watched)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one update at a time (held across its RPC)
+        self._pub = threading.Lock()  # the snapshot and the log change together (no I/O)
         self._epoch = 0
         self._state: _State | None = None
         self.snapshot: Snapshot | None = None
@@ -233,7 +234,6 @@ class ChainView:
         (block,) = self._batch([("eth_getBlockByNumber", [hex(top), False])])
         st = _State(block=start - 1, block_hash=ZERO32)
         self._state = None
-        self.log = []
         snap = self._advance(st, top, block, events, head, everything=True)
         return snap
 
@@ -259,12 +259,15 @@ class ChainView:
         st.block_hash = bytes(HexBytes(header["hash"]))
         st.timestamp = int(header["timestamp"], 16)
         self._state = st
-        self.log.extend(events)
         snap = Snapshot(block=block, block_hash=st.block_hash, timestamp=st.timestamp,
                         epoch=self._epoch, jobs=MappingProxyType(dict(st.jobs)),
                         disputes=MappingProxyType(dict(st.disputes)),
                         collabs=MappingProxyType(dict(st.collabs)), events=tuple(events))
-        self.snapshot = snap
+        with self._pub:
+            if everything:
+                self.log = []
+            self.log.extend(events)
+            self.snapshot = snap
         if everything or events:
             log.debug("chain_view", block=block, events=len(events), jobs=len(jobs),
                       disputes=len(disputes), behind=head - block)
@@ -317,7 +320,7 @@ class EventFeed:
 
     def take(self) -> list[ChainEvent]:
         view = self.view
-        with view._lock:  # noqa: SLF001 - the view's own lock, against a concurrent update
+        with view._pub:  # noqa: SLF001 - brief: never waits on an update's RPC
             snap = view.snapshot
             if snap is None:
                 return []
