@@ -90,6 +90,8 @@ async def _needed_segments(solver: Solver, jid: int) -> list[int]:
             sample = list(await rt.chain(c.market.sampled_segments, jid))
             segments += sample
             if job.seed != bytes(32):
+                if len(_SAMPLES) >= 4096:  # bounded: settled jobs' samples go
+                    _SAMPLES.clear()
                 _SAMPLES[key] = sample
     for did in list(solver.state.data.disputes):
         d = snap.disputes.get(did)
