@@ -20,7 +20,7 @@ from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 from hexbytes import HexBytes
 from web3 import Web3
-from web3.exceptions import ContractLogicError, TimeExhausted, Web3RPCError
+from web3.exceptions import ContractLogicError, TimeExhausted, TransactionNotFound, Web3RPCError
 from web3.types import TxParams, TxReceipt
 
 from node.chain.artifacts import ErrorTable
@@ -105,13 +105,20 @@ class TxSender:
         submits then :meth:`wait` land in one block on a chain with a block time."""
         if gas is None:
             gas = int(self.simulate(tx) * self.gas_margin) + 10_000
+        signed: list[HexBytes] = []  # hashes this submit signed, newest last
         for attempt in range(4):
             try:
-                return self._sign_and_send(tx, gas)
+                return self._sign_and_send(tx, gas, signed)
             except Web3RPCError as exc:
                 if attempt < 3 and any(s in exc.message.lower() for s in _NONCE_ERRORS):
                     log.debug("nonce resync", account=self.address, reason=exc.message)
                     self.resync_nonce()
+                    # A send whose answer was lost may have landed after all (its resend
+                    # is then "nonce too low"): signing it again under a new nonce would
+                    # pay twice, so look our own transaction up first.
+                    sent = self._landed(signed[-1] if signed else None)
+                    if sent is not None:
+                        return sent
                     continue
                 mined = _mined_revert(exc)
                 if mined is not None:
@@ -138,6 +145,16 @@ class TxSender:
             raise self._reason_for_failed(receipt, tx)
         return receipt
 
+    def _landed(self, tx_hash: HexBytes | None) -> HexBytes | None:
+        if tx_hash is None:
+            return None
+        try:
+            with rpc_guard(self._url):
+                self.w3.eth.get_transaction(tx_hash)
+        except TransactionNotFound:
+            return None
+        return tx_hash
+
     def resync_nonce(self) -> None:
         with self._lock:
             self._nonce = None
@@ -151,7 +168,7 @@ class TxSender:
             self._fee = (time.monotonic(), price)
         return price
 
-    def _sign_and_send(self, tx: TxParams, gas: int) -> HexBytes:
+    def _sign_and_send(self, tx: TxParams, gas: int, signed_log: list[HexBytes]) -> HexBytes:
         with self._lock, rpc_guard(self._url):
             if self._chain_id is None:
                 self._chain_id = int(self.w3.eth.chain_id)
@@ -167,6 +184,7 @@ class TxSender:
             if full["to"] is None:
                 del full["to"]
             signed = self._account.sign_transaction(full)
+            signed_log.append(HexBytes(signed.hash))
             try:
                 tx_hash = self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except BaseException:
