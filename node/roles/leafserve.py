@@ -61,12 +61,11 @@ async def keep_every_for(rt: Runtime, jid: int, job: Job, step_s: float) -> int:
 
 def sample_size_of(c: ChainClient, jid: int) -> int:
     """Segments the market will sample of job ``jid`` (at most; fewer when the job has
-    fewer): its final one plus ``reserved_sample_count`` for a reserved job, else
-    ``sample_count``. Blocking chain reads."""
-    mp = c.market.market_params()
+    fewer): its final one plus ``reserved_sample_count`` for a reserved job, else the n
+    its submitter bought (``Job.sample_count``). Blocking chain reads."""
     if int(str(c.market.reserved_solver_of(jid)), 16) != 0:
-        return 1 + mp.reserved_sample_count
-    return mp.sample_count
+        return 1 + c.market.market_params().reserved_sample_count
+    return c.market.get_job(jid).sample_count
 
 
 async def _needed_segments(solver: Solver, jid: int) -> list[int]:
