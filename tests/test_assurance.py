@@ -164,3 +164,44 @@ def pack_digits_cached() -> bytes:
     from node.datasets import pack_digits  # noqa: PLC0415
 
     return pack_digits()
+
+
+def test_cli_shows_the_catch_probability_before_posting(module_chain: LocalChain,
+                                                         tmp_path: Path) -> None:
+    """`polnet job submit --dry-run` with --samples / --full-replay says what one edited
+    segment's chance of being replayed is at the chosen n and at the floor, and what the
+    priced budget escrows; an n below the floor is refused before anything is sent."""
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from node.cli.main import app  # noqa: PLC0415
+    from node.datasets import write_dataset  # noqa: PLC0415
+
+    repo = Path(__file__).resolve().parent.parent
+    module_chain.deployment.save(tmp_path / "devnet" / "deployment.json")
+    data = tmp_path / "digits.safetensors"
+    write_dataset(pack_digits_cached(), data)
+    runner = CliRunner()
+
+    def submit(*extra: str) -> Any:
+        return runner.invoke(app, ["job", "submit", str(repo / "examples" / "mlp_digits.toml"),
+                                   "--dataset", str(data), "--reward", "100", "--budget", "7",
+                                   "--dry-run", "--dev-account", str(SUBMITTER), *extra],
+                             env={"POLNET_HOME": str(tmp_path)})
+
+    before = module_chain.reader.market.job_count()
+    out = submit()  # examples/mlp_digits.toml: 200 steps, checkpoint every 10: S = 20
+    assert out.exit_code == 0, out.output
+    assert "sampled      7 of 20 segments: an edit of ONE segment is caught with " \
+           "P = 7/20 = 0.35" in out.output
+    out = submit("--samples", "14")
+    assert out.exit_code == 0, out.output
+    assert "P = 14/20 = 0.7" in out.output and "floor n = 7 gives P = 7/20 = 0.35" in out.output
+    assert "you escrow   114 POL for 14 samples = reward 100 POL + verification budget " \
+           "14 POL (7 x 14 / 7)" in out.output
+    out = submit("--full-replay")
+    assert out.exit_code == 0, out.output
+    assert "20 of 20 segments (full replay): an edit of ONE segment is caught with " \
+           "P = 20/20 = 1" in out.output
+    out = submit("--samples", "3")
+    assert out.exit_code != 0 and "at least 7" in out.output + str(out.exception)
+    assert module_chain.reader.market.job_count() == before  # nothing posted
