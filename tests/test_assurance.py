@@ -205,3 +205,68 @@ def test_cli_shows_the_catch_probability_before_posting(module_chain: LocalChain
     out = submit("--samples", "3")
     assert out.exit_code != 0 and "at least 7" in out.output + str(out.exception)
     assert module_chain.reader.market.job_count() == before  # nothing posted
+
+
+@pytest.mark.parallel
+def test_a_requested_unsampled_segment_is_regenerated_and_served(module_chain: LocalChain,
+                                                                   tmp_path: Path) -> None:
+    """Any leaf can be requested and is served during the window, not only sampled ones:
+    a watcher names a segment outside the sample of a sparse trace (one checkpoint in 4
+    kept), and the honest solver daemon both puts its leaves on chain and regenerates the
+    states it did not keep, serving them so the watcher can replay the segment."""
+    from node.chain.availability import RequestState  # noqa: PLC0415
+    from node.chain.contracts import SOLVER  # noqa: PLC0415
+    from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
+    from node.roles.solver import Solver  # noqa: PLC0415
+    from node.roles.solver_machine import SolverJob  # noqa: PLC0415
+    from node.train.trace import read_manifest  # noqa: PLC0415
+
+    c, r = module_chain, module_chain.reader
+    steps, keep = 12, 4
+    digits = pack_digits_cached()
+    spec_b = tiny_mlp_spec(sha(digits), steps, 1)
+    terms = real_job_terms(spec_b, digits, steps, 1)
+    asker = c[3]
+    asker.token.ensure_allowance(r.availability.address,
+                                 r.availability.availability_params().bond)
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with Runtime(node_settings(tmp_path, c, "solver", SOLVER_I, STAKE),
+                           "solver") as rt:
+            await rt.ensure_registered(SOLVER, STAKE)
+            rt.p2p.store.put_bytes(spec_b)
+            rt.p2p.store.put_bytes(digits)
+            jid = await rt.chain(c[SUBMITTER].post_job, terms)
+            await rt.chain(rt.chain_client.market.claim_job, jid)
+            solver = Solver(rt)
+            with solver.state as st:  # the sparse trace a slow model's solver would keep
+                st.jobs[jid] = SolverJob(round=1, spec=sha(spec_b), dataset=sha(digits),
+                                         keep_every=keep)
+            await solver._train_and_commit(jid)
+            manifest = read_manifest(solver._trace_dir(jid))
+            job = await rt.chain(r.market.get_job, jid)
+            await rt.chain(c.mine, max(1, job.sample_block - c.w3.eth.block_number + 1))
+            await rt.chain(asker.market.fix_seed, jid)
+            sample = set(await rt.chain(r.market.sampled_segments, jid))
+            seg = next(s for s in range(steps) if s not in sample)
+            want = sorted({seg, seg + 1} - set(manifest.kept))
+            assert manifest.kept == [0, 4, 8, 12] and want  # an end the trace did not keep
+            out.update(jid=jid, seg=seg, want=want, hashes=list(manifest.state_hashes))
+            out["rid"] = await rt.chain(asker.availability.request, jid, seg)
+            async with trio.open_nursery() as nursery:
+                with trio.fail_after(60):  # a bound against a solver that never serves it
+                    while not set(want) <= set(solver.state.data.jobs[jid].leaves_served):
+                        await solver._tick(nursery)
+                        await trio.sleep(0.2)
+                nursery.cancel_scope.cancel()
+            out["served"] = {s.step: s.state_hash for s in solver.state.data.served
+                             if s.job_id == jid}
+
+    trio.run(main)
+    assert r.availability.get_request(out["rid"]).state == RequestState.ANSWERED
+    assert out["seg"] not in r.market.sampled_segments(out["jid"])
+    for leaf in out["want"]:  # the regenerated state is the committed one, bit for bit
+        committed = out["hashes"][leaf]
+        committed = committed if isinstance(committed, str) else "0x" + committed.hex()
+        assert out["served"][leaf].removeprefix("0x") == committed.removeprefix("0x")

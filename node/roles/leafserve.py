@@ -24,7 +24,6 @@ import trio
 
 from node.errors import ContractRevert
 from node.logs import get_logger
-from node.roles.evidence import requested_segments
 from node.roles.runtime import Runtime, guarded
 
 if TYPE_CHECKING:
@@ -68,6 +67,15 @@ def sample_size_of(c: ChainClient, jid: int) -> int:
     return c.market.get_job(jid).sample_count
 
 
+def named_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
+    """Segments of the job's current round any availability request named, pending or
+    answered (blocking chain reads)."""
+    logs = c.availability.contract.events.Requested().get_logs(
+        from_block=job.snapshot_block, argument_filters={"jobId": jid})
+    return sorted({int(e["args"]["segment"]) for e in logs
+                   if int(e["args"]["round"]) == job.round})
+
+
 async def _needed_segments(solver: Solver, jid: int) -> list[int]:
     c = solver.rt.chain_client
     segments: list[int] = []
@@ -78,9 +86,11 @@ async def _needed_segments(solver: Solver, jid: int) -> list[int]:
         if d.job_id == jid:
             segments.append(d.segment)
     if c.deployment is not None and "Availability" in c.deployment.contracts:
-        # a segment named by an availability request: its requester wants to replay it
+        # a segment named by an availability request: its requester wants to replay it,
+        # sampled or not (a watcher's), and still does once the answer put its leaves on
+        # chain, so answered requests count too (the answer may land before this pass)
         job = await solver.rt.chain(c.market.get_job, jid)
-        segments += await solver.rt.chain(requested_segments, c, jid, job)
+        segments += await solver.rt.chain(named_segments, c, jid, job)
     return segments
 
 
