@@ -26,8 +26,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal constant MAX_COMMITTEE = 16;
     uint256 internal constant ALL_SEATS = type(uint256).max;
     /// @dev Most segments a job may buy sampled: a dispute's `SegmentSampler.indexOf` runs
-    ///      about n * ln(S / (S - n)) draws (~7.7k, under 1M gas, at n = S = 1024), so a
-    ///      large full replay cannot price a resolve out of a block. (node/incentives.py)
+    ///      about S * ln(S / (S - n)) draws (~7.7k at n = S = 1024; bench/assurance.py
+    ///      measures its gas), so a large full replay cannot price a resolve out of a
+    ///      block. (node/incentives.py MAX_JOB_SAMPLES)
     uint256 internal constant MAX_SAMPLES = 1024;
     /// @dev Where attestor slashes go: nobody holds its key.
     address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
