@@ -188,6 +188,17 @@ def test_cli_shows_the_catch_probability_before_posting(module_chain: LocalChain
                                    "--dry-run", "--dev-account", str(SUBMITTER), *extra],
                              env={"POLNET_HOME": str(tmp_path)})
 
+    import structlog  # noqa: PLC0415
+
+    # the CLI configures logging onto the runner's captured stdout, closed afterwards
+    saved = structlog.get_config()
+    try:
+        check_cli(submit, module_chain)
+    finally:
+        structlog.configure(**saved)
+
+
+def check_cli(submit: Any, module_chain: LocalChain) -> None:
     before = module_chain.reader.market.job_count()
     out = submit()  # examples/mlp_digits.toml: 200 steps, checkpoint every 10: S = 20
     assert out.exit_code == 0, out.output
