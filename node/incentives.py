@@ -128,3 +128,50 @@ def rounds_for_floor(reserved_samples: int, floor_fraction: float = FLOOR_FRACTI
     so it escapes R rounds with probability (1 - f)^(n R)."""
     return math.ceil(samples_for_detection(floor_fraction, floor_confidence) / reserved_samples)
 
+
+
+# --- Targeted tampering (issue 30 item 6): assurance a submitter buys ------------------
+#
+# A poisoner trains honestly and edits one segment: it saves no compute, so the bond
+# arithmetic above does not price it. Every later segment continues from the edited
+# state and replays bitwise, so only a replay of the edited segment itself flags it:
+# it is caught when that segment is among the n sampled, P = n / S (or when a watcher
+# requests and replays it: any leaf is served during the window, but nobody is paid to).
+
+MAX_JOB_SAMPLES = 1024  # JobMarket.MAX_SAMPLES: the most segments a job may buy sampled
+
+
+def sample_floor(market_sample_count: int, segments: int) -> int:
+    """The least n a job of ``segments`` segments may post with: the market's derived
+    n, or every segment when the job has fewer (``JobMarket._post``)."""
+    return min(market_sample_count, segments)
+
+
+def catch_one_edit(n: int, segments: int) -> float:
+    """P(an edit of one segment is among the sampled ones): n / S."""
+    if segments <= 0:
+        raise ConfigError("a job has at least one segment")
+    return min(n, segments) / segments
+
+
+def samples_to_catch_one_edit(probability: float, segments: int) -> int:
+    """Least n with ``catch_one_edit(n, segments) >= probability``."""
+    if not 0 < probability <= 1:
+        raise ConfigError("the probability must lie in (0, 1]")
+    return min(segments, math.ceil(probability * segments - 1e-9))
+
+
+def priced_budget(budget_at_floor: int, n: int, floor: int) -> int:
+    """What the market escrows as verification budget for n samples when
+    ``budget_at_floor`` pays the floor's: the same fee per replayed segment, in the
+    contract's integer arithmetic."""
+    return budget_at_floor * n // floor
+
+
+def poisoner_expected_loss(n: int, segments: int, reward: int, bond: int,
+                           jury_size: int, sybil_share: float = 0.0) -> float:
+    """What editing one segment costs a poisoner in expectation: caught with
+    P = n / S times the chance the jury is not its own, it forfeits the reward and its
+    bond (its training was spent either way)."""
+    p = catch_one_edit(n, segments) * (1 - jury_capture(sybil_share, jury_size))
+    return p * (reward + bond)

@@ -586,7 +586,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             solveDuration: c.roundDuration,
             totalSteps: c.innerSteps,
             stepsPerSegment: c.stepsPerSegment,
-            initStateHash: c.initStateHash
+            initStateHash: c.initStateHash,
+            sampleCount: 0 // a reserved job's sample is the market's own rule
         });
         ids = new uint256[](n);
         for (uint32 i; i < n; ++i) {

@@ -29,6 +29,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     ///      until committedAt + HORIZON_WINDOWS windows, and ending disputes extend the window
     ///      no further, so no chain of griefers holds a round past it plus one game's clocks.
     uint256 internal constant HORIZON_WINDOWS = 2;
+    /// @dev Most segments a job may buy sampled: a dispute's `SegmentSampler.indexOf` runs
+    ///      about S * ln(S / (S - n)) draws (~7.7k at n = S = 1024; bench/assurance.py
+    ///      measures its gas), so a large full replay cannot price a resolve out of a
+    ///      block. (node/incentives.py MAX_JOB_SAMPLES)
+    uint256 internal constant MAX_SAMPLES = 1024;
     /// @dev Where attestor slashes go: nobody holds its key.
     address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
@@ -80,6 +85,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         JobStatus status;
         address submitter;
         uint40 postedAt;
+        uint32 sampleCount; // n (0 for a reserved job): in the posted word, no extra store
         uint128 reward;
         uint128 verificationBudget;
         bytes32 specHash;
@@ -177,18 +183,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- submitter ---
 
     function postJob(JobTerms calldata t) external nonReentrant returns (uint256 jobId) {
-        return _post(t);
+        return _post(t, false);
     }
 
     function postReservedJob(JobTerms calldata t, address solver) external nonReentrant returns (uint256 jobId) {
         if (solver == address(0)) revert ZeroAddress();
-        jobId = _post(t);
+        jobId = _post(t, true);
         // INVARIANT: a reserved job stays reserved for its life (reopened rounds included).
         _reservedSolver[jobId] = solver;
         emit JobReserved(jobId, solver);
     }
 
-    function _post(JobTerms calldata t) internal returns (uint256 jobId) {
+    function _post(JobTerms calldata t, bool reserved) internal returns (uint256 jobId) {
         if (t.reward == 0) revert ZeroReward();
         if (t.solveDuration == 0) revert ZeroDuration();
         if (t.solveDuration > MAX_DURATION) revert DurationTooLong(t.solveDuration, MAX_DURATION);
@@ -203,23 +209,37 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (t.totalSteps == 0 || k == 0 || t.totalSteps % k != 0 || t.totalSteps / k > type(uint32).max) {
             revert InvalidTerms(t.totalSteps, t.stepsPerSegment);
         }
+        uint256 segs = t.totalSteps / k;
+        uint256 budget = t.verificationBudget;
+        uint256 n;
+        if (!reserved) {
+            // INVARIANT: a submitter buys at least the floor the incentives derive and pays
+            // the committee per segment replayed at the floor's rate.
+            uint256 floor = segs < _sampleCount ? segs : _sampleCount;
+            n = t.sampleCount == 0 ? floor : t.sampleCount;
+            uint256 top = segs < MAX_SAMPLES ? segs : MAX_SAMPLES;
+            if (n < floor || n > top) revert SampleCountOutOfRange(n, floor, top);
+            // <= MAX_AMOUNT * MAX_SAMPLES < 2^106: fits the uint128 it is stored in.
+            budget = budget * n / floor;
+        }
         jobId = ++jobCount;
         JobRec storage j = _jobs[jobId];
         j.status = JobStatus.Open;
         j.submitter = msg.sender;
+        j.sampleCount = uint32(n);
         j.specHash = t.specHash;
         j.datasetHash = t.datasetHash;
         j.reward = uint128(t.reward);
-        j.verificationBudget = uint128(t.verificationBudget);
+        j.verificationBudget = uint128(budget);
         j.solveDuration = t.solveDuration;
         j.postedAt = uint40(block.timestamp);
-        j.segmentCount = uint32(t.totalSteps / k);
+        j.segmentCount = uint32(segs);
         j.stepsPerSegment = t.stepsPerSegment;
         j.initStateHash = t.initStateHash;
-        uint256 escrow = t.reward + t.verificationBudget;
+        uint256 escrow = t.reward + budget;
         _escrowPlusOne += escrow;
         _token.safeTransferFrom(msg.sender, address(this), escrow);
-        emit JobPosted(jobId, msg.sender, t.specHash, t.datasetHash, t.reward, t.verificationBudget, t.solveDuration);
+        emit JobPosted(jobId, msg.sender, t.specHash, t.datasetHash, t.reward, budget, t.solveDuration);
         emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
     }
 
@@ -536,6 +556,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         v.initStateHash = j.initStateHash;
         v.snapshotBlock = j.snapshotBlock;
         v.poolLen = j.poolLen;
+        v.sampleCount = j.sampleCount;
     }
 
     function totalEscrow() public view returns (uint256) {
@@ -565,7 +586,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (_reservedSolver[jobId] != address(0)) {
             return SegmentSampler.sampleWithFinal(seed, j.segmentCount, _reservedSampleCount);
         }
-        return SegmentSampler.sample(seed, j.segmentCount, _sampleCount);
+        return SegmentSampler.sample(seed, j.segmentCount, j.sampleCount);
     }
 
     /// @dev `segment`'s position in the job's sample (`sampledSegments`), or ABSENT.
@@ -573,7 +594,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (_reservedSolver[jobId] != address(0)) {
             return SegmentSampler.indexOfWithFinal(j.seed, j.segmentCount, _reservedSampleCount, segment);
         }
-        return SegmentSampler.indexOf(j.seed, j.segmentCount, _sampleCount, segment);
+        return SegmentSampler.indexOf(j.seed, j.segmentCount, j.sampleCount, segment);
     }
 
     function committeeOf(uint256 jobId) external view returns (address[] memory) {

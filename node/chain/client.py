@@ -189,9 +189,17 @@ class ChainClient:
 
     def post_job(self, terms: JobTerms) -> int:
         """Approve the market for the escrow and post the job; returns its id."""
-        self.token.ensure_allowance(self.market.address,
-                                    terms.reward + terms.verification_budget)
+        self.token.ensure_allowance(self.market.address, self.escrow_of(terms))
         return self.market.post_job(terms)
+
+    def escrow_of(self, terms: JobTerms) -> int:
+        """What ``postJob`` takes: the reward and the budget priced for the terms' n
+        (``verification_budget`` pays the market's floor; n samples pay n / floor of it)."""
+        if terms.sample_count == 0:
+            return terms.reward + terms.verification_budget
+        segments = terms.total_steps // terms.steps_per_segment
+        floor = min(self.market.market_params().sample_count, segments)
+        return terms.reward + terms.verification_budget * terms.sample_count // floor
 
     def post_collab_job(self, terms: CollabTerms) -> int:
         """Approve the CollabMarket for the escrow and post the collaborative job."""

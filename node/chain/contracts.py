@@ -189,6 +189,7 @@ class Job:
     init_state_hash: bytes
     snapshot_block: int
     pool_len: int
+    sample_count: int = 0  # n: segments sampled (0 for a reserved job: its own rule)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", JobStatus(self.status))
@@ -206,6 +207,9 @@ class JobTerms:
     total_steps: int
     steps_per_segment: int
     init_state_hash: bytes
+    # n: 0 takes the market's floor min(sample_count, S); more (up to S) buys assurance,
+    # and the market escrows verification_budget * n / floor (node.incentives.priced_budget)
+    sample_count: int = 0
 
     def as_tuple(self) -> tuple[Any, ...]:
         return dataclasses.astuple(self)

@@ -76,6 +76,13 @@ def submit(
         None, "--init-weights", exists=True, dir_okay=False, metavar="FILE",
         help="Collaborative jobs: theta_0's weights, the file the spec's init_weights "
              "names (make one with `polnet job init-weights`); served beside the inputs."),
+    samples: int | None = typer.Option(
+        None, "--samples", min=1, metavar="N",
+        help="Segments the committee replays (default: the market's derived n). An edit "
+             "of one segment is caught with P = N / S; --budget pays the default n and "
+             "the market escrows budget * N / n."),
+    full_replay: bool = typer.Option(False, "--full-replay",
+                                     help="Replay every segment (--samples S)."),
 ) -> None:
     """Store SPEC and DATASET in this node's store, escrow the reward, post the job
     and print its id. Solvers fetch the inputs from us over p2p, so keep it serving.
@@ -86,7 +93,15 @@ def submit(
 
     from node.errors import ConfigError
     from node.roles.runtime import Runtime
-    from node.roles.submitter import JobRequest, check_request, post, serve_until_final
+    from node.roles.submitter import (
+        FULL_REPLAY,
+        JobRequest,
+        assurance,
+        assurance_lines,
+        check_request,
+        post,
+        serve_until_final,
+    )
     from node.spec import is_collaborative_file
 
     if is_collaborative_file(spec):
@@ -97,15 +112,21 @@ def submit(
         raise ConfigError("--init-weights is for collaborative specs (kind = "
                           "\"collaborative\"); a single-solver job starts from its seed")
 
+    if full_replay and samples is not None:
+        raise ConfigError("--samples and --full-replay: give one")
     req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
-                     solve_duration)
+                     solve_duration, FULL_REPLAY if full_replay else samples or 0)
     job_spec = check_request(req)  # fail before starting anything
     if dry_run:
         _dry_run(req, job_spec, config, dev_account, keystore)
         return
     settings = settings_from(config, name=name or "submitter", dev_account=dev_account,
                              keystore=keystore, bootstrap=bootstrap)
-    _check_balance(_client(config, dev_account, keystore), req.reward + req.budget)
+    c = _client(config, dev_account, keystore)
+    a = assurance(req, job_spec, c.market.market_params().sample_count)
+    for line in assurance_lines(a):  # before anything is escrowed
+        typer.echo(line)
+    _check_balance(c, req.reward + a.budget)
 
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
@@ -182,6 +203,7 @@ def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None,
     """What `submit` would escrow and what a solver would lock, read from the chain's
     parameters (the bond is the contract's own integer arithmetic); nothing is sent."""
     from node.errors import ChainError
+    from node.roles.submitter import assurance, assurance_lines
 
     segments = spec.total_steps // spec.checkpoint_interval
     typer.echo("dry run: nothing stored, escrowed or posted")
@@ -193,11 +215,23 @@ def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None,
                f"verification budget {wei_to_pol(req.budget)} POL")
     try:
         c = _client(config, dev_account, keystore)  # a keystore's balance too
-        bps = c.market.market_params().bond_factor_bps
+        mp = c.market.market_params()
+        bps = mp.bond_factor_bps
         balance = c.token.balance_of(c.address) if c.sender is not None else None
     except (ChainError, OSError) as exc:  # offline is fine for a dry run: say what is missing
         typer.echo(f"solver bond  unknown: the chain's bond factor could not be read ({exc})")
+        if req.samples:
+            typer.echo("sampled      unknown: the market's derived n (the floor, and what "
+                       "--budget pays for) could not be read")
         return
+    a = assurance(req, spec, mp.sample_count)
+    for line in assurance_lines(a):
+        typer.echo(line)
+    if a.budget != req.budget:
+        total = req.reward + a.budget
+        typer.echo(f"you escrow   {wei_to_pol(total)} POL for {a.n} samples = reward "
+                   f"{wei_to_pol(req.reward)} POL + verification budget "
+                   f"{wei_to_pol(a.budget)} POL ({wei_to_pol(req.budget)} x {a.n} / {a.floor})")
     bond = req.reward * bps // 10_000
     typer.echo(f"solver bond  {wei_to_pol(bond)} POL ({bps / 100:g}% of the reward), locked "
                "from the solver's stake until the job is final; slashed if it cheats")

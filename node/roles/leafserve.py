@@ -24,7 +24,6 @@ import trio
 
 from node.errors import ContractRevert
 from node.logs import get_logger
-from node.roles.evidence import requested_segments
 from node.roles.runtime import Runtime, guarded
 
 if TYPE_CHECKING:
@@ -61,12 +60,20 @@ async def keep_every_for(rt: Runtime, jid: int, job: Job, step_s: float) -> int:
 
 def sample_size_of(c: ChainClient, jid: int) -> int:
     """Segments the market will sample of job ``jid`` (at most; fewer when the job has
-    fewer): its final one plus ``reserved_sample_count`` for a reserved job, else
-    ``sample_count``. Blocking chain reads."""
-    mp = c.market.market_params()
+    fewer): its final one plus ``reserved_sample_count`` for a reserved job, else the n
+    its submitter bought (``Job.sample_count``). Blocking chain reads."""
     if int(str(c.market.reserved_solver_of(jid)), 16) != 0:
-        return 1 + mp.reserved_sample_count
-    return mp.sample_count
+        return 1 + c.market.market_params().reserved_sample_count
+    return c.market.get_job(jid).sample_count
+
+
+def named_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
+    """Segments of the job's current round any availability request named, pending or
+    answered (blocking chain reads)."""
+    logs = c.availability.contract.events.Requested().get_logs(
+        from_block=job.snapshot_block, argument_filters={"jobId": jid})
+    return sorted({int(e["args"]["segment"]) for e in logs
+                   if int(e["args"]["round"]) == job.round})
 
 
 # (job, round, seed) -> sampled segments: fixed once the seed is, so read once
@@ -100,8 +107,10 @@ async def _needed_segments(solver: Solver, jid: int) -> list[int]:
         if d.job_id == jid:
             segments.append(d.segment)
     if c.deployment is not None and "Availability" in c.deployment.contracts:
-        # a segment named by an availability request: its requester wants to replay it
-        segments += await rt.chain(requested_segments, c, jid, job)
+        # a segment named by an availability request: its requester wants to replay it,
+        # sampled or not (a watcher's), and still does once the answer put its leaves on
+        # chain, so answered requests count too (the answer may land before this pass)
+        segments += await rt.chain(named_segments, c, jid, job)
     return segments
 
 

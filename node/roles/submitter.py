@@ -20,6 +20,12 @@ from node.chain.events import EventWatcher
 from node.chain.payouts import job_payouts
 from node.datasets import dataset_hash
 from node.errors import ConfigError, IntegrityError, SpecError
+from node.incentives import (
+    MAX_JOB_SAMPLES,
+    catch_one_edit,
+    priced_budget,
+    sample_floor,
+)
 from node.logs import get_logger
 from node.p2p.announce import JobPosted
 from node.roles.runtime import Runtime
@@ -43,8 +49,61 @@ class JobRequest:
     spec_path: Path
     dataset_path: Path
     reward: int
-    budget: int
+    budget: int  # the verification fee at the market's floor n; more samples pay pro rata
     solve_duration: int
+    samples: int = 0  # n; 0: the market's floor; FULL_REPLAY: every segment
+
+
+FULL_REPLAY = -1
+
+
+@dataclass(frozen=True)
+class Assurance:
+    """The sample a job buys and what it costs (``JobMarket._post``'s rule)."""
+
+    n: int
+    floor: int  # min(market's derived n, S)
+    segments: int  # S
+    budget: int  # escrowed: the request's budget * n / floor
+
+    @property
+    def catch_one_edit(self) -> float:
+        return catch_one_edit(self.n, self.segments)
+
+    @property
+    def floor_catch_one_edit(self) -> float:
+        return catch_one_edit(self.floor, self.segments)
+
+
+def assurance(req: JobRequest, spec: JobSpec, market_sample_count: int) -> Assurance:
+    """The n ``req`` buys for ``spec`` under the market's derived n; ConfigError
+    outside [floor, min(S, MAX_JOB_SAMPLES)], which the market would revert."""
+    segments = spec.total_steps // spec.checkpoint_interval
+    floor = sample_floor(market_sample_count, segments)
+    top = min(segments, MAX_JOB_SAMPLES)
+    n = {0: floor, FULL_REPLAY: segments}.get(req.samples, req.samples)
+    if not floor <= n <= top:
+        raise ConfigError(f"--samples {n}: this job of {segments} segments samples at least "
+                          f"{floor} (the market's derived n) and at most {top}"
+                          + (f" (the market's cap is {MAX_JOB_SAMPLES}: --full-replay needs "
+                             "a coarser checkpoint_interval)" if segments > top else ""))
+    return Assurance(n, floor, segments, priced_budget(req.budget, n, floor))
+
+
+def assurance_lines(a: Assurance) -> list[str]:
+    """What a submitter reads before posting: the chance one edited segment is replayed."""
+    lines = [f"sampled      {a.n} of {a.segments} segments"
+             + (" (full replay)" if a.n == a.segments else "")
+             + f": an edit of ONE segment is caught with P = {a.n}/{a.segments} = "
+               f"{a.catch_one_edit:.4g}"]
+    if a.n != a.floor:
+        lines.append(f"             the market's floor n = {a.floor} gives P = "
+                     f"{a.floor}/{a.segments} = {a.floor_catch_one_edit:.4g}; the committee "
+                     f"is paid per segment replayed: budget {wei_to_pol(a.budget)} POL")
+    else:
+        lines.append("             (the market's floor; buy more with --samples N or "
+                     "--full-replay)")
+    return lines
 
 
 # JobMarket's bounds (MAX_AMOUNT = 2^96 - 1; a bond is up to 100 x the reward).
@@ -104,13 +163,15 @@ async def post(rt: Runtime, req: JobRequest) -> int:
     """Store and advertise the job's inputs, then escrow and post it; returns the job id."""
     spec = check_request(req)
     c = rt.chain_client
+    a = assurance(req, spec, (await rt.chain(c.market.market_params)).sample_count)
     spec_id, ds_id = await publish_and_approve(rt, spec, req.dataset_path,
-                                               req.reward + req.budget, c.market.address)
+                                               req.reward + a.budget, c.market.address)
     init_hash = await trio.to_thread.run_sync(initial_hash, spec, req.dataset_path)
     terms = JobTerms(spec_hash=spec.spec_hash(), dataset_hash=bytes.fromhex(ds_id),
                      reward=req.reward, verification_budget=req.budget,
                      solve_duration=req.solve_duration, total_steps=spec.total_steps,
-                     steps_per_segment=spec.checkpoint_interval, init_state_hash=init_hash)
+                     steps_per_segment=spec.checkpoint_interval, init_state_hash=init_hash,
+                     sample_count=a.n)
     job_id = await rt.chain(c.market.post_job, terms)
     with submitter_state(rt) as st:
         st.jobs[job_id] = SubmittedJob(spec=spec_id, dataset=ds_id)

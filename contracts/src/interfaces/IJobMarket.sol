@@ -92,6 +92,10 @@ interface IJobMarket {
         uint64 totalSteps; // T
         uint32 stepsPerSegment; // k, the checkpoint interval; T % k == 0
         bytes32 initStateHash; // hash of S_0, which follows from the spec's seed
+        // n, the segments sampled: 0 takes the floor min(params.sampleCount, S); else
+        // floor <= n <= S (S: every segment). verificationBudget is the fee at the floor:
+        // the market escrows verificationBudget * n / floor, so more replay pays more.
+        uint32 sampleCount;
     }
 
     /// @dev All static types, in this order: CollabMarket reads fields 0 (status), 10
@@ -124,6 +128,7 @@ interface IJobMarket {
         bytes32 initStateHash;
         uint64 snapshotBlock; // commit block: the committee is drawn from stake as of then
         uint32 poolLen; // sortition pool length at commit
+        uint32 sampleCount; // n: segments sampled (reserved jobs: 0, their own rule)
     }
 
     /// @notice The market's record of a dispute it opened.
@@ -215,6 +220,7 @@ interface IJobMarket {
     error AmountTooLarge(uint256 amount, uint256 max);
     error DurationTooLong(uint256 duration, uint256 max);
     error InvalidTerms(uint64 totalSteps, uint32 stepsPerSegment);
+    error SampleCountOutOfRange(uint256 n, uint256 min, uint256 max);
     error UnknownJob(uint256 jobId);
     error InvalidStatus(uint256 jobId, JobStatus status);
     error NotSubmitter(address caller);
