@@ -27,6 +27,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint8 internal constant RELEASE_DROPPED = 1;
     uint8 internal constant RELEASE_THROUGHPUT = 2;
     uint8 internal constant RELEASE_JOB_OVER = 3;
+    uint8 internal constant RELEASE_EXCLUDED = 4;
     uint8 internal constant DROP_MISSED = 0;
     uint8 internal constant DROP_CONDEMNED = 1;
     uint8 internal constant DROP_UNCLAIMED = 2;
@@ -100,7 +101,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     /// @dev market job id => collabJobId << 64 | round << 32 | slot
     mapping(uint256 => uint256) internal _subJobOf;
     mapping(address => uint64) internal _delivered;
-    /// @dev job => worker => a sub-job of it was condemned: it never holds a slot again.
+    /// @dev job => worker => a sub-job of it was dropped (condemned, missed or never claimed):
+    ///      it never holds a slot of the job again.
     mapping(uint256 => mapping(address => bool)) internal _excluded;
     mapping(address => uint64) internal _claimed;
     mapping(address => uint256) internal _credits;
@@ -310,17 +312,19 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         }
         c.pool += t.poolGain;
         totalPools += t.poolGain;
-        uint256 each;
-        if (t.accepted == 0) {
-            _credit(c.submitter, t.pot);
-        } else {
-            each = t.pot / t.accepted;
-            for (uint256 w; w < t.accepted; ++w) {
-                _credit(t.workers[w], each);
-            }
-            _credit(c.submitter, t.pot - each * t.accepted);
+        // The pot goes to the accepted sub-jobs of workers still in the job: a squatter that
+        // works one slot and idles another recovers nothing of the idle slot's bond.
+        uint256 sharers;
+        for (uint256 w; w < t.accepted; ++w) {
+            if (!_excluded[jobId][t.workers[w]]) ++sharers;
         }
+        uint256 each = sharers == 0 ? 0 : t.pot / sharers;
+        for (uint256 w; w < t.accepted; ++w) {
+            if (!_excluded[jobId][t.workers[w]]) _credit(t.workers[w], each);
+        }
+        _credit(c.submitter, t.pot - each * sharers);
         for (uint256 d; d < t.nNodes; ++d) {
+            if (_excluded[jobId][t.nodes[d]]) continue; // dropped this round: no record
             uint256 el = t.elapsed[d] == 0 ? 1 : t.elapsed[d];
             uint256 rate = t.steps[d] * 1000 / el;
             if (rate > type(uint64).max) rate = type(uint64).max;
@@ -543,15 +547,19 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return (uint256(c.innerSteps) * 1000 + c.roundDuration - 1) / c.roundDuration;
     }
 
-    /// @dev Slots a node may hold: capped by what it delivered when that fell short of its claim.
+    /// @dev Slots a node may hold in a job: one without a delivered record (no accepted inner
+    ///      run since it was last dropped), since its claimed rate is only its word; else capped
+    ///      by what it delivered when that fell short of its claim.
     function _cap(address node, uint256 claimedRate, uint256 required) internal view returns (uint32) {
         uint256 d = _delivered[node];
-        if (d == 0 || d * BPS >= claimedRate * (BPS - _toleranceBps)) return type(uint32).max;
+        if (d == 0) return 1;
+        if (d * BPS >= claimedRate * (BPS - _toleranceBps)) return type(uint32).max;
         uint256 cap = d / required;
         return cap == 0 ? 1 : (cap > MAX_SLOTS ? uint32(MAX_SLOTS) : uint32(cap));
     }
 
-    /// @dev Before a round: nodes over their throughput cap keep their lowest slots only.
+    /// @dev Before a round: excluded nodes lose their slots (bonds back: those slots were not
+    ///      the ones dropped); nodes over their cap keep their lowest slots only.
     function _enforceThroughput(uint256 jobId, CollabRec storage c) internal {
         uint32 n = c.maxWorkers;
         uint256 required = _required(c);
@@ -561,6 +569,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         for (uint32 i; i < n; ++i) {
             address h = _slots[jobId][i];
             if (h == address(0)) continue;
+            if (_excluded[jobId][h]) {
+                _release(jobId, i, h, RELEASE_EXCLUDED, true);
+                continue;
+            }
             uint256 s;
             while (s < m && seen[s] != h) ++s;
             if (s == m) seen[m++] = h;
@@ -618,7 +630,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
                 return _accept(slot, id, worker, j.committedAt, t);
             }
             dropReason = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
-            _excluded[jobId][worker] = true;
         } else if (j.status == IJobMarket.JobStatus.Claimed) {
             if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
             _market.reclaim(id);
@@ -634,12 +645,21 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint256 pre = _market.credits(address(this));
         _market.cancel(id);
         t.poolGain += _market.credits(address(this)) - pre;
-        // A dropped worker loses its slot (it held it all round: leaveSlot waits for the
-        // settlement); an idle one its slot bond too, to the pot the accepted workers share.
-        bool idle = dropReason == DROP_UNCLAIMED;
-        if (idle) t.pot += _slotBond;
-        _release(jobId, slot, worker, RELEASE_DROPPED, !idle);
+        // INVARIANT: a dropped worker loses its slot (it held it all round: leaveSlot waits
+        // for the settlement), is out of the job and loses its delivered record, so it holds
+        // one slot per job until it delivers again. A missed deadline, claimed or not, also
+        // forfeits the slot bond to the pot the round's other accepted workers share (a
+        // condemned worker's sub-job bond was slashed by the market, its slot bond comes back).
+        // Before, a claimed-and-missed sub-job cost only the market's missed-deadline share.
+        bool forfeit = dropReason != DROP_CONDEMNED;
+        if (forfeit) t.pot += _slotBond;
+        _release(jobId, slot, worker, RELEASE_DROPPED, !forfeit);
         emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
+        _delivered[worker] = 0;
+        if (!_excluded[jobId][worker]) {
+            _excluded[jobId][worker] = true;
+            emit WorkerExcluded(jobId, worker, dropReason);
+        }
     }
 
     /// @dev The few fields of `market.getJob` settlement reads. IJobMarket.Job is all static
