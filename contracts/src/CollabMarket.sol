@@ -101,8 +101,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     /// @dev market job id => collabJobId << 64 | round << 32 | slot
     mapping(uint256 => uint256) internal _subJobOf;
     mapping(address => uint64) internal _delivered;
-    /// @dev job => worker => a sub-job of it was dropped (condemned, missed or never claimed):
-    ///      it never holds a slot of the job again.
+    /// @dev job => worker => a sub-job of it was condemned: it never holds a slot again.
     mapping(uint256 => mapping(address => bool)) internal _excluded;
     mapping(address => uint64) internal _claimed;
     mapping(address => uint256) internal _credits;
@@ -117,6 +116,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint64 mask;
         address[] workers; // accepted, one entry per accepted sub-job
         address[] nodes; // distinct accepted nodes
+        address[] dropped; // workers dropped this round: no pot share, no record
+        uint256 nDropped;
         uint256[] steps;
         uint256[] elapsed;
         uint256 nNodes;
@@ -295,6 +296,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         t.nodes = new address[](n);
         t.steps = new uint256[](n);
         t.elapsed = new uint256[](n);
+        t.dropped = new address[](n);
         t.jobId = jobId;
         t.round = r;
         t.start = rr.start;
@@ -312,19 +314,19 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         }
         c.pool += t.poolGain;
         totalPools += t.poolGain;
-        // The pot goes to the accepted sub-jobs of workers still in the job: a squatter that
-        // works one slot and idles another recovers nothing of the idle slot's bond.
+        // The pot goes to the accepted sub-jobs of workers not dropped this round: a squatter
+        // that works one slot and idles another recovers nothing of the idle slot's bond.
         uint256 sharers;
         for (uint256 w; w < t.accepted; ++w) {
-            if (!_excluded[jobId][t.workers[w]]) ++sharers;
+            if (!_droppedIn(t, t.workers[w])) ++sharers;
         }
         uint256 each = sharers == 0 ? 0 : t.pot / sharers;
         for (uint256 w; w < t.accepted; ++w) {
-            if (!_excluded[jobId][t.workers[w]]) _credit(t.workers[w], each);
+            if (!_droppedIn(t, t.workers[w])) _credit(t.workers[w], each);
         }
         _credit(c.submitter, t.pot - each * sharers);
         for (uint256 d; d < t.nNodes; ++d) {
-            if (_excluded[jobId][t.nodes[d]]) continue; // dropped this round: no record
+            if (_droppedIn(t, t.nodes[d])) continue; // its record stays cleared
             uint256 el = t.elapsed[d] == 0 ? 1 : t.elapsed[d];
             uint256 rate = t.steps[d] * 1000 / el;
             if (rate > type(uint64).max) rate = type(uint64).max;
@@ -646,20 +648,29 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         _market.cancel(id);
         t.poolGain += _market.credits(address(this)) - pre;
         // INVARIANT: a dropped worker loses its slot (it held it all round: leaveSlot waits
-        // for the settlement), is out of the job and loses its delivered record, so it holds
-        // one slot per job until it delivers again. A missed deadline, claimed or not, also
-        // forfeits the slot bond to the pot the round's other accepted workers share (a
-        // condemned worker's sub-job bond was slashed by the market, its slot bond comes back).
-        // Before, a claimed-and-missed sub-job cost only the market's missed-deadline share.
+        // for the settlement) and its delivered record, so it holds one slot per job until it
+        // delivers again (its extra slots go at each job's next startRound). A missed
+        // deadline, claimed or not, also forfeits the slot bond to the pot the round's other
+        // accepted workers share; a condemned run's worker (its sub-job bond slashed by the
+        // market, its slot bond back) is out of the job. Before, a claimed-and-missed sub-job
+        // cost only the market's missed-deadline share: cheaper than leaving it unclaimed.
         bool forfeit = dropReason != DROP_CONDEMNED;
         if (forfeit) t.pot += _slotBond;
         _release(jobId, slot, worker, RELEASE_DROPPED, !forfeit);
         emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
         _delivered[worker] = 0;
-        if (!_excluded[jobId][worker]) {
+        if (!_droppedIn(t, worker)) t.dropped[t.nDropped++] = worker;
+        if (dropReason == DROP_CONDEMNED && !_excluded[jobId][worker]) {
             _excluded[jobId][worker] = true;
-            emit WorkerExcluded(jobId, worker, dropReason);
+            emit WorkerExcluded(jobId, worker);
         }
+    }
+
+    function _droppedIn(Tally memory t, address worker) internal pure returns (bool) {
+        for (uint256 i; i < t.nDropped; ++i) {
+            if (t.dropped[i] == worker) return true;
+        }
+        return false;
     }
 
     /// @dev The few fields of `market.getJob` settlement reads. IJobMarket.Job is all static
