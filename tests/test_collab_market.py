@@ -883,6 +883,48 @@ def test_a_worker_that_misses_loses_its_extra_slots(net: Net) -> None:
     conserved(net)
 
 
+def test_a_condemned_worker_loses_its_other_slots_in_the_job(net: Net) -> None:
+    """A node with a record holds two slots, works one honestly and cheats on the other:
+    the condemned run excludes it, its pot share goes to the honest worker alone, and
+    the next round releases its honest slot too (reason 4, bond back), so it holds
+    nothing in a job it was proven wrong in."""
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    b = slot_bond(net)
+    job = post(net, terms(rounds=3, min_workers=1))
+    cheat, w0 = net.workers[0], net.workers[1]
+    cheat.collab.claim_slot(job, 1, RATE)
+    w0.collab.claim_slot(job, 1, RATE)
+    honest_round(net, job, 0)
+    assert cheat.collab.claim_slot(job, 1, c.delivered_of(cheat.address)) == [2]
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 1)
+    work(net, job, 1, slots=[0, 1])
+    cheat.market.claim_job(ids[2])
+    leaves, tree = fake_trace(ids[2], SEGS, K, tag="cheat", init=init(1))
+    cheat.market.commit_trace(ids[2], leaves, tree)
+    did = net.verifiers[0].market.challenge(ids[2], 0, leaves[0], tree.proof(0), leaves[1],
+                                            tree.proof(1))
+    chain.advance(int(chain.reader.dispute.call("params").clock) + 1)
+    net.outsider.dispute.timeout(did)
+    chain.advance(window(net) + mp.dispute_grace)
+    r = net.outsider.collab.settle_round(job)
+    to_sub = SUB_REWARD * mp.bond_factor_bps // BPS * mp.submitter_share_bps // BPS
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"], st["perWorker"]) == (0b011, to_sub, to_sub)
+    assert c.credits(w0.address) == to_sub
+    assert c.events(r, "WorkerExcluded")[0]["args"]["node"] == cheat.address
+    assert c.credits(cheat.address) == b  # the condemned slot's bond: the market slashed
+    post_outer(net, net.submitter, job, 1)
+    accept_outer(net, job, 1)
+    r = net.outsider.collab.start_round(job)
+    rel = c.events(r, "SlotReleased")[0]["args"]
+    assert (rel["slot"], rel["node"], rel["reason"]) == (0, cheat.address, 4)
+    assert c.credits(cheat.address) == 2 * b
+    assert sub_jobs(net, job, 2)[0] == 0 and cheat.address not in c.slot_holders(job)
+    conserved(net)
+
+
 # --- (h) bad inputs --------------------------------------------------------------------------
 
 
