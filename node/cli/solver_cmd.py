@@ -36,8 +36,7 @@ def run(
     max_jobs: int = typer.Option(1, "--max-jobs", min=1, help="Jobs trained at once."),
     collab_slots: int = typer.Option(
         1, "--collab-slots", min=0, max=64,
-        help="Slots to take in each collaborative (DiLoCo) job (0: none); one "
-             "until the node has an accepted inner run on record."),
+        help="Slots to take in each collaborative (DiLoCo) job (0: none)."),
     duration: float | None = typer.Option(None, "--duration",
                                           help="Stop after this many seconds."),
 ) -> None:
