@@ -62,7 +62,7 @@ class Net:
     outsider: ChainClient
 
     def by_address(self, addr: str) -> ChainClient:
-        return next(c for c in [*self.workers, *self.verifiers] if c.address == addr)
+        return next(c for c in self.chain.clients if c.address == addr)
 
 
 def solver(chain: LocalChain, i: int) -> ChainClient:
@@ -70,6 +70,12 @@ def solver(chain: LocalChain, i: int) -> ChainClient:
     w = chain.join(i, SOLVER, 500 * TOKEN)
     w.token.approve(w.collab.address, 1_000 * TOKEN)
     return w
+
+
+def fresh_solver(chain: LocalChain, i: int) -> ChainClient:
+    """A registered solver past the deployment's funded accounts (``i`` >= 10)."""
+    chain.extra(i, 1_000 * TOKEN)
+    return solver(chain, i)
 
 
 @pytest.fixture
@@ -357,11 +363,17 @@ def test_a_reserved_job_samples_its_final_segment_and_few_others(net: Net) -> No
 
 
 def test_missed_deadline_drops_the_worker_and_shares_its_slash(net: Net) -> None:
+    """An honest worker that claims its sub-job and misses the deadline once: it loses the
+    market's missed-deadline share of its sub-job bond and its slot bond (issue 30 item 5:
+    before, the slot bond came back), both to the round's accepted workers, and its
+    delivered record; the job goes on, and it rejoins with one slot."""
     chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    b = slot_bond(net)
     mp = m.market_params()
     job = post(net, terms())
-    claim_all(net, job)
     late = net.workers[2]
+    bal0 = late.token.balance_of(late.address)
+    claim_all(net, job)
     net.outsider.collab.start_round(job)
     ids = sub_jobs(net, job, 0)
     work(net, job, 0, slots=[0, 1])
@@ -377,27 +389,30 @@ def test_missed_deadline_drops_the_worker_and_shares_its_slash(net: Net) -> None
     assert (drop["slot"], drop["worker"], drop["reason"]) == (2, late.address, 0)
     st = c.events(r, "RoundSettled")[0]["args"]
     assert (st["acceptedMask"], st["sharedPot"], st["perWorker"]) == \
-        (0b011, slashed, slashed // 2)
-    for w in net.workers[:2]:  # part of its bond to the others
-        assert c.credits(w.address) == slashed // 2
+        (0b011, slashed + b, (slashed + b) // 2)
+    for w in net.workers[:2]:  # part of its sub-job bond and its slot bond to the others
+        assert c.credits(w.address) == (slashed + b) // 2
+    assert not c.events(r, "WorkerExcluded")  # a miss is not a proven wrong
     assert late.registry.locked_stake(late.address) == 0
     assert late.registry.free_stake(late.address) == 500 * TOKEN - slashed
     assert c.slot_holders(job)[2] == "0x" + "00" * 20  # its slot is freed
-    # It claimed its run, so the market's slash is its penalty: its slot bond comes back.
-    assert c.credits(late.address) == slot_bond(net)
+    assert c.credits(late.address) == 0  # its slot bond is gone
+    assert not c.is_excluded(job, late.address) and c.delivered_of(late.address) == 0
     assert m.get_job(ids[2]).status == JobStatus.CANCELLED
     assert c.get_collab(job).phase == RoundPhase.OUTER  # 2 >= minWorkers: the round holds
     conserved(net)
     post_outer(net, net.submitter, job, 0)
     accept_outer(net, job, 0)
-    # it claims a slot again and rejoins the next round
+    # it claims a slot again (one: its record is gone), with a new bond, and rejoins
     assert late.collab.claim_slot(job, 1, RATE) == [2]
     honest_round(net, job, 1)
     assert c.get_round(job, 1).accepted_slots() == [0, 1, 2]
     assert c.get_collab(job).status == CollabStatus.FINISHED
     assert m.credits(late.address) == SUB_REWARD
     for w in net.workers[:2]:  # + its slot bond: the job is over
-        assert w.collab.withdraw() == slashed // 2 + slot_bond(net)
+        assert w.collab.withdraw() == (slashed + b) // 2 + b
+    assert late.collab.withdraw() == b  # its second bond only: the first is gone
+    assert late.token.balance_of(late.address) == bal0 - b
     conserved(net)
 
 
@@ -427,7 +442,7 @@ def test_below_min_workers_retries_then_fails_and_refunds(net: Net) -> None:
                 (CollabStatus.RUNNING, RoundPhase.IDLE, 0, attempt + 1)
             assert c.events(r, "RoundRetried")
             assert revert(net.outsider.collab.start_round, job).error == "TooFewWorkers"
-            w1.collab.claim_slot(job, 1, RATE)
+            w1.collab.claim_slot(job, 1, RATE)  # a new bond each time
     j = c.get_collab(job)
     assert j.status == CollabStatus.FAILED and j.pool == 0
     ev = c.events(r, "CollabFailed")[0]["args"]
@@ -743,27 +758,33 @@ def test_condemned_worker_is_dropped_and_its_slash_share_reaches_the_others(net:
 
 def test_a_node_that_under_delivers_cannot_keep_many_slots(net: Net) -> None:
     chain, c = net.chain, net.chain.reader.collab
-    job = post(net, terms(rounds=2, max_workers=3, min_workers=1))
+    job = post(net, terms(rounds=3, max_workers=3, min_workers=1))
     slow, other = net.workers[0], net.workers[1]
     required = -(-H * 1000 // ROUND)  # 17 milli-steps/s per slot
     e = revert(slow.collab.claim_slot, job, 2, 2 * required - 1)
     assert (e.error, e.error_args) == ("ThroughputTooLow", {"claimed": 2 * required - 1,
                                                             "needed": 2 * required})
-    claimed = 20_000  # claims far more than it delivers
-    assert slow.collab.claim_slot(job, 2, claimed) == [0, 1]
+    # No delivered record: its claimed rate is only its word, so one slot.
+    e = revert(slow.collab.claim_slot, job, 2, 20_000)
+    assert (e.error, e.error_args) == ("SlotCapExceeded", {"wouldHold": 2, "cap": 1})
+    assert slow.collab.claim_slot(job, 1, 20_000) == [0]
+    honest_round(net, job, 0)  # it commits at once: a fast record
+    claimed = c.delivered_of(slow.address)
+    assert claimed >= 2 * required
+    assert slow.collab.claim_slot(job, 1, claimed) == [1]  # its record covers two slots
     net.outsider.collab.start_round(job)
-    start = c.get_round(job, 0).start
+    start = c.get_round(job, 1).start
     chain.advance(ROUND - 10)  # it commits both inner runs just before the deadline
-    work(net, job, 0)
+    work(net, job, 1)
     chain.advance(window(net))
     r = net.outsider.collab.settle_round(job)
-    committed = chain.reader.market.get_job(sub_jobs(net, job, 0)[1]).committed_at
+    committed = chain.reader.market.get_job(sub_jobs(net, job, 1)[1]).committed_at
     delivered = 2 * H * 1000 // (committed - start)
     assert c.delivered_of(slow.address) == delivered
     assert c.events(r, "DeliveredRecorded")[0]["args"]["milliStepsPerSec"] == delivered
     assert delivered // required == 1  # it can run one slot's rate, not two
-    post_outer(net, net.submitter, job, 0)
-    accept_outer(net, job, 0)
+    post_outer(net, net.submitter, job, 1)
+    accept_outer(net, job, 1)
     # it may not take more slots while its claim outruns what it delivered ...
     e = revert(slow.collab.claim_slot, job, 1, claimed)
     assert (e.error, e.error_args) == ("SlotCapExceeded", {"wouldHold": 3, "cap": 1})
@@ -775,10 +796,132 @@ def test_a_node_that_under_delivers_cannot_keep_many_slots(net: Net) -> None:
     rel = c.events(r, "SlotReleased")[0]["args"]
     assert (rel["slot"], rel["node"], rel["reason"]) == (1, slow.address, 2)
     assert c.slot_holders(job) == [slow.address, "0x" + "00" * 20, "0x" + "00" * 20]
-    ids = sub_jobs(net, job, 1)
+    ids = sub_jobs(net, job, 2)
     assert ids[0] != 0 and ids[1] == 0
     # another node takes the freed slot (from the next round on)
     assert other.collab.claim_slot(job, 1, RATE) == [1]
+    conserved(net)
+
+
+def test_a_squatter_without_a_record_holds_one_slot_and_pays_for_missing(net: Net) -> None:
+    """Issue 30 item 5, the attack replayed. Before: one address with 130 POL took all 16
+    slots of a job (its self-declared rate was uncapped: it had never delivered), claimed
+    each sub-job and let the deadline pass. It lost 50% of a 0.94 POL sub-job bond per
+    slot, got its slot bonds back, was not excluded, and the job FAILED after 3 attempts in
+    184 s for 22.5 POL, 10.7x cheaper than the idle path (a slot bond per idle slot). Now:
+    with no delivered record it takes one slot whatever rate it claims; missing it forfeits
+    the slot bond to the honest workers beside the market's share, and the job goes on
+    with the others. Each retry it squats costs it another slot bond."""
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    b = slot_bond(net)
+    squatter = fresh_solver(chain, 10)
+    bal0 = squatter.token.balance_of(squatter.address)
+    job = post(net, terms())
+    e = revert(squatter.collab.claim_slot, job, 3, 10**12)
+    assert (e.error, e.error_args) == ("SlotCapExceeded", {"wouldHold": 3, "cap": 1})
+    assert squatter.collab.claim_slot(job, 1, 10**12) == [0]
+    e = revert(squatter.collab.claim_slot, job, 1, 10**12)  # nor one at a time
+    assert (e.error, e.error_args) == ("SlotCapExceeded", {"wouldHold": 2, "cap": 1})
+    honest = net.workers[:2]
+    for w in honest:
+        w.collab.claim_slot(job, 1, RATE)
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 0)
+    squatter.market.claim_job(ids[0])  # ... and lets the deadline pass
+    work(net, job, 0, slots=[1, 2])
+    chain.advance(ROUND + window(net) + 1)
+    r = net.outsider.collab.settle_round(job)
+    slashed = SUB_REWARD * mp.bond_factor_bps // BPS * mp.missed_deadline_slash_bps // BPS
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"]) == (0b110, slashed + b)
+    for w in honest:
+        assert c.credits(w.address) == (slashed + b) // 2
+    assert c.get_collab(job).phase == RoundPhase.OUTER  # the job goes on
+    assert c.credits(squatter.address) == 0
+    assert squatter.token.balance_of(squatter.address) == bal0 - b
+    assert squatter.registry.free_stake(squatter.address) == 500 * TOKEN - slashed
+    conserved(net)
+    # Squatting the retry costs another bond, for one slot again.
+    assert squatter.collab.claim_slot(job, 1, 10**12) == [0]
+    assert squatter.token.balance_of(squatter.address) == bal0 - 2 * b
+    conserved(net)
+
+
+def test_a_worker_that_misses_loses_its_extra_slots(net: Net) -> None:
+    """A node with a record holds two slots in job A and two in job B. In A it works one
+    slot and lets the other's sub-job lapse: that slot's bond goes to the honest worker
+    (none of the pot to its own accepted slot) and its record is cleared, so B's next
+    round releases its extra slot there (bond back) and A refuses it a second one."""
+    chain, c = net.chain, net.chain.reader.collab
+    b = slot_bond(net)
+    job = post(net, terms(rounds=3, min_workers=1))
+    job_b = post(net, terms(rounds=1, min_workers=1))
+    sq, w0 = net.workers[0], net.workers[1]
+    sq.collab.claim_slot(job, 1, RATE)
+    w0.collab.claim_slot(job, 1, RATE)
+    honest_round(net, job, 0)
+    rec = c.delivered_of(sq.address)
+    assert sq.collab.claim_slot(job, 1, rec) == [2]  # a record: a second slot
+    assert sq.collab.claim_slot(job_b, 2, rec) == [0, 1]
+    net.outsider.collab.start_round(job)
+    work(net, job, 1, slots=[0, 1])  # slot 2's sub-job is never claimed
+    chain.advance(ROUND + window(net) + 1)
+    r = net.outsider.collab.settle_round(job)
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"], st["perWorker"]) == (0b011, b, b)
+    assert c.credits(w0.address) == b and c.credits(sq.address) == 0
+    assert c.delivered_of(sq.address) == 0  # its accepted slot 0 recorded nothing
+    conserved(net)
+    e = revert(sq.collab.claim_slot, job, 1, rec)
+    assert (e.error, e.error_args) == ("SlotCapExceeded", {"wouldHold": 2, "cap": 1})
+    r = net.outsider.collab.start_round(job_b)
+    rel = c.events(r, "SlotReleased")[0]["args"]
+    assert (rel["slot"], rel["node"], rel["reason"]) == (1, sq.address, 2)
+    assert c.credits(sq.address) == b  # B's slot 1 was not the one it missed
+    assert c.slot_holders(job_b) == [sq.address, "0x" + "00" * 20, "0x" + "00" * 20]
+    conserved(net)
+
+
+def test_a_condemned_worker_loses_its_other_slots_in_the_job(net: Net) -> None:
+    """A node with a record holds two slots, works one honestly and cheats on the other:
+    the condemned run excludes it, its pot share goes to the honest worker alone, and
+    the next round releases its honest slot too (reason 4, bond back), so it holds
+    nothing in a job it was proven wrong in."""
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    b = slot_bond(net)
+    job = post(net, terms(rounds=3, min_workers=1))
+    cheat, w0 = net.workers[0], net.workers[1]
+    cheat.collab.claim_slot(job, 1, RATE)
+    w0.collab.claim_slot(job, 1, RATE)
+    honest_round(net, job, 0)
+    assert cheat.collab.claim_slot(job, 1, c.delivered_of(cheat.address)) == [2]
+    net.outsider.collab.start_round(job)
+    ids = sub_jobs(net, job, 1)
+    work(net, job, 1, slots=[0, 1])
+    cheat.market.claim_job(ids[2])
+    leaves, tree = fake_trace(ids[2], SEGS, K, tag="cheat", init=init(1))
+    cheat.market.commit_trace(ids[2], leaves, tree)
+    did = net.verifiers[0].market.challenge(ids[2], 0, leaves[0], tree.proof(0), leaves[1],
+                                            tree.proof(1))
+    chain.advance(int(chain.reader.dispute.call("params").clock) + 1)
+    net.outsider.dispute.timeout(did)
+    chain.advance(window(net) + mp.dispute_grace)
+    r = net.outsider.collab.settle_round(job)
+    to_sub = SUB_REWARD * mp.bond_factor_bps // BPS * mp.submitter_share_bps // BPS
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"], st["perWorker"]) == (0b011, to_sub, to_sub)
+    assert c.credits(w0.address) == to_sub
+    assert c.events(r, "WorkerExcluded")[0]["args"]["node"] == cheat.address
+    assert c.credits(cheat.address) == b  # the condemned slot's bond: the market slashed
+    post_outer(net, net.submitter, job, 1)
+    accept_outer(net, job, 1)
+    r = net.outsider.collab.start_round(job)
+    rel = c.events(r, "SlotReleased")[0]["args"]
+    assert (rel["slot"], rel["node"], rel["reason"]) == (0, cheat.address, 4)
+    assert c.credits(cheat.address) == 2 * b
+    assert sub_jobs(net, job, 2)[0] == 0 and cheat.address not in c.slot_holders(job)
     conserved(net)
 
 

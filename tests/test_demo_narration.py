@@ -62,7 +62,7 @@ def test_every_field_is_decoded_for_people() -> None:
     assert "1796391574" not in out and "deadline=20" in out  # a date, 20xx-..
     assert "bond=5 POL" in out
     assert "verdict=invalid (solver lost)" in out and "slashedBond=33.33 POL" in out
-    assert "reason=dropped: missed its run (bond lost)" in out
+    assert "reason=dropped (bond lost if it missed, back if condemned)" in out
     assert "acceptedMask=slots [0, 1, 3]" in out and "perWorker=1e-18 POL" in out
     assert "to=burn (0x…dEaD)" in out and "fromLocked=yes" in out
 

@@ -27,6 +27,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint8 internal constant RELEASE_DROPPED = 1;
     uint8 internal constant RELEASE_THROUGHPUT = 2;
     uint8 internal constant RELEASE_JOB_OVER = 3;
+    uint8 internal constant RELEASE_EXCLUDED = 4;
     uint8 internal constant DROP_MISSED = 0;
     uint8 internal constant DROP_CONDEMNED = 1;
     uint8 internal constant DROP_UNCLAIMED = 2;
@@ -115,6 +116,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint64 mask;
         address[] workers; // accepted, one entry per accepted sub-job
         address[] nodes; // distinct accepted nodes
+        address[] dropped; // workers dropped this round: no pot share, no record
+        uint256 nDropped;
         uint256[] steps;
         uint256[] elapsed;
         uint256 nNodes;
@@ -293,6 +296,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         t.nodes = new address[](n);
         t.steps = new uint256[](n);
         t.elapsed = new uint256[](n);
+        t.dropped = new address[](n);
         t.jobId = jobId;
         t.round = r;
         t.start = rr.start;
@@ -310,17 +314,19 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         }
         c.pool += t.poolGain;
         totalPools += t.poolGain;
-        uint256 each;
-        if (t.accepted == 0) {
-            _credit(c.submitter, t.pot);
-        } else {
-            each = t.pot / t.accepted;
-            for (uint256 w; w < t.accepted; ++w) {
-                _credit(t.workers[w], each);
-            }
-            _credit(c.submitter, t.pot - each * t.accepted);
+        // The pot goes to the accepted sub-jobs of workers not dropped this round: a squatter
+        // that works one slot and idles another recovers nothing of the idle slot's bond.
+        uint256 sharers;
+        for (uint256 w; w < t.accepted; ++w) {
+            if (!_droppedIn(t, t.workers[w])) ++sharers;
         }
+        uint256 each = sharers == 0 ? 0 : t.pot / sharers;
+        for (uint256 w; w < t.accepted; ++w) {
+            if (!_droppedIn(t, t.workers[w])) _credit(t.workers[w], each);
+        }
+        _credit(c.submitter, t.pot - each * sharers);
         for (uint256 d; d < t.nNodes; ++d) {
+            if (_droppedIn(t, t.nodes[d])) continue; // its record stays cleared
             uint256 el = t.elapsed[d] == 0 ? 1 : t.elapsed[d];
             uint256 rate = t.steps[d] * 1000 / el;
             if (rate > type(uint64).max) rate = type(uint64).max;
@@ -543,15 +549,19 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return (uint256(c.innerSteps) * 1000 + c.roundDuration - 1) / c.roundDuration;
     }
 
-    /// @dev Slots a node may hold: capped by what it delivered when that fell short of its claim.
+    /// @dev Slots a node may hold in a job: one without a delivered record (no accepted inner
+    ///      run since it was last dropped), since its claimed rate is only its word; else capped
+    ///      by what it delivered when that fell short of its claim.
     function _cap(address node, uint256 claimedRate, uint256 required) internal view returns (uint32) {
         uint256 d = _delivered[node];
-        if (d == 0 || d * BPS >= claimedRate * (BPS - _toleranceBps)) return type(uint32).max;
+        if (d == 0) return 1;
+        if (d * BPS >= claimedRate * (BPS - _toleranceBps)) return type(uint32).max;
         uint256 cap = d / required;
         return cap == 0 ? 1 : (cap > MAX_SLOTS ? uint32(MAX_SLOTS) : uint32(cap));
     }
 
-    /// @dev Before a round: nodes over their throughput cap keep their lowest slots only.
+    /// @dev Before a round: excluded nodes lose their slots (bonds back: those slots were not
+    ///      the ones dropped); nodes over their cap keep their lowest slots only.
     function _enforceThroughput(uint256 jobId, CollabRec storage c) internal {
         uint32 n = c.maxWorkers;
         uint256 required = _required(c);
@@ -561,6 +571,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         for (uint32 i; i < n; ++i) {
             address h = _slots[jobId][i];
             if (h == address(0)) continue;
+            if (_excluded[jobId][h]) {
+                _release(jobId, i, h, RELEASE_EXCLUDED, true);
+                continue;
+            }
             uint256 s;
             while (s < m && seen[s] != h) ++s;
             if (s == m) seen[m++] = h;
@@ -619,7 +633,6 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
                 return _accept(slot, id, worker, j.committedAt, t);
             }
             dropReason = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
-            _excluded[jobId][worker] = true;
         } else if (j.status == IJobMarket.JobStatus.Claimed) {
             if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
             _market.reclaim(id);
@@ -635,12 +648,30 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint256 pre = _market.credits(address(this));
         _market.cancel(id);
         t.poolGain += _market.credits(address(this)) - pre;
-        // A dropped worker loses its slot (it held it all round: leaveSlot waits for the
-        // settlement); an idle one its slot bond too, to the pot the accepted workers share.
-        bool idle = dropReason == DROP_UNCLAIMED;
-        if (idle) t.pot += _slotBond;
-        _release(jobId, slot, worker, RELEASE_DROPPED, !idle);
+        // INVARIANT: a dropped worker loses its slot (it held it all round: leaveSlot waits
+        // for the settlement) and its delivered record, so it holds one slot per job until it
+        // delivers again (its extra slots go at each job's next startRound). A missed
+        // deadline, claimed or not, also forfeits the slot bond to the pot the round's other
+        // accepted workers share; a condemned run's worker (its sub-job bond slashed by the
+        // market, its slot bond back) is out of the job. Before, a claimed-and-missed sub-job
+        // cost only the market's missed-deadline share: cheaper than leaving it unclaimed.
+        bool forfeit = dropReason != DROP_CONDEMNED;
+        if (forfeit) t.pot += _slotBond;
+        _release(jobId, slot, worker, RELEASE_DROPPED, !forfeit);
         emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
+        _delivered[worker] = 0;
+        if (!_droppedIn(t, worker)) t.dropped[t.nDropped++] = worker;
+        if (dropReason == DROP_CONDEMNED && !_excluded[jobId][worker]) {
+            _excluded[jobId][worker] = true;
+            emit WorkerExcluded(jobId, worker);
+        }
+    }
+
+    function _droppedIn(Tally memory t, address worker) internal pure returns (bool) {
+        for (uint256 i; i < t.nDropped; ++i) {
+            if (t.dropped[i] == worker) return true;
+        }
+        return false;
     }
 
     /// @dev The few fields of `market.getJob` settlement reads. IJobMarket.Job is all static

@@ -24,7 +24,8 @@ the verifier daemons alike:
   challenges, and jury duty on the OuterJury (commit, then reveal, "valid" iff the
   posted hash is our recomputation; a silent or minority juror loses stake).
 - **Slots** (solvers only): claim ``want_slots`` free slots with the throughput the
-  probe measured for the job's inner run.
+  probe measured for the job's inner run; one while the node has no delivered record
+  (the market's rule: a node never accepted, or that missed since, holds one per job).
 """
 
 from __future__ import annotations
@@ -705,6 +706,10 @@ class CollabFollower:
         held = sum(1 for h in holders if str(h).lower() == rt.address.lower())
         free = sum(1 for h in holders if int(str(h), 16) == 0)
         want = min(self.want_slots - held, free)
+        if want > 0 and not await rt.chain(c.collab.delivered_of, rt.address):
+            # No delivered record (never accepted, or missed since): the market allows one
+            # slot per job, so asking for more would only revert (SlotCapExceeded).
+            want = min(want, 1 - held)
         if want <= 0:
             return
         await self._check_round_zero(cid, job)

@@ -131,12 +131,14 @@ interface ICollabMarket {
         uint32 rounds
     );
     event SlotClaimed(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint64 claimedMilliStepsPerSec);
-    event SlotReleased(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint8 reason); // 0 left, 1 dropped, 2 throughput, 3 job over
+    event SlotReleased(uint256 indexed jobId, uint32 indexed slot, address indexed node, uint8 reason); // 0 left, 1 dropped, 2 throughput, 3 job over, 4 excluded
     event RoundStarted(uint256 indexed jobId, uint32 round, uint32 attempt, uint64 deadline, uint256[] subJobs);
     event SubJobPosted(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker);
     event SubJobAccepted(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker);
     event SubJobDropped(uint256 indexed jobId, uint32 round, uint32 slot, uint256 marketJobId, address worker, uint8 reason); // 0 missed, 1 condemned, 2 never claimed
     event DeliveredRecorded(address indexed node, uint64 milliStepsPerSec);
+    /// @notice A sub-job of `node` in `jobId` was condemned: it is out of the job for good.
+    event WorkerExcluded(uint256 indexed jobId, address indexed node);
     event RoundSettled(uint256 indexed jobId, uint32 round, uint64 acceptedMask, uint32 accepted, uint256 sharedPot, uint256 perWorker);
     event RoundRetried(uint256 indexed jobId, uint32 round, uint32 retries);
     event CollabFailed(uint256 indexed jobId, uint32 round, uint256 refund);
@@ -196,7 +198,10 @@ interface ICollabMarket {
     ///         next round started. `claimedMilliStepsPerSec` must cover count x the required
     ///         per-slot rate (innerSteps * 1000 / roundDuration). A node whose delivered
     ///         record (`deliveredOf`) is below its claim x (1 - throughputToleranceBps) may
-    ///         hold at most max(1, delivered / required) slots of the job.
+    ///         hold at most max(1, delivered / required) slots of the job; a node with no record
+    ///         (no accepted inner run since its last dropped one: a missed deadline or a
+    ///         condemned run clears the record) at most one. A node whose inner run in the job
+    ///         was condemned is out of it (`ExcludedWorker`).
     function claimSlot(uint256 jobId, uint32 count, uint64 claimedMilliStepsPerSec) external;
 
     /// @notice The holder frees `slot`; a sub-job already posted for it stays the holder's.
