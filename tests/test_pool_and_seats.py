@@ -238,14 +238,12 @@ def test_moves_after_the_request_change_no_one_elses_seat(net: Net) -> None:
     assert c.reader.dispute.get_dispute(did).jury == plain
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 2 is open: the sortition pool is "
-                   "append-only, so dead entries dilute draws (see docs/protocol.md)")
 def test_dead_entries_do_not_dilute_the_pool(chain: LocalChain) -> None:
-    """Open: addresses that staked the minimum once and unbonded stay in the append-only
-    pool, and each costs a draw a try (issue 30 measured quorum in 0.43 / 0.05 of draws
-    with 80 / 320 dead entries beside 6 live jurors). Here 40 dead entries beside 6 live
-    verifiers: every draw of 3 must still seat 3. Strict: it fails the suite once the
-    pool stops diluting, so the marker goes with the fix."""
+    """Before: addresses that staked the minimum once and unbonded stayed in the
+    append-only pool, and each cost a draw a try (issue 30 measured quorum in 0.43 /
+    0.05 of draws with 80 / 320 dead entries beside 6 live jurors). Now a dead entry
+    weighs 0 in the sortition tree: with 40 dead entries beside 6 live verifiers every
+    draw of 3 seats 3."""
     reg = chain.reader.registry
     live = [chain.join(i, VERIFIER, STAKE) for i in range(3, 9)]
     min_v = int(reg.call("minVerifierStake"))

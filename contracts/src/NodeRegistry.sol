@@ -6,6 +6,7 @@ import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+import {SortitionTree} from "./libraries/SortitionTree.sol";
 
 /// @title NodeRegistry
 /// @notice Roles, identities and stake of polnet nodes. See {INodeRegistry}.
@@ -15,6 +16,7 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      draw and close seats (`drawSeats`, `closeSeats`).
 contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
+    using SortitionTree for SortitionTree.Tree;
 
     uint8 public constant SOLVER = 1;
     uint8 public constant VERIFIER = 2;
@@ -25,7 +27,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     uint256 public immutable override minVerifierStake;
     uint256 public immutable override sortitionCap;
 
-    /// @dev Tries per wanted seat in `sortition`: bounds its gas whatever the pool holds.
+    /// @dev Tries per wanted seat in `sortition` (a try lands on live stake; it is spent only
+    ///      on an excluded, already picked or since-moved node): bounds the draw's gas.
     uint256 public constant DRAW_ATTEMPTS = 8;
     /// @dev Bounds timestamps kept as uint64 (`unbondAvailableAt`).
     uint256 internal constant MAX_DELAY = 10 * 365 days;
@@ -47,6 +50,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint40 registeredAt;
         uint40 unbondAvailableAt;
         uint40 changedAt;
+        uint32 slot; // 1-based sortition slot, 0 until the node first has draw weight
+        uint64 weight; // its draw weight in the tree now, in WEIGHT_UNITs
         // Here, not after the stake word: it keeps free stake out of the flags' word.
         uint256 unbondingStake;
         uint96 freeStake;
@@ -61,11 +66,16 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     ///      it fits the stake word beside free and locked.
     uint256 public constant SEAT_UNIT = 1e9;
 
+    /// @dev Draw weights are kept in units of 1e13 wei (1e-5 POL): the registry's total,
+    ///      below 2^96 wei, stays below the tree's 2^53 units.
+    uint256 public constant WEIGHT_UNIT = 1e13;
+
     mapping(address => Rec) internal _nodes;
-    /// @dev The sortition pool, append-only: an index never moves, so a draw over the
-    ///      first n entries means the same whatever registers after it.
+    /// @dev The sortition pool, append-only: slot i + 1 of `_tree` is `_pool[i]`, its
+    ///      weight min(free + seat-locked, sortitionCap) while a verifier, else 0, so dead
+    ///      entries weigh nothing and a draw never lands on them.
     address[] internal _pool;
-    mapping(address => bool) internal _inPool;
+    SortitionTree.Tree internal _tree;
 
     modifier onlyAuthorized() {
         // INVARIANT: only the market and the dispute game move locked stake or slash.
@@ -266,6 +276,11 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         emit SeatsLocked(picked, units * SEAT_UNIT, msg.sender);
     }
 
+    /// @inheritdoc INodeRegistry
+    function snapshot() external onlySlasher returns (uint256 poolLen) {
+        return _tree.snapshot();
+    }
+
     function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
         external
         onlySlasher
@@ -378,24 +393,21 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     ) internal view returns (address[] memory picked) {
         if (poolLen > _pool.length) poolLen = _pool.length;
         picked = new address[](want < poolLen ? want : poolLen);
+        // INVARIANT: the tree is read as of the snapshot, so no move after it shifts
+        // where a try lands; dead slots weigh 0 and are never landed on.
+        uint256 total = poolLen == 0 ? 0 : _tree.totalAt(poolLen, snapshotBlock);
         uint256 got;
-        uint256 cap = sortitionCap;
-        uint256 tries = want * DRAW_ATTEMPTS;
+        uint256 tries = total == 0 ? 0 : want * DRAW_ATTEMPTS;
         for (uint256 i; i < tries && got < picked.length; ++i) {
             uint256 r = uint256(keccak256(abi.encode(seed, i)));
-            address a = _pool[r % poolLen];
+            address a = _pool[_tree.find(poolLen, snapshotBlock, r % total) - 1];
             // The memory / calldata checks first: an excluded or already picked node is
             // skipped before its record is read (the filters are the same, only cheaper).
             if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
             Rec storage n = _nodes[a];
-            // INVARIANT: stake moved after the snapshot cannot steer a draw: such a node
-            // is skipped, and the pool's first poolLen entries never move.
+            // A node that moved after the snapshot is skipped (it opted out; its weight
+            // as of the snapshot still holds its place, so no one else's try moves).
             if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
-            uint256 v = uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT;
-            uint256 w = v < cap ? v : cap;
-            if ((r >> 128) % cap >= w) continue;
-            // Opting out (a node that locked or unbonded its free stake), not steering:
-            // a skip only moves the draw to the next seed-derived try.
             if (n.freeStake < seatLock) continue;
             picked[got++] = a;
         }
@@ -420,15 +432,27 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         return (amount + SEAT_UNIT - 1) / SEAT_UNIT;
     }
 
-    /// @dev Record the change block; a node enters the pool the first time it is a verifier.
-    ///      Only a draw reads the block, and a node without the VERIFIER role is never drawn
-    ///      (a role change stamps it, `updateNode`): its bonds' moves skip the write.
+    /// @dev Record the change block and move the node's draw weight in the tree; a node
+    ///      takes a slot the first time it has weight. Only a draw reads the block, and a
+    ///      node without the VERIFIER role is never drawn (a role change stamps it,
+    ///      `updateNode`): its bonds' moves skip the write.
     function _changed(address node, Rec storage n) internal {
-        if ((n.roles & VERIFIER) == 0) return;
+        uint256 old = n.weight;
+        if ((n.roles & VERIFIER) == 0 && old == 0) return;
         n.changedAt = uint40(block.number);
-        if (!_inPool[node] && _isVerifier(n)) {
-            _inPool[node] = true;
+        uint256 w;
+        if (_isVerifier(n)) {
+            uint256 v = uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT;
+            uint256 cap = sortitionCap;
+            w = (v < cap ? v : cap) / WEIGHT_UNIT;
+        }
+        if (w == old) return;
+        n.weight = uint64(w);
+        if (n.slot == 0) {
+            n.slot = uint32(_tree.append(w));
             _pool.push(node);
+        } else {
+            _tree.update(n.slot, old, w);
         }
     }
 
@@ -478,7 +502,6 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Rec storage n = _nodes[node];
         uint256 free = n.freeStake;
         uint256 fromFree = amount < free ? amount : free;
-        n.changedAt = uint40(block.number);
         n.freeStake = uint96(free - fromFree);
         uint256 rest = amount - fromFree;
         if (rest != 0) {
@@ -489,6 +512,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         } else {
             slashed = fromFree;
         }
+        _changed(node, n);
         emit Slashed(node, slashed, to, false);
     }
 
