@@ -131,6 +131,22 @@ class LocalChain:
         else:
             self.rpc("anvil_mine", hex(blocks))
 
+    def pool_snapshot(self) -> int:
+        """Take a sortition-tree snapshot as a draw's request would (the registry lets only
+        the market, the dispute game and the outer jury; sent as the market through
+        impersonation). Returns its block."""
+        reg = self.reader.registry
+        market = str(reg.call("market"))
+        prefix = "hardhat" if self.kind == "hardhat" else "anvil"
+        self.rpc(f"{prefix}_impersonateAccount", market)
+        self.set_balance(market, 10**18)
+        try:
+            tx = reg.contract.functions.snapshot().transact({"from": market})
+            receipt = self.w3.eth.wait_for_transaction_receipt(tx)
+        finally:
+            self.rpc(f"{prefix}_stopImpersonatingAccount", market)
+        return int(receipt["blockNumber"])
+
     def set_balance(self, address: str, wei: int) -> None:
         """Ether for gas (the node funds only its first accounts)."""
         set_balance(self.w3, address, wei)
@@ -327,37 +343,42 @@ async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: Jo
 class PoolView:
     """What a draw reads from the registry, read once."""
 
+    reg: Registry
     pool: list[str]
     nodes: dict[str, NodeInfo]
-    cap: int
     min_v: int
     attempts: int
 
     @classmethod
     def read(cls, reg: Registry) -> PoolView:
         pool: list[str] = list(reg.verifiers())
-        return cls(pool, {a: reg.node_of(a) for a in pool}, int(reg.call("sortitionCap")),
+        return cls(reg, pool, {a: reg.node_of(a) for a in pool},
                    int(reg.call("minVerifierStake")), int(reg.call("DRAW_ATTEMPTS")))
 
     def draw(self, seed: bytes, want: int, pool_len: int, snapshot: int,
              exclude: Sequence[str]) -> list[str]:
-        """INodeRegistry.sortition as its NatSpec states it."""
-        pool, nodes, cap, min_v = self.pool, self.nodes, self.cap, self.min_v
+        """INodeRegistry.sortition as its NatSpec states it (the entries' weights as of
+        ``snapshot`` read from the registry's tree, ``weightsAt``)."""
+        pool, nodes, min_v = self.pool, self.nodes, self.min_v
         pool_len = min(pool_len, len(pool))
+        weights = self.reg.weights_at(pool_len, snapshot) if pool_len else []
+        total = sum(weights)
         picked: list[str] = []
-        for i in range(want * self.attempts):
+        for i in range(want * self.attempts if total else 0):
             if len(picked) >= min(want, pool_len):
                 break
             r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
-            a = pool[r % pool_len]
+            x, slot = r % total, 0
+            while x >= weights[slot]:
+                x -= weights[slot]
+                slot += 1
+            a = pool[slot]
+            if a in picked or a in exclude:
+                continue
             n = nodes[a]
             stake = n.free_stake + n.seat_locked_stake  # a seat is still verifier stake
             eligible = n.registered and n.roles & VERIFIER and stake >= min_v
             if n.changed_at > snapshot or not eligible:
-                continue
-            if (r >> 128) % cap >= min(stake, cap):
-                continue
-            if a in picked or a in exclude:
                 continue
             picked.append(a)
         return picked

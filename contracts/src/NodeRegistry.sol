@@ -376,6 +376,18 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         return _draw(seed, want, poolLen, snapshotBlock, exclude, 0);
     }
 
+    /// @inheritdoc INodeRegistry
+    function weightsAt(uint256 poolLen, uint256 snapshotBlock) external view returns (uint256[] memory w) {
+        if (poolLen > _pool.length) poolLen = _pool.length;
+        w = new uint256[](poolLen);
+        uint256 prev;
+        for (uint256 j = 1; j <= poolLen; ++j) {
+            uint256 p = _tree.totalAt(j, snapshotBlock);
+            w[j - 1] = p - prev;
+            prev = p;
+        }
+    }
+
     function totalOwed() external view returns (uint256) {
         return _totalStaked;
     }

@@ -188,6 +188,10 @@ interface INodeRegistry {
         uint256 snapshotBlock,
         address[] calldata exclude
     ) external view returns (address[] memory picked);
+    /// @notice The draw weight of each of the first `poolLen` pool entries as of block
+    ///         `snapshotBlock` (in WEIGHT_UNITs, as `sortition` reads them; O(n log n), for
+    ///         off-chain use).
+    function weightsAt(uint256 poolLen, uint256 snapshotBlock) external view returns (uint256[] memory);
     /// @notice Stake weight cap of one pool entry in `sortition`.
     function sortitionCap() external view returns (uint256);
     function unbondDelay() external view returns (uint256);
