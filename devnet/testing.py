@@ -147,6 +147,21 @@ class LocalChain:
             self.rpc(f"{prefix}_stopImpersonatingAccount", market)
         return int(receipt["blockNumber"])
 
+    def fill_dead_pool(self, n: int) -> None:
+        """``n`` dead sortition-pool entries in two storage writes (NodeRegistry's
+        ``_pool`` length in slot 6 and ``_tree.size`` in slot 8): slots of weight 0, what
+        the tree holds for addresses that staked the minimum once and unbonded, their
+        addresses left 0 (a draw never reads the address of a slot it cannot land on).
+        Only on a registry whose pool is empty, so every tree node under them is 0 too."""
+        reg = self.reader.registry
+        if int(reg.call("verifierCount")) != 0:
+            raise ChainError("fill_dead_pool needs an empty pool")
+        for slot in (6, 8):
+            self.rpc("anvil_setStorageAt", reg.address, hex(slot), "0x%064x" % n)
+        self.mine()
+        if int(reg.call("verifierCount")) != n:
+            raise ChainError("NodeRegistry's storage layout moved: update fill_dead_pool")
+
     def set_balance(self, address: str, wei: int) -> None:
         """Ether for gas (the node funds only its first accounts)."""
         set_balance(self.w3, address, wei)

@@ -261,27 +261,11 @@ def test_dead_entries_do_not_dilute_the_pool(chain: LocalChain) -> None:
 
 # --- the sortition tree: dead entries, sybils, moves after the request ----------------
 
-POOL_SLOT, TREE_SIZE_SLOT = 6, 8  # NodeRegistry storage: _pool (length), _tree.size
-
-
-def fill_dead_slots(chain: LocalChain, n: int) -> None:
-    """``n`` dead pool entries in two storage writes: slots of weight 0, what the tree
-    holds for addresses that staked the minimum once and unbonded (their addresses are
-    left 0: a draw never reads the address of a slot it cannot land on). Only on a
-    registry whose pool is empty, so every tree node below is 0 too."""
-    reg = chain.reader.registry
-    assert int(reg.call("verifierCount")) == 0
-    for slot in (POOL_SLOT, TREE_SIZE_SLOT):
-        chain.rpc("anvil_setStorageAt", reg.address, hex(slot), "0x%064x" % n)
-    chain.mine()
-    assert int(reg.call("verifierCount")) == n
-
-
 def test_ten_thousand_dead_entries_still_seat_full_juries(chain: LocalChain) -> None:
     """Issue 30's target: 6 live jurors beside 10,000 dead entries (before: quorum in
     0.05 of draws with only 320) and 8 more that really staked and unbonded after them.
     Every draw seats a full jury, and a dispute's `drawJury` stays under 250k gas."""
-    fill_dead_slots(chain, 10_000)
+    chain.fill_dead_pool(10_000)
     min_v = int(chain.reader.registry.call("minVerifierStake"))
     live = [chain.join(i, SOLVER | VERIFIER, STAKE) for i in (0, 3, 4, 5, 6, 7)]
     for i in range(10, 18):  # real dead entries after the live ones
