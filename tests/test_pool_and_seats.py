@@ -326,3 +326,27 @@ def test_a_juror_that_unbonds_after_the_request_is_not_drawn_and_steers_nobody(n
     moved = [str(a) for a in c.reader.dispute.get_dispute(did).jury]
     assert leaver.address not in moved and outsider.address not in moved
     assert {plain[0], plain[2]} <= set(moved) and len(moved) == 3
+
+
+def test_a_lost_snapshot_delays_the_draw_and_the_request_re_arms(net: Net) -> None:
+    """The bound of the tree's history (docs/protocol.md, "A pool that cannot be
+    diluted"): a tree node keeps three values, so three later snapshots (other draws'
+    requests), each followed by a stake move, make the values as of Q unreadable. The
+    draw then reverts `SnapshotLost` instead of reading anything moved after Q (no
+    steering, no Void), and once the seed block leaves the 256-block window the request
+    re-arms from a fresh snapshot and seats a full jury: a delay, not a capture."""
+    c = net.chain
+    job, leaves, tree = post_commit(net)
+    did = dispute_to_request(net, net.verifiers[0], job, 1, leaves, tree)
+    for v in net.verifiers[-3:]:
+        c.pool_snapshot()
+        v.registry.request_unbond(TOKEN)  # below the cap: its weight moves
+    e = expect_revert(net.verifiers[0].dispute.draw_jury, did)
+    assert e.error == "SnapshotLost"
+    c.mine(300)
+    net.verifiers[0].dispute.draw_jury(did)  # the seed block is gone: re-armed at a new Q
+    d = c.reader.dispute.get_dispute(did)
+    assert d.phase == Phase.DRAWING and not d.jury
+    c.mine(max(1, d.draw_block - c.reader.block_number() + 1))
+    net.verifiers[0].dispute.draw_jury(did)
+    assert len(c.reader.dispute.get_dispute(did).jury) == 3
