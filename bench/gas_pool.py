@@ -50,7 +50,7 @@ def _dispute(c: LocalChain, n: int) -> tuple[int, int]:
     chal = c[LIVE[n % len(LIVE)]]
     job = owner.post_job(job_terms(100 * TOKEN, 30 * TOKEN, segments=SEGMENTS, k=K))
     solver.market.claim_job(job)
-    leaves, tree = fake_trace(job, SEGMENTS, K, tag="pool%d" % n)
+    leaves, tree = fake_trace(job, SEGMENTS, K, tag=f"pool{n}")
     solver.market.commit_trace(job, leaves, tree)
     seg = 1 + n % (SEGMENTS - 2)
     g = c.reader.dispute

@@ -157,7 +157,7 @@ class LocalChain:
         if int(reg.call("verifierCount")) != 0:
             raise ChainError("fill_dead_pool needs an empty pool")
         for slot in (6, 8):
-            self.rpc("anvil_setStorageAt", reg.address, hex(slot), "0x%064x" % n)
+            self.rpc("anvil_setStorageAt", reg.address, hex(slot), f"0x{n:064x}")
         self.mine()
         if int(reg.call("verifierCount")) != n:
             raise ChainError("NodeRegistry's storage layout moved: update fill_dead_pool")
