@@ -379,16 +379,24 @@ class PoolView:
         weights = self.reg.weights_at(pool_len, snapshot) if pool_len else []
         total = sum(weights)
         picked: list[str] = []
+        cut: list[tuple[int, int]] = []  # landed slots' (prefix start, weight), sorted
         for i in range(want * self.attempts if total else 0):
-            if len(picked) >= min(want, pool_len):
+            gone = sum(w for _, w in cut)
+            if len(picked) >= min(want, pool_len) or gone >= total:
                 break
             r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
-            x, slot = r % total, 0
-            while x >= weights[slot]:
-                x -= weights[slot]
+            x = r % (total - gone)
+            for start, w in cut:  # what is left: skip the ranges landed on before
+                if x < start:
+                    break
+                x += w
+            slot, start = 0, 0
+            while x >= start + weights[slot]:
+                start += weights[slot]
                 slot += 1
+            cut = sorted([*cut, (start, weights[slot])])
             a = pool[slot]
-            if a in picked or a in exclude:
+            if a in exclude:
                 continue
             n = nodes[a]
             stake = n.free_stake + n.seat_locked_stake  # a seat is still verifier stake

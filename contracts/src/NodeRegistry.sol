@@ -66,8 +66,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     ///      it fits the stake word beside free and locked.
     uint256 public constant SEAT_UNIT = 1e9;
 
-    /// @dev Draw weights are kept in units of 1e13 wei (1e-5 POL): the registry's total,
-    ///      below 2^96 wei, stays below the tree's 2^53 units.
+    /// @dev Draw weights are kept in units of 1e13 wei (1e-5 POL), rounded up: the
+    ///      registry's total, below 2^96 wei, stays below the tree's 2^53 units.
     uint256 public constant WEIGHT_UNIT = 1e13;
 
     mapping(address => Rec) internal _nodes;
@@ -404,28 +404,64 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint256 seatLock
     ) internal view returns (address[] memory picked) {
         if (poolLen > _pool.length) poolLen = _pool.length;
+        if (snapshotBlock > type(uint32).max) snapshotBlock = type(uint32).max; // the tree's tags
         picked = new address[](want < poolLen ? want : poolLen);
         // INVARIANT: the tree is read as of the snapshot, so no move after it shifts
         // where a try lands; dead slots weigh 0 and are never landed on.
-        uint256 total = poolLen == 0 ? 0 : _tree.totalAt(poolLen, snapshotBlock);
         uint256 got;
-        uint256 tries = total == 0 ? 0 : want * DRAW_ATTEMPTS;
-        for (uint256 i; i < tries && got < picked.length; ++i) {
-            uint256 r = uint256(keccak256(abi.encode(seed, i)));
-            address a = _pool[_tree.find(poolLen, snapshotBlock, r % total) - 1];
-            // The memory / calldata checks first: an excluded or already picked node is
-            // skipped before its record is read (the filters are the same, only cheaper).
-            if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
-            Rec storage n = _nodes[a];
-            // A node that moved after the snapshot is skipped (it opted out; its weight
-            // as of the snapshot still holds its place, so no one else's try moves).
-            if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
-            if (n.freeStake < seatLock) continue;
+        // (Stack room: from here `poolLen` carries total weight << 128 | poolLen << 64 |
+        // snapshotBlock for `_land`, and `cut.length` is the number of tries.)
+        {
+            uint256 total = poolLen == 0 ? 0 : _tree.totalAt(poolLen, snapshotBlock);
+            want = total == 0 ? 0 : want * DRAW_ATTEMPTS;
+            poolLen = (total << 128) | (poolLen << 64) | uint64(snapshotBlock);
+        }
+        // Each landed slot's range of the prefix sums, (start << 128) | weight, sorted: a
+        // later try draws from what is left, so it never lands on a slot twice.
+        uint256[] memory cut = new uint256[](want);
+        for (uint256 i; i < cut.length && got < picked.length; ++i) {
+            address a = _land(cut, i, poolLen, seed);
+            if (a == address(0)) break; // every slot with weight landed on
+            if (_containsCd(exclude, a) || !_drawable(_nodes[a], snapshotBlock, seatLock)) continue;
             picked[got++] = a;
         }
         assembly ("memory-safe") {
             mstore(picked, got)
         }
+    }
+
+    /// @dev Try `i`: the slot at point keccak256(seed, i) % (what no earlier try landed on)
+    ///      of the prefix sums as of `snap`, skipping the ranges in `cut[0..i)`, which it
+    ///      joins. address(0) once nothing is left.
+    function _land(uint256[] memory cut, uint256 i, uint256 ctx, bytes32 seed) internal view returns (address) {
+        uint256 total = ctx >> 128;
+        uint256 gone;
+        for (uint256 k; k < i; ++k) {
+            gone += uint128(cut[k]);
+        }
+        if (gone >= total) return address(0);
+        uint256 x = uint256(keccak256(abi.encode(seed, i))) % (total - gone);
+        for (uint256 k; k < i; ++k) {
+            uint256 c = cut[k];
+            if (x < c >> 128) break;
+            x += uint128(c);
+        }
+        uint256 snap = uint64(ctx);
+        (uint256 slot, uint256 into) = _tree.find(uint64(ctx >> 64), snap, x);
+        uint256 e = ((x - into) << 128) | _tree.leafAt(slot, snap);
+        uint256 j = i;
+        for (; j > 0 && cut[j - 1] > e; --j) {
+            cut[j] = cut[j - 1];
+        }
+        cut[j] = e;
+        return _pool[slot - 1];
+    }
+
+    /// @dev A node that moved after the snapshot is skipped (it opted out; its weight as of
+    ///      the snapshot still holds its place, so no one else's try moves), and so is one
+    ///      whose free stake cannot cover its seat.
+    function _drawable(Rec storage n, uint256 snap, uint256 seatLock) internal view returns (bool) {
+        return n.changedAt <= snap && _isVerifier(n) && n.freeStake >= seatLock;
     }
 
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
@@ -456,7 +492,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (_isVerifier(n)) {
             uint256 v = uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT;
             uint256 cap = sortitionCap;
-            w = (v < cap ? v : cap) / WEIGHT_UNIT;
+            // Rounded up: every verifier weighs at least one unit, whatever the minimum.
+            w = ((v < cap ? v : cap) + WEIGHT_UNIT - 1) / WEIGHT_UNIT;
         }
         if (w == old) return;
         n.weight = uint64(w);
@@ -466,13 +503,6 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         } else {
             _tree.update(n.slot, old, w);
         }
-    }
-
-    function _contains(address[] memory list, uint256 len, address a) internal pure returns (bool) {
-        for (uint256 i; i < len; ++i) {
-            if (list[i] == a) return true;
-        }
-        return false;
     }
 
     function _containsCd(address[] calldata list, address a) internal pure returns (bool) {

@@ -175,9 +175,11 @@ interface INodeRegistry {
     ///         `snapshotBlock` (a stake-weighted sum tree read as of then), using only nodes
     ///         eligible now whose stake and roles did not change after `snapshotBlock`,
     ///         skipping `exclude`. Attempt i (at most `want * DRAW_ATTEMPTS`) takes
-    ///         r = uint256(keccak256(abi.encode(seed, i))) and lands on the first entry whose
-    ///         prefix sum of weights exceeds r % total (total: the first `poolLen` entries'
-    ///         weights summed). Gas grows with log2(poolLen) only; dead entries are never
+    ///         r = uint256(keccak256(abi.encode(seed, i))) and lands on the entry holding point
+    ///         r % (total - landed) of the prefix sums of weights with the ranges of the
+    ///         entries earlier attempts landed on cut out (total: the first `poolLen`
+    ///         entries' weights summed; landed: the cut weights), so no entry is landed on
+    ///         twice. Gas grows with log2(poolLen) only; dead entries are never
     ///         landed on. Exact at a `snapshot()` block and at any block after the latest
     ///         weight change; reverts `SnapshotLost` where history needed is gone (two later
     ///         snapshots each followed by a weight change before this draw).

@@ -81,9 +81,22 @@ library SortitionTree {
         }
     }
 
-    /// @dev The slot (1-based) holding point `x` < totalAt(len, s) as of `s`: the first slot
-    ///      whose prefix sum exceeds x.
-    function find(Tree storage t, uint256 len, uint256 s, uint256 x) internal view returns (uint256 pos) {
+    /// @dev Slot `j`'s own weight as of `s` (its node less the nodes under it).
+    function leafAt(Tree storage t, uint256 j, uint256 s) internal view returns (uint256 v) {
+        v = at(t, j, s);
+        uint256 stop = j - (j & (~j + 1));
+        for (uint256 k = j - 1; k > stop; k -= k & (~k + 1)) {
+            v -= at(t, k, s);
+        }
+    }
+
+    /// @dev The slot (1-based) holding point `x` < totalAt(len, s) as of `s` (the first slot
+    ///      whose prefix sum exceeds x), and x less the prefix sum before that slot.
+    function find(Tree storage t, uint256 len, uint256 s, uint256 x)
+        internal
+        view
+        returns (uint256 pos, uint256 into)
+    {
         uint256 step = 1;
         while (step << 1 <= len) step <<= 1;
         for (; step > 0; step >>= 1) {
@@ -95,6 +108,6 @@ library SortitionTree {
                 x -= v;
             }
         }
-        return pos + 1;
+        return (pos + 1, x);
     }
 }
