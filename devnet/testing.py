@@ -149,10 +149,11 @@ class LocalChain:
 
     def fill_dead_pool(self, n: int) -> None:
         """``n`` dead sortition-pool entries in two storage writes (NodeRegistry's
-        ``_pool`` length in slot 6 and ``_tree.size`` in slot 8): slots of weight 0, what
-        the tree holds for addresses that staked the minimum once and unbonded, their
-        addresses left 0 (a draw never reads the address of a slot it cannot land on).
-        Only on a registry whose pool is empty, so every tree node under them is 0 too."""
+        ``_pool`` length in slot 6 and ``_tree.meta`` in slot 8: size n, no snapshot yet):
+        slots of weight 0, what the tree holds for addresses that staked the minimum
+        once and unbonded, their addresses left 0 (a draw never reads the address of
+        a slot it cannot land on). Only on a registry whose pool is empty, so every
+        tree node under them is 0 too."""
         reg = self.reader.registry
         if int(reg.call("verifierCount")) != 0:
             raise ChainError("fill_dead_pool needs an empty pool")

@@ -18,8 +18,8 @@ library SortitionTree {
 
     struct Tree {
         mapping(uint256 => uint256) node;
-        uint256 size;
-        uint256 lastSnap;
+        // size | lastSnap << 128: one word, read by every write and by `snapshot`
+        uint256 meta;
     }
 
     uint256 private constant V = (1 << 53) - 1;
@@ -27,14 +27,16 @@ library SortitionTree {
 
     /// @dev Record that a draw will read the tree as of this block; returns its size.
     function snapshot(Tree storage t) internal returns (uint256) {
-        t.lastSnap = block.number;
-        return t.size;
+        uint256 m = t.meta;
+        t.meta = uint128(m) | (block.number << 128);
+        return uint128(m);
     }
 
     /// @dev Add slot size + 1 with weight `w`; returns the slot.
     function append(Tree storage t, uint256 w) internal returns (uint256 j) {
-        j = t.size + 1;
-        t.size = j;
+        uint256 m = t.meta;
+        j = uint128(m) + 1;
+        t.meta = ((m >> 128) << 128) | j;
         // A Fenwick node j sums slots (j - lowbit(j), j]: w plus the nodes below it.
         uint256 s = w;
         uint256 stop = j - (j & (~j + 1));
@@ -47,8 +49,9 @@ library SortitionTree {
 
     /// @dev Slot `j`'s weight goes from `from` to `to`.
     function update(Tree storage t, uint256 j, uint256 from, uint256 to) internal {
-        uint256 n = t.size;
-        uint256 snap = t.lastSnap;
+        uint256 m = t.meta;
+        uint256 n = uint128(m);
+        uint256 snap = m >> 128;
         for (; j <= n; j += j & (~j + 1)) {
             uint256 w = t.node[j];
             uint256 v = (w & V) + to - from;
