@@ -131,6 +131,38 @@ class LocalChain:
         else:
             self.rpc("anvil_mine", hex(blocks))
 
+    def pool_snapshot(self) -> int:
+        """Take a sortition-tree snapshot as a draw's request would (the registry lets only
+        the market, the dispute game and the outer jury; sent as the market through
+        impersonation). Returns its block."""
+        reg = self.reader.registry
+        market = str(reg.call("market"))
+        prefix = "hardhat" if self.kind == "hardhat" else "anvil"
+        self.rpc(f"{prefix}_impersonateAccount", market)
+        self.set_balance(market, 10**18)
+        try:
+            tx = reg.contract.functions.snapshot().transact({"from": market})
+            receipt = self.w3.eth.wait_for_transaction_receipt(tx)
+        finally:
+            self.rpc(f"{prefix}_stopImpersonatingAccount", market)
+        return int(receipt["blockNumber"])
+
+    def fill_dead_pool(self, n: int) -> None:
+        """``n`` dead sortition-pool entries in two storage writes (NodeRegistry's
+        ``_pool`` length in slot 6 and ``_tree.meta`` in slot 8: size n, no snapshot yet):
+        slots of weight 0, what the tree holds for addresses that staked the minimum
+        once and unbonded, their addresses left 0 (a draw never reads the address of
+        a slot it cannot land on). Only on a registry whose pool is empty, so every
+        tree node under them is 0 too."""
+        reg = self.reader.registry
+        if int(reg.call("verifierCount")) != 0:
+            raise ChainError("fill_dead_pool needs an empty pool")
+        for slot in (6, 8):
+            self.rpc("anvil_setStorageAt", reg.address, hex(slot), f"0x{n:064x}")
+        self.mine()
+        if int(reg.call("verifierCount")) != n:
+            raise ChainError("NodeRegistry's storage layout moved: update fill_dead_pool")
+
     def set_balance(self, address: str, wei: int) -> None:
         """Ether for gas (the node funds only its first accounts)."""
         set_balance(self.w3, address, wei)
@@ -327,37 +359,50 @@ async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: Jo
 class PoolView:
     """What a draw reads from the registry, read once."""
 
+    reg: Registry
     pool: list[str]
     nodes: dict[str, NodeInfo]
-    cap: int
     min_v: int
     attempts: int
 
     @classmethod
     def read(cls, reg: Registry) -> PoolView:
         pool: list[str] = list(reg.verifiers())
-        return cls(pool, {a: reg.node_of(a) for a in pool}, int(reg.call("sortitionCap")),
+        return cls(reg, pool, {a: reg.node_of(a) for a in pool},
                    int(reg.call("minVerifierStake")), int(reg.call("DRAW_ATTEMPTS")))
 
     def draw(self, seed: bytes, want: int, pool_len: int, snapshot: int,
              exclude: Sequence[str]) -> list[str]:
-        """INodeRegistry.sortition as its NatSpec states it."""
-        pool, nodes, cap, min_v = self.pool, self.nodes, self.cap, self.min_v
+        """INodeRegistry.sortition as its NatSpec states it (the entries' weights as of
+        ``snapshot`` read from the registry's tree, ``weightsAt``)."""
+        pool, nodes, min_v = self.pool, self.nodes, self.min_v
         pool_len = min(pool_len, len(pool))
+        weights = self.reg.weights_at(pool_len, snapshot) if pool_len else []
+        total = sum(weights)
         picked: list[str] = []
-        for i in range(want * self.attempts):
-            if len(picked) >= min(want, pool_len):
+        cut: list[tuple[int, int]] = []  # landed slots' (prefix start, weight), sorted
+        for i in range(want * self.attempts if total else 0):
+            gone = sum(w for _, w in cut)
+            if len(picked) >= min(want, pool_len) or gone >= total:
                 break
             r = int.from_bytes(keccak(abi_encode(["bytes32", "uint256"], [seed, i])), "big")
-            a = pool[r % pool_len]
+            x = r % (total - gone)
+            for start, w in cut:  # what is left: skip the ranges landed on before
+                if x < start:
+                    break
+                x += w
+            slot, start = 0, 0
+            while x >= start + weights[slot]:
+                start += weights[slot]
+                slot += 1
+            cut = sorted([*cut, (start, weights[slot])])
+            a = pool[slot]
+            if a in exclude:
+                continue
             n = nodes[a]
             stake = n.free_stake + n.seat_locked_stake  # a seat is still verifier stake
             eligible = n.registered and n.roles & VERIFIER and stake >= min_v
             if n.changed_at > snapshot or not eligible:
-                continue
-            if (r >> 128) % cap >= min(stake, cap):
-                continue
-            if a in picked or a in exclude:
                 continue
             picked.append(a)
         return picked

@@ -238,14 +238,12 @@ def test_moves_after_the_request_change_no_one_elses_seat(net: Net) -> None:
     assert c.reader.dispute.get_dispute(did).jury == plain
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 item 2 is open: the sortition pool is "
-                   "append-only, so dead entries dilute draws (see docs/protocol.md)")
 def test_dead_entries_do_not_dilute_the_pool(chain: LocalChain) -> None:
-    """Open: addresses that staked the minimum once and unbonded stay in the append-only
-    pool, and each costs a draw a try (issue 30 measured quorum in 0.43 / 0.05 of draws
-    with 80 / 320 dead entries beside 6 live jurors). Here 40 dead entries beside 6 live
-    verifiers: every draw of 3 must still seat 3. Strict: it fails the suite once the
-    pool stops diluting, so the marker goes with the fix."""
+    """Before: addresses that staked the minimum once and unbonded stayed in the
+    append-only pool, and each cost a draw a try (issue 30 measured quorum in 0.43 /
+    0.05 of draws with 80 / 320 dead entries beside 6 live jurors). Now a dead entry
+    weighs 0 in the sortition tree: with 40 dead entries beside 6 live verifiers every
+    draw of 3 seats 3."""
     reg = chain.reader.registry
     live = [chain.join(i, VERIFIER, STAKE) for i in range(3, 9)]
     min_v = int(reg.call("minVerifierStake"))
@@ -259,3 +257,96 @@ def test_dead_entries_do_not_dilute_the_pool(chain: LocalChain) -> None:
     sizes = [len(reg.sortition(keccak(b"dilute%d" % s), 3, len(pool), block, []))
              for s in range(20)]
     assert sizes == [3] * 20
+
+
+# --- the sortition tree: dead entries, sybils, moves after the request ----------------
+
+def test_ten_thousand_dead_entries_still_seat_full_juries(chain: LocalChain) -> None:
+    """Issue 30's target: 6 live jurors beside 10,000 dead entries (before: quorum in
+    0.05 of draws with only 320) and 8 more that really staked and unbonded after them.
+    Every draw seats a full jury, and a dispute's `drawJury` stays under 250k gas."""
+    chain.fill_dead_pool(10_000)
+    min_v = int(chain.reader.registry.call("minVerifierStake"))
+    live = [chain.join(i, SOLVER | VERIFIER, STAKE) for i in (0, 3, 4, 5, 6, 7)]
+    for i in range(10, 18):  # real dead entries after the live ones
+        chain.extra(i, min_v)
+        chain.join(i, VERIFIER, min_v).registry.request_unbond(min_v)
+    reg = chain.reader.registry
+    pool_len = int(reg.call("verifierCount"))
+    assert pool_len == 10_014
+    block = chain.reader.block_number()
+    sizes = [len(reg.sortition(keccak(b"dead%d" % s), 3, pool_len, block, [])) for s in range(30)]
+    assert sizes == [3] * 30
+    net = Net(chain, owner=chain[1], solver=chain.join(2, SOLVER, 500 * TOKEN), verifiers=live)
+    job, leaves, tree = post_commit(net)
+    did = dispute_to_request(net, net.verifiers[0], job, 2, leaves, tree)
+    r = net.verifiers[1].dispute.draw_jury(did)
+    assert len(chain.reader.dispute.get_dispute(did).jury) == 3
+    assert r["gasUsed"] < 250_000, r["gasUsed"]
+
+
+def test_a_sybil_split_weighs_what_the_whole_does(chain: LocalChain) -> None:
+    """Splitting stake (up to the cap) over sybil addresses buys no weight: four
+    addresses at the 50 POL minimum weigh in the tree exactly what one at 200 does,
+    and win a single seat about as often (a fixed set of seeds)."""
+    reg = chain.reader.registry
+    min_v = int(reg.call("minVerifierStake"))
+    assert 4 * min_v == STAKE
+    whole = chain.join(3, VERIFIER, STAKE)
+    sybils = [chain.join(i, VERIFIER, min_v) for i in (4, 5, 6, 7)]
+    others = [chain.join(i, VERIFIER, STAKE) for i in (8, 9)]
+    snap = chain.pool_snapshot()
+    pool = reg.verifiers()
+    w = dict(zip(pool, reg.weights_at(len(pool), snap), strict=True))
+    assert sum(w[s.address] for s in sybils) == w[whole.address] == w[others[0].address]
+    wins = [reg.sortition(keccak(b"sybil%d" % s), 1, len(pool), snap, [])[0] for s in range(160)]
+    n_whole = wins.count(whole.address)
+    n_sybil = sum(wins.count(s.address) for s in sybils)
+    assert 0.6 < n_sybil / n_whole < 1.6, (n_sybil, n_whole)
+
+
+def test_a_juror_that_unbonds_after_the_request_is_not_drawn_and_steers_nobody(net: Net) -> None:
+    """A juror the seed would seat unbonds after the request (once it knows the seed, or
+    by chance): it is not drawn, and every other juror of the undisturbed draw still
+    is (the tree is read as of the request, so its exit moves no one else's try). A
+    verifier that stakes more after the request gains nothing either."""
+    c, reg = net.chain, net.chain.reader.registry
+    job, leaves, tree = post_commit(net)
+    did = dispute_to_request(net, net.verifiers[0], job, 4, leaves, tree)
+    snap = c.snapshot()
+    net.verifiers[0].dispute.draw_jury(did)
+    plain = [str(a) for a in c.reader.dispute.get_dispute(did).jury]
+    assert len(plain) == 3
+    c.revert(snap)
+    leaver = net.by(plain[1])
+    leaver.registry.request_unbond(reg.free_stake(leaver.address))
+    outsider = next(v for v in net.verifiers[1:] if v.address not in plain)
+    outsider.stake(50 * TOKEN)  # above the cap: it would weigh no more anyway
+    net.verifiers[0].dispute.draw_jury(did)
+    moved = [str(a) for a in c.reader.dispute.get_dispute(did).jury]
+    assert leaver.address not in moved and outsider.address not in moved
+    assert {plain[0], plain[2]} <= set(moved) and len(moved) == 3
+
+
+def test_a_lost_snapshot_delays_the_draw_and_the_request_re_arms(net: Net) -> None:
+    """The bound of the tree's history (docs/protocol.md, "A pool that cannot be
+    diluted"): a tree node keeps three values, so three later snapshots (other draws'
+    requests), each followed by a stake move, make the values as of Q unreadable. The
+    draw then reverts `SnapshotLost` instead of reading anything moved after Q (no
+    steering, no Void), and once the seed block leaves the 256-block window the request
+    re-arms from a fresh snapshot and seats a full jury: a delay, not a capture."""
+    c = net.chain
+    job, leaves, tree = post_commit(net)
+    did = dispute_to_request(net, net.verifiers[0], job, 1, leaves, tree)
+    for v in net.verifiers[-3:]:
+        c.pool_snapshot()
+        v.registry.request_unbond(TOKEN)  # below the cap: its weight moves
+    e = expect_revert(net.verifiers[0].dispute.draw_jury, did)
+    assert e.error == "SnapshotLost"
+    c.mine(300)
+    net.verifiers[0].dispute.draw_jury(did)  # the seed block is gone: re-armed at a new Q
+    d = c.reader.dispute.get_dispute(did)
+    assert d.phase == Phase.DRAWING and not d.jury
+    c.mine(max(1, d.draw_block - c.reader.block_number() + 1))
+    net.verifiers[0].dispute.draw_jury(did)
+    assert len(c.reader.dispute.get_dispute(did).jury) == 3

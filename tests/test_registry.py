@@ -190,12 +190,19 @@ def test_sortition_follows_its_spec(chain: LocalChain) -> None:
         chain.join(i, SOLVER | VERIFIER if i == 5 else VERIFIER, amount * TOKEN)
     chain[6].registry.request_unbond(60 * TOKEN)  # below the minimum: in the pool, never drawn
     chain[7].registry.update_node(SOLVER, "p7", [], "")  # dropped the role
-    snap = chain.w3.eth.block_number
+    snap = chain.pool_snapshot()  # what a draw's request takes
     snap_len = int(reg.verifierCount())
     assert snap_len == 8
     chain[8].stake(10 * TOKEN)  # moved after the snapshot: skipped by draws as of it
     chain.join(9, VERIFIER, 100 * TOKEN)  # joined after it: beyond its pool length
     a = chain.addresses
+    # the tree as of the snapshot: capped free stake of each verifier, 0 for the others,
+    # whatever moved since (8 staked 10 more, 9 joined)
+    unit = int(reg.WEIGHT_UNIT())
+    want_w = [0 if i in (6, 7) else min(stakes[i], 200) * TOKEN // unit for i in range(1, 9)]
+    assert chain.reader.registry.weights_at(99, snap) == [*want_w, 0]  # 9: not yet
+    assert chain.reader.registry.weights_at(99, chain.w3.eth.block_number)[7:] == \
+        [100 * TOKEN // unit] * 2
     head = chain.w3.eth.block_number
     cases = [(3, snap_len, snap, []), (3, snap_len, snap, [a[3], a[4]]),
              (8, snap_len, snap, []), (3, 99, head, []), (1, snap_len, head, [a[1]]),

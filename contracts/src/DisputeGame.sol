@@ -884,7 +884,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev Caller writes `s` back. The jury seed is a block hash after this one, and the
     ///      pool is snapshotted now: neither party's later move or timing can steer it.
     function _requestJury(uint256 id, State memory s) internal {
-        uint32 poolLen = uint32(registry.verifierCount());
+        uint32 poolLen = uint32(registry.snapshot());
         _word[id] = bytes32(uint256(block.number) | (uint256(poolLen) << 64));
         s.phase = Phase.Drawing;
         s.lastMove = uint48(block.timestamp);

@@ -300,9 +300,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.finalStateHash = finalStateHash;
         j.committedAt = uint40(block.timestamp);
         j.windowEnd = uint40(block.timestamp + _verificationWindow);
-        j.sampleBlock = uint40(block.number + _sampleLookahead);
-        j.snapshotBlock = uint40(block.number);
-        j.poolLen = uint32(_registry.verifierCount());
+        _arm(j);
         emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, j.sampleBlock);
     }
 
@@ -318,7 +316,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (seed == bytes32(0)) {
             // Nobody fixed it while blockhash(sampleBlock) was readable: re-arm on a future block.
             uint64 old = j.sampleBlock;
-            j.sampleBlock = uint40(block.number + _sampleLookahead);
+            _arm(j); // a fresh tree snapshot too: the old one may be gone (`SnapshotLost`)
             emit SeedRearmed(jobId, old, j.sampleBlock);
         }
     }
@@ -679,6 +677,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
         _creditsTotalPlusOne += amount;
         emit Credited(account, amount);
+    }
+
+    /// @dev Seed block ahead, committee stake as of now (the registry's tree snapshot).
+    function _arm(JobRec storage j) internal {
+        j.sampleBlock = uint40(block.number + _sampleLookahead);
+        j.snapshotBlock = uint40(block.number);
+        j.poolLen = uint32(_registry.snapshot());
     }
 
     function _tryFixSeed(uint256 jobId, JobRec storage j) internal returns (bytes32 seed) {

@@ -6,6 +6,7 @@ import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol
 import {Ownable} from "@openzeppelin/contracts/access/Ownable.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+import {SortitionTree} from "./libraries/SortitionTree.sol";
 
 /// @title NodeRegistry
 /// @notice Roles, identities and stake of polnet nodes. See {INodeRegistry}.
@@ -15,6 +16,7 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      draw and close seats (`drawSeats`, `closeSeats`).
 contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
+    using SortitionTree for SortitionTree.Tree;
 
     uint8 public constant SOLVER = 1;
     uint8 public constant VERIFIER = 2;
@@ -25,7 +27,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     uint256 public immutable override minVerifierStake;
     uint256 public immutable override sortitionCap;
 
-    /// @dev Tries per wanted seat in `sortition`: bounds its gas whatever the pool holds.
+    /// @dev Tries per wanted seat in `sortition` (a try lands on live stake; it is spent only
+    ///      on an excluded, already picked or since-moved node): bounds the draw's gas.
     uint256 public constant DRAW_ATTEMPTS = 8;
     /// @dev Bounds timestamps kept as uint64 (`unbondAvailableAt`).
     uint256 internal constant MAX_DELAY = 10 * 365 days;
@@ -47,6 +50,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint40 registeredAt;
         uint40 unbondAvailableAt;
         uint40 changedAt;
+        uint32 slot; // 1-based sortition slot, 0 until the node first has draw weight
+        uint64 weight; // its draw weight in the tree now, in WEIGHT_UNITs
         // Here, not after the stake word: it keeps free stake out of the flags' word.
         uint256 unbondingStake;
         uint96 freeStake;
@@ -61,11 +66,16 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     ///      it fits the stake word beside free and locked.
     uint256 public constant SEAT_UNIT = 1e9;
 
+    /// @dev Draw weights are kept in units of 1e13 wei (1e-5 POL), rounded up: the
+    ///      registry's total, below 2^96 wei, stays below the tree's 2^53 units.
+    uint256 public constant WEIGHT_UNIT = 1e13;
+
     mapping(address => Rec) internal _nodes;
-    /// @dev The sortition pool, append-only: an index never moves, so a draw over the
-    ///      first n entries means the same whatever registers after it.
+    /// @dev The sortition pool, append-only: slot i + 1 of `_tree` is `_pool[i]`, its
+    ///      weight min(free + seat-locked, sortitionCap) while a verifier, else 0, so dead
+    ///      entries weigh nothing and a draw never lands on them.
     address[] internal _pool;
-    mapping(address => bool) internal _inPool;
+    SortitionTree.Tree internal _tree;
 
     modifier onlyAuthorized() {
         // INVARIANT: only the market and the dispute game move locked stake or slash.
@@ -266,6 +276,11 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         emit SeatsLocked(picked, units * SEAT_UNIT, msg.sender);
     }
 
+    /// @inheritdoc INodeRegistry
+    function snapshot() external onlySlasher returns (uint256 poolLen) {
+        return _tree.snapshot();
+    }
+
     function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
         external
         onlySlasher
@@ -361,6 +376,18 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         return _draw(seed, want, poolLen, snapshotBlock, exclude, 0);
     }
 
+    /// @inheritdoc INodeRegistry
+    function weightsAt(uint256 poolLen, uint256 snapshotBlock) external view returns (uint256[] memory w) {
+        if (poolLen > _pool.length) poolLen = _pool.length;
+        w = new uint256[](poolLen);
+        uint256 prev;
+        for (uint256 j = 1; j <= poolLen; ++j) {
+            uint256 p = _tree.totalAt(j, snapshotBlock);
+            w[j - 1] = p - prev;
+            prev = p;
+        }
+    }
+
     function totalOwed() external view returns (uint256) {
         return _totalStaked;
     }
@@ -377,31 +404,64 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         uint256 seatLock
     ) internal view returns (address[] memory picked) {
         if (poolLen > _pool.length) poolLen = _pool.length;
+        if (snapshotBlock > type(uint32).max) snapshotBlock = type(uint32).max; // the tree's tags
         picked = new address[](want < poolLen ? want : poolLen);
+        // INVARIANT: the tree is read as of the snapshot, so no move after it shifts
+        // where a try lands; dead slots weigh 0 and are never landed on.
         uint256 got;
-        uint256 cap = sortitionCap;
-        uint256 tries = want * DRAW_ATTEMPTS;
-        for (uint256 i; i < tries && got < picked.length; ++i) {
-            uint256 r = uint256(keccak256(abi.encode(seed, i)));
-            address a = _pool[r % poolLen];
-            // The memory / calldata checks first: an excluded or already picked node is
-            // skipped before its record is read (the filters are the same, only cheaper).
-            if (_contains(picked, got, a) || _containsCd(exclude, a)) continue;
-            Rec storage n = _nodes[a];
-            // INVARIANT: stake moved after the snapshot cannot steer a draw: such a node
-            // is skipped, and the pool's first poolLen entries never move.
-            if (n.changedAt > snapshotBlock || !_isVerifier(n)) continue;
-            uint256 v = uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT;
-            uint256 w = v < cap ? v : cap;
-            if ((r >> 128) % cap >= w) continue;
-            // Opting out (a node that locked or unbonded its free stake), not steering:
-            // a skip only moves the draw to the next seed-derived try.
-            if (n.freeStake < seatLock) continue;
+        // (Stack room: from here `poolLen` carries total weight << 128 | poolLen << 64 |
+        // snapshotBlock for `_land`, and `cut.length` is the number of tries.)
+        {
+            uint256 total = poolLen == 0 ? 0 : _tree.totalAt(poolLen, snapshotBlock);
+            want = total == 0 ? 0 : want * DRAW_ATTEMPTS;
+            poolLen = (total << 128) | (poolLen << 64) | uint64(snapshotBlock);
+        }
+        // Each landed slot's range of the prefix sums, (start << 128) | weight, sorted: a
+        // later try draws from what is left, so it never lands on a slot twice.
+        uint256[] memory cut = new uint256[](want);
+        for (uint256 i; i < cut.length && got < picked.length; ++i) {
+            address a = _land(cut, i, poolLen, seed);
+            if (a == address(0)) break; // every slot with weight landed on
+            if (_containsCd(exclude, a) || !_drawable(_nodes[a], snapshotBlock, seatLock)) continue;
             picked[got++] = a;
         }
         assembly ("memory-safe") {
             mstore(picked, got)
         }
+    }
+
+    /// @dev Try `i`: the slot at point keccak256(seed, i) % (what no earlier try landed on)
+    ///      of the prefix sums as of `snap`, skipping the ranges in `cut[0..i)`, which it
+    ///      joins. address(0) once nothing is left.
+    function _land(uint256[] memory cut, uint256 i, uint256 ctx, bytes32 seed) internal view returns (address) {
+        uint256 total = ctx >> 128;
+        uint256 gone;
+        for (uint256 k; k < i; ++k) {
+            gone += uint128(cut[k]);
+        }
+        if (gone >= total) return address(0);
+        uint256 x = uint256(keccak256(abi.encode(seed, i))) % (total - gone);
+        for (uint256 k; k < i; ++k) {
+            uint256 c = cut[k];
+            if (x < c >> 128) break;
+            x += uint128(c);
+        }
+        uint256 snap = uint64(ctx);
+        (uint256 slot, uint256 into) = _tree.find(uint64(ctx >> 64), snap, x);
+        uint256 e = ((x - into) << 128) | _tree.leafAt(slot, snap);
+        uint256 j = i;
+        for (; j > 0 && cut[j - 1] > e; --j) {
+            cut[j] = cut[j - 1];
+        }
+        cut[j] = e;
+        return _pool[slot - 1];
+    }
+
+    /// @dev A node that moved after the snapshot is skipped (it opted out; its weight as of
+    ///      the snapshot still holds its place, so no one else's try moves), and so is one
+    ///      whose free stake cannot cover its seat.
+    function _drawable(Rec storage n, uint256 snap, uint256 seatLock) internal view returns (bool) {
+        return n.changedAt <= snap && _isVerifier(n) && n.freeStake >= seatLock;
     }
 
     function _hasRole(address node, uint8 role, uint256 minStake) internal view returns (bool) {
@@ -420,23 +480,29 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         return (amount + SEAT_UNIT - 1) / SEAT_UNIT;
     }
 
-    /// @dev Record the change block; a node enters the pool the first time it is a verifier.
-    ///      Only a draw reads the block, and a node without the VERIFIER role is never drawn
-    ///      (a role change stamps it, `updateNode`): its bonds' moves skip the write.
+    /// @dev Record the change block and move the node's draw weight in the tree; a node
+    ///      takes a slot the first time it has weight. Only a draw reads the block, and a
+    ///      node without the VERIFIER role is never drawn (a role change stamps it,
+    ///      `updateNode`): its bonds' moves skip the write.
     function _changed(address node, Rec storage n) internal {
-        if ((n.roles & VERIFIER) == 0) return;
+        uint256 old = n.weight;
+        if ((n.roles & VERIFIER) == 0 && old == 0) return;
         n.changedAt = uint40(block.number);
-        if (!_inPool[node] && _isVerifier(n)) {
-            _inPool[node] = true;
+        uint256 w;
+        if (_isVerifier(n)) {
+            uint256 v = uint256(n.freeStake) + uint256(n.seatUnits) * SEAT_UNIT;
+            uint256 cap = sortitionCap;
+            // Rounded up: every verifier weighs at least one unit, whatever the minimum.
+            w = ((v < cap ? v : cap) + WEIGHT_UNIT - 1) / WEIGHT_UNIT;
+        }
+        if (w == old) return;
+        n.weight = uint64(w);
+        if (n.slot == 0) {
+            n.slot = uint32(_tree.append(w));
             _pool.push(node);
+        } else {
+            _tree.update(n.slot, old, w);
         }
-    }
-
-    function _contains(address[] memory list, uint256 len, address a) internal pure returns (bool) {
-        for (uint256 i; i < len; ++i) {
-            if (list[i] == a) return true;
-        }
-        return false;
     }
 
     function _containsCd(address[] calldata list, address a) internal pure returns (bool) {
@@ -478,7 +544,6 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         Rec storage n = _nodes[node];
         uint256 free = n.freeStake;
         uint256 fromFree = amount < free ? amount : free;
-        n.changedAt = uint40(block.number);
         n.freeStake = uint96(free - fromFree);
         uint256 rest = amount - fromFree;
         if (rest != 0) {
@@ -489,6 +554,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         } else {
             slashed = fromFree;
         }
+        _changed(node, n);
         emit Slashed(node, slashed, to, false);
     }
 

@@ -205,7 +205,7 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
     function _request(uint256 caseId, Case storage c) internal {
         c.phase = Phase.Drawing;
         c.requestBlock = uint64(block.number);
-        c.poolLen = uint32(registry.verifierCount());
+        c.poolLen = uint32(registry.snapshot());
         emit JuryRequested(caseId, c.jobId, c.round, uint64(block.number + _juryLookahead), c.poolLen);
     }
 

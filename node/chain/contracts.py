@@ -132,12 +132,16 @@ class Registry(Bound):
         return int(self.call("totalOwed"))
 
     def verifiers(self) -> list[ChecksumAddress]:
-        """The sortition pool (append-only; check :meth:`is_verifier` for eligibility)."""
+        """The sortition pool (append-only; an entry weighs 0 while not a verifier)."""
         return [self.call("verifierAt", i) for i in range(int(self.call("verifierCount")))]
 
     def sortition(self, seed: bytes, want: int, pool_len: int, snapshot_block: int,
                   exclude: list[str]) -> list[ChecksumAddress]:
         return list(self.call("sortition", seed, want, pool_len, snapshot_block, exclude))
+
+    def weights_at(self, pool_len: int, snapshot_block: int) -> list[int]:
+        """Each pool entry's draw weight as of ``snapshot_block`` (0: never drawn then)."""
+        return [int(w) for w in self.call("weightsAt", pool_len, snapshot_block)]
 
 
 # --- market -----------------------------------------------------------------------------

@@ -135,6 +135,12 @@ interface INodeRegistry {
         uint256 minSeats
     ) external returns (address[] memory picked);
 
+    /// @notice Record the current block as a snapshot a later draw will read the
+    ///         sortition tree at (pass it as `snapshotBlock`), and return the pool length
+    ///         to pass as `poolLen`. The market, the dispute game and the outer jury only,
+    ///         at a draw's request.
+    function snapshot() external returns (uint256 poolLen);
+
     /// @notice End one seat of each of `nodes`, each locked with `amount`: where bit i of
     ///         `slashMask` is set, the seat's stake is slashed to `to` (`Slashed`, fromLocked
     ///         true), otherwise it goes back to free (`SeatsClosed`). Returns what was taken
@@ -157,19 +163,26 @@ interface INodeRegistry {
     ///         minVerifierStake: only stake a jury or attestor slash can reach makes a
     ///         verifier (locked bonds do not count).
     function isVerifier(address node) external view returns (bool);
-    /// @notice Length of the sortition pool: every address that ever became a verifier
-    ///         with at least minVerifierStake of free stake, in order (append-only, so an
-    ///         index never moves; eligibility is checked at each draw).
+    /// @notice Length of the sortition pool: every address that ever had draw weight, in
+    ///         order (append-only, so a slot never moves). An entry weighs
+    ///         min(free + seat-locked, sortitionCap) (whole gwei) while it is a verifier,
+    ///         else 0: dead entries are never drawn and cost a draw nothing.
     function verifierCount() external view returns (uint256);
     /// @notice Pool entry i.
     function verifierAt(uint256 i) external view returns (address);
     /// @notice Up to `want` distinct verifiers drawn from the first `poolLen` pool entries
-    ///         with `seed`, stake-weighted (weight min(free + seat-locked, sortitionCap)), using only
-    ///         nodes eligible now whose stake and roles did not change after block
-    ///         `snapshotBlock`, skipping `exclude`. At most `want * DRAW_ATTEMPTS` tries, so
-    ///         the gas is bounded however many addresses register. Attempt i takes
-    ///         r = uint256(keccak256(abi.encode(seed, i))): entry r % poolLen, accepted iff
-    ///         (r >> 128) % sortitionCap < weight.
+    ///         with `seed`, stake-weighted by the entries' weights as of block
+    ///         `snapshotBlock` (a stake-weighted sum tree read as of then), using only nodes
+    ///         eligible now whose stake and roles did not change after `snapshotBlock`,
+    ///         skipping `exclude`. Attempt i (at most `want * DRAW_ATTEMPTS`) takes
+    ///         r = uint256(keccak256(abi.encode(seed, i))) and lands on the entry holding point
+    ///         r % (total - landed) of the prefix sums of weights with the ranges of the
+    ///         entries earlier attempts landed on cut out (total: the first `poolLen`
+    ///         entries' weights summed; landed: the cut weights), so no entry is landed on
+    ///         twice. Gas grows with log2(poolLen) only; dead entries are never
+    ///         landed on. Exact at a `snapshot()` block and at any block after the latest
+    ///         weight change; reverts `SnapshotLost` where history needed is gone (two later
+    ///         snapshots each followed by a weight change before this draw).
     function sortition(
         bytes32 seed,
         uint256 want,
@@ -177,6 +190,10 @@ interface INodeRegistry {
         uint256 snapshotBlock,
         address[] calldata exclude
     ) external view returns (address[] memory picked);
+    /// @notice The draw weight of each of the first `poolLen` pool entries as of block
+    ///         `snapshotBlock` (in WEIGHT_UNITs, as `sortition` reads them; O(n log n), for
+    ///         off-chain use).
+    function weightsAt(uint256 poolLen, uint256 snapshotBlock) external view returns (uint256[] memory);
     /// @notice Stake weight cap of one pool entry in `sortition`.
     function sortitionCap() external view returns (uint256);
     function unbondDelay() external view returns (uint256);
