@@ -74,7 +74,7 @@ class ShardManifest(BaseModel):
     eos_id: int = Field(ge=0, le=MAX_VOCAB)
     seq_len: int = Field(ge=2, le=MAX_SEQ_LEN)
     dtype: Literal["uint16", "int32"]
-    shards: tuple[ShardEntry, ...] = Field(min_length=1, max_length=MAX_SHARDS)
+    shards: list[ShardEntry] = Field(min_length=1, max_length=MAX_SHARDS)
 
     @model_validator(mode="after")
     def _consistent(self) -> ShardManifest:

@@ -237,7 +237,7 @@ def pack_tokens(source: str | Path, out_dir: str | Path, seq_len: int,
         assert len(raw) == shard_size(n, seq_len, 2 if dtype == "uint16" else 4)
     manifest = ShardManifest(name=name, tokenizer=hashlib.sha256(tok_json).hexdigest(),
                              vocab_size=vocab, eos_id=eos_id, seq_len=seq_len, dtype=dtype,
-                             shards=tuple(entries))
+                             shards=entries)
     atomic_write(out / "tokenizer.json", tok_json)
     atomic_write(out / "manifest.json", manifest.to_bytes())
     return Packed(manifest, out / "manifest.json", out / "tokenizer.json", paths,
