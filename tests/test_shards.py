@@ -231,6 +231,7 @@ def test_a_job_on_shards_trains_traces_and_replays(packed: Packed, tmp_path: Pat
     assert verdicts == [behavior == "honest"] * spec.segment_count
 
 
+@pytest.mark.parallel  # waits on two libp2p hosts
 def test_a_verifier_fetches_only_its_segments_shards(packed: Packed, tmp_path: Path) -> None:
     m = packed.manifest
     spec = lm_spec(packed.hash_hex)

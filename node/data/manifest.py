@@ -67,7 +67,7 @@ class ShardEntry(BaseModel):
 class ShardManifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    format: Literal["polnet-shards/1"] = FORMAT
+    format: Literal["polnet-shards/1"] = "polnet-shards/1"
     name: str = Field(default="", max_length=200)
     tokenizer: Hex64                  # sha256 of the tokenizers JSON file
     vocab_size: int = Field(ge=2, le=MAX_VOCAB)

@@ -25,6 +25,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -220,7 +221,7 @@ def pack_tokens(source: str | Path, out_dir: str | Path, seq_len: int,
     n_shards = -(-n_seq // shard_sequences)
     if n_shards > MAX_SHARDS:
         raise DatasetError(f"{n_shards} shards > {MAX_SHARDS}: raise --shard-sequences")
-    dtype = "uint16" if vocab <= 2**16 else "int32"
+    dtype: Literal["uint16", "int32"] = "uint16" if vocab <= 2**16 else "int32"
     out = Path(out_dir)
     (out / "shards").mkdir(parents=True, exist_ok=True)
     base, extra = divmod(n_seq, n_shards)

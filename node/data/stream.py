@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 ShardSource = Callable[[int, ShardEntry], bytes]   # (index, entry) -> the shard's bytes
 LOOKAHEAD_STEPS = 8
+FETCH_PARALLEL = 3  # under the 4 streams a provider grants a stranger (ServeLimits)
 
 
 def check_order(manifest: ShardManifest, batch_size: int) -> None:
@@ -269,10 +270,18 @@ async def fetch_segments(node: PolnetNode, manifest_hash: str, spec: JobSpec,
     manifest = parse_manifest(raw, manifest_hash)
     wanted = (list(range(len(manifest.shards))) if segments is None
               else segment_shards(manifest, spec, segments))
-    for i in wanted:
+    limit = trio.Semaphore(FETCH_PARALLEL)  # a fetch mostly waits on round trips
+
+    async def one(i: int) -> None:
+        nonlocal got
         entry = manifest.shards[i]
-        stats = await node.fetch(entry.hash, peers, expected_size=entry.size)
+        async with limit:
+            stats = await node.fetch(entry.hash, peers, expected_size=entry.size)
         got += stats.bytes_received
         data = await trio.to_thread.run_sync(node.store.path(entry.hash).read_bytes)
         await trio.to_thread.run_sync(parse_shard, data, manifest, i)
+
+    async with trio.open_nursery() as nursery:
+        for i in wanted:
+            nursery.start_soon(one, i)
     return SegmentFetch(manifest, wanted, got)
