@@ -265,3 +265,34 @@ def test_a_verifier_fetches_only_its_segments_shards(packed: Packed, tmp_path: P
             vctx.sequences(batch_indices(vctx, step), SEQ)
     vctx.close()
     assert torch.tensor(sorted(set(vctx.loads))).tolist() == need
+
+
+@pytest.mark.parallel  # real daemons and anvil: mostly waiting
+@pytest.mark.timeout(420)
+def test_sharded_job_runs_through_the_daemons(packed: Packed, tmp_path: Path) -> None:
+    """`polnet job submit` a manifest: the submitter serves its shards, the solver
+    streams them while it trains, the job is finalized, and each verifier's store
+    holds the shards of the segments it replayed, not the whole dataset."""
+    from devnet.localnet import LocalNet  # noqa: PLC0415 - only this test needs it
+    from devnet.params import short_network_params  # noqa: PLC0415
+
+    spec = lm_spec(packed.hash_hex, total_steps=60, checkpoint_interval=2,
+                   detection={"fraction": 0.5, "confidence": 0.9})
+    spec_path = tmp_path / "job.json"
+    spec_path.write_bytes(spec.canonical_json())
+    m = packed.manifest
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
+        for name, acct in (("v1", 4), ("v2", 5), ("v3", 6)):
+            net.start_verifier(name, acct)
+        net.start_solver("solver", 2)
+        job = net.submit("sub", 1, spec_path, packed.manifest_path)
+        net.wait_job(job, {3}, 300)  # Finalized
+        assert net.conserved()
+
+        def held(name: str) -> set[int]:
+            objects = net.home / "nodes" / name / "p2p" / "store" / "objects"
+            return {i for i, e in enumerate(m.shards) if (objects / e.hash[:2] / e.hash).is_file()}
+
+        assert held("solver") == set(range(len(m.shards)))  # every step's shards
+        verified = [held(v) for v in ("v1", "v2", "v3")]
+        assert any(verified) and all(len(v) < len(m.shards) // 2 for v in verified), verified

@@ -18,7 +18,9 @@ Public API::
     segment_shards(manifest, spec, segments) -> list[int]
     StreamContext.open(spec, manifest, source, threads=1, ...) -> StreamContext
         # a TrainContext: train_step, run_training, replay_segment take it unchanged
-    dir_source(folder) / store_source(store, fetch=None) -> ShardSource
+    dir_source(folder) / store_source(store, fetch=None) / sibling_source(manifest)
+    context_for_file(spec, path, expected_hash=None, threads=1) -> TrainContext
+        # a one-file dataset or a shard manifest, whichever the file is
     async fetch_segments(node, manifest_hash, spec, segments, peers=None) -> SegmentFetch
 """
 
@@ -35,7 +37,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from node.data.manifest import ShardEntry, ShardManifest, parse_manifest, parse_shard
+from node.data.manifest import (
+    MAX_MANIFEST_BYTES,
+    ShardEntry,
+    ShardManifest,
+    is_shard_manifest,
+    parse_manifest,
+    parse_shard,
+)
 from node.datasets import Dataset
 from node.errors import IntegrityError, SpecError, TrainingError
 from node.spec import JobSpec, TransformerLMConfig
@@ -247,6 +256,39 @@ class StreamContext(TrainContext):
             self._pool = None
 
 
+def is_manifest_file(path: str | Path) -> bool:
+    with open(path, "rb") as f:
+        return is_shard_manifest(f.read(1))
+
+
+def sibling_source(manifest_path: str | Path) -> ShardSource:
+    """Shards beside a manifest: the folder `pack tokens` wrote, or the store the
+    manifest was fetched into (``objects/<id[:2]>/<id>``)."""
+    p = Path(manifest_path)
+    packed, objects = dir_source(p.parent), p.parent.parent
+
+    def load(index: int, entry: ShardEntry) -> bytes:
+        stored = objects / entry.hash[:2] / entry.hash
+        return stored.read_bytes() if stored.is_file() else packed(index, entry)
+    return load
+
+
+def context_for_file(spec: JobSpec, path: str | Path, expected_hash: str | None = None,
+                     threads: int = 1, source: ShardSource | None = None,
+                     lookahead: int = LOOKAHEAD_STEPS) -> TrainContext:
+    """A context for a dataset file: a one-file dataset, or a shard manifest whose
+    shards come from ``source`` (by default beside it: ``sibling_source``)."""
+    from node.datasets import load_dataset  # noqa: PLC0415
+
+    if not is_manifest_file(path):
+        return TrainContext.create(spec, load_dataset(path, expected_hash), threads=threads)
+    with open(path, "rb") as f:
+        raw = f.read(MAX_MANIFEST_BYTES + 1)
+    manifest = parse_manifest(raw, expected_hash, origin=str(path))
+    return StreamContext.open(spec, manifest, source or sibling_source(path), threads=threads,
+                              lookahead=lookahead)
+
+
 @dataclass
 class SegmentFetch:
     manifest: ShardManifest
@@ -260,8 +302,6 @@ async def fetch_segments(node: PolnetNode, manifest_hash: str, spec: JobSpec,
     """Fetch a sharded dataset's manifest and the shards ``segments`` read (all of them
     when ``segments`` is None: a solver), checking each against the manifest."""
     import trio  # noqa: PLC0415 - only the p2p side needs it
-
-    from node.data.manifest import MAX_MANIFEST_BYTES  # noqa: PLC0415
 
     got = 0
     stats = await node.fetch(manifest_hash, peers, expected_size=MAX_MANIFEST_BYTES)
