@@ -212,8 +212,9 @@ class StreamContext(TrainContext):
         """Start loading the shards of the next ``lookahead`` steps."""
         if self.lookahead <= 0:
             return
+        last = min(step + self.lookahead, self.spec.total_steps + 1)  # none past the job
         ahead = shards_for_steps(self.manifest, self.spec.seed, self.spec.batch_size,
-                                 range(step, step + self.lookahead), self.step_offset)
+                                 range(step, last), self.step_offset)
         for shard in ahead:
             self._future(shard)
 
@@ -241,7 +242,12 @@ class StreamContext(TrainContext):
                 self._cache.move_to_end(shard)
                 return hit
         fut = self._future(shard)
-        tensor = self._load(shard) if fut is None else fut.result()
+        try:
+            tensor = self._load(shard) if fut is None else fut.result()
+        except BaseException:
+            with self._lock:  # a fetch that failed is tried afresh next time
+                self._pending.pop(shard, None)
+            raise
         with self._lock:
             self._pending.pop(shard, None)
             self._cache[shard] = tensor
