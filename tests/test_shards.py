@@ -297,7 +297,7 @@ def test_sharded_job_runs_through_the_daemons(packed: Packed, tmp_path: Path) ->
         assert held("solver") == trained  # what its steps read, none past the last step
         verified = [held(v) for v in ("v1", "v2", "v3")]
         assert any(verified), verified
-        assert all(v <= trained and len(v) <= len(trained) // 2 for v in verified), verified
+        assert all(v <= trained and len(v) < len(trained) for v in verified), verified
 
 
 def test_a_failed_shard_load_is_retried(packed: Packed) -> None:
