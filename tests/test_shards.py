@@ -25,6 +25,7 @@ from node.data.manifest import (
     encode_shard,
     parse_manifest,
     parse_shard,
+    shard_size,
 )
 from node.data.pack import Packed, pack_tokens
 from node.data.stream import (
@@ -339,3 +340,27 @@ def test_cli_packs_tokens_and_trains_on_them(corpus: Path, tmp_path: Path) -> No
                  str(tmp_path / "trace"))
     assert run.returncode == 0, run.stderr
     assert json.loads((tmp_path / "trace" / "trace.json").read_text())["dataset_hash"] == digest
+
+
+def test_probe_bounds_what_streaming_holds(packed: Packed, tmp_path: Path) -> None:
+    """A manifest is small but may name 512 MiB shards: the solver's probe budgets the
+    shards a StreamContext holds, so such a job is refused before a shard is fetched."""
+    from node.errors import JobRejected  # noqa: PLC0415
+    from node.train.probe import run_probe  # noqa: PLC0415
+
+    def probe(manifest_path: Path, digest: str) -> Any:
+        spec = lm_spec(digest)
+        spec_path = tmp_path / f"{digest[:8]}.json"
+        spec_path.write_bytes(spec.canonical_json())
+        return run_probe(spec_path, manifest_path, spec.spec_hash_hex().removeprefix("0x"),
+                         digest, memory_mb=1500, max_seconds=600, gflops=1.0, threads=1)
+
+    ok = probe(packed.manifest_path, packed.hash_hex)  # trains its steps on the shards beside
+    assert ok.per_step_s > 0 and ok.estimate_mb < 1500
+    n = 8_000_000  # 33 uint16 ids each: a 528 MB shard
+    huge = ShardManifest.model_validate({**packed.manifest.model_dump(), "shards": [
+        {"hash": "ab" * 32, "sequences": n, "size": shard_size(n, SEQ, 2)}]})
+    path = tmp_path / "huge.json"
+    path.write_bytes(huge.to_bytes())
+    with pytest.raises(JobRejected, match="budget is 1500 MB"):
+        probe(path, huge.hash_hex)

@@ -18,16 +18,16 @@ Public API::
     parse_manifest(raw, expected_hash=None) -> ShardManifest    # IntegrityError if bad
     is_shard_manifest(raw) -> bool                 # a manifest, not a safetensors dataset
     encode_shard(tokens [n, seq_len], dtype) -> bytes
-    parse_shard(raw, manifest, index) -> Tensor int64 [n, seq_len]  # IntegrityError if bad
+    parse_shard(raw, manifest, index) -> Tensor int32 [n, seq_len]  # IntegrityError if bad
+    stream_memory_bytes(manifest) -> int     # what a StreamContext may hold at once
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from safetensors.numpy import load as np_load
 from safetensors.numpy import save as np_save
@@ -36,6 +36,9 @@ from node.boundary import decode_json_object
 from node.errors import IntegrityError
 from node.proof import canonical_json
 from node.tensorfile import parse_header
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "polnet-shards/1"
 SHARD_FORMAT = "polnet-shard/1"
@@ -125,6 +128,17 @@ def shard_size(n: int, seq_len: int, item: int) -> int:
     return 8 + len(header) + n * seq_len * item
 
 
+HELD_SHARDS = 6 + 2  # StreamContext: cached + loading (node.data.stream)
+
+
+def stream_memory_bytes(manifest: ShardManifest) -> int:
+    """The most a StreamContext holds: its cached and in-flight shards, as raw bytes
+    and int32 ids, each as large as the largest shard the manifest names."""
+    biggest = max(s.size for s in manifest.shards)
+    ids = max(s.sequences for s in manifest.shards) * manifest.seq_len * 4
+    return HELD_SHARDS * (biggest + ids)
+
+
 def encode_shard(tokens: np.ndarray, dtype: str) -> bytes:
     """Shard bytes for ``tokens [n, seq_len]``: the same ids give the same bytes."""
     np_dtype, _ = DTYPES[dtype]
@@ -161,7 +175,7 @@ def parse_manifest(raw: bytes, expected_hash: str | None = None,
 
 def parse_shard(raw: bytes, manifest: ShardManifest, index: int,
                 origin: str | None = None) -> torch.Tensor:
-    """Shard ``index`` of ``manifest`` as int64 ``[sequences, seq_len]``, or
+    """Shard ``index`` of ``manifest`` as int32 ``[sequences, seq_len]``, or
     IntegrityError naming the shard and what is wrong with it."""
     if not 0 <= index < len(manifest.shards):
         raise IntegrityError(f"shard {index} is not in 0..{len(manifest.shards) - 1}")
@@ -180,11 +194,13 @@ def parse_shard(raw: bytes, manifest: ShardManifest, index: int,
     want = (DTYPES[manifest.dtype][1], (entry.sequences, manifest.seq_len))
     if header.layout() != {"tokens": want}:
         raise _bad(f"{what} holds {header.layout()}, the manifest says tokens {want}")
+    import torch  # noqa: PLC0415 - a solver's probe reads manifests before torch loads
+
     try:
         arr = np_load(raw)["tokens"]
     except Exception as exc:  # noqa: BLE001 - the header checked out, the bytes did not
         raise _bad(f"{what} is corrupt ({exc})") from None
-    ids = torch.from_numpy(arr.astype(np.int64))
+    ids = torch.from_numpy(arr.astype(np.int32, copy=False))  # int64 only per batch
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= manifest.vocab_size:
         raise _bad(f"{what}: token ids span {lo}..{hi}, outside the "

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from node.data.manifest import (
+    HELD_SHARDS,
     MAX_MANIFEST_BYTES,
     ShardEntry,
     ShardManifest,
@@ -148,7 +149,7 @@ class StreamContext(TrainContext):
     manifest: ShardManifest = field(kw_only=True)
     source: ShardSource = field(kw_only=True)
     lookahead: int = field(default=LOOKAHEAD_STEPS, kw_only=True)
-    max_cached: int = field(default=6, kw_only=True)
+    max_cached: int = field(default=HELD_SHARDS - 2, kw_only=True)  # 2 more in flight
     _offsets: list[int] = field(default_factory=list, repr=False)
     _cache: OrderedDict[int, torch.Tensor] = field(default_factory=OrderedDict, repr=False)
     _pending: dict[int, Future[torch.Tensor]] = field(default_factory=dict, repr=False)
@@ -205,7 +206,7 @@ class StreamContext(TrainContext):
         out = torch.empty(idx.numel(), length, dtype=torch.int64)
         for shard in shard_of.unique().tolist():
             rows = (shard_of == shard).nonzero().flatten()
-            out[rows] = self._shard(shard)[idx[rows] - self._offsets[shard], :length]
+            out[rows] = self._shard(shard)[idx[rows] - self._offsets[shard], :length].long()
         return out
 
     def before_step(self, step: int) -> None:
@@ -229,7 +230,7 @@ class StreamContext(TrainContext):
             fut = self._pending.get(shard)
             if fut is None:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(max_workers=2,
+                    self._pool = ThreadPoolExecutor(max_workers=HELD_SHARDS - self.max_cached,
                                                     thread_name_prefix="shard-prefetch")
                 fut = self._pool.submit(self._load, shard)
                 self._pending[shard] = fut

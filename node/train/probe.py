@@ -116,6 +116,18 @@ def run_probe(spec_path: Path, dataset_path: Path, spec_hash: str, dataset_hash:
     spec = parse_spec_json(raw)
     if spec.spec_hash().hex() != spec_hash.lower().removeprefix("0x"):
         raise SpecError("the served spec is not in canonical form", field="spec")
+    from node.data.manifest import (  # noqa: PLC0415
+        is_shard_manifest,
+        parse_manifest,
+        stream_memory_bytes,
+    )
+    from node.train.budget import DATASET_EXPANSION  # noqa: PLC0415
+
+    with open(dataset_path, "rb") as f:
+        first = f.read(1)
+    if is_shard_manifest(first):  # what streaming holds, set by the largest shard
+        held = stream_memory_bytes(parse_manifest(dataset_path.read_bytes(), dataset_hash))
+        ds_size = -(-held // DATASET_EXPANSION)  # (estimate scales a file's size by this)
     need = estimate(spec, ds_size)
     if need.total_mb > memory_mb:
         raise JobRejected(f"job needs {need.summary()}; this solver's budget is {memory_mb} MB")
