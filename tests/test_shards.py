@@ -364,3 +364,26 @@ def test_probe_bounds_what_streaming_holds(packed: Packed, tmp_path: Path) -> No
     path.write_bytes(huge.to_bytes())
     with pytest.raises(JobRejected, match="budget is 1500 MB"):
         probe(path, huge.hash_hex)
+
+
+def test_training_prefetches_the_next_steps_shards(packed: Packed) -> None:
+    import threading  # noqa: PLC0415
+
+    from node.train.step import init_state, train_step  # noqa: PLC0415
+
+    inner, seen = dir_source(packed.manifest_path.parent), []
+
+    def source(index: int, entry: ShardEntry) -> bytes:
+        seen.append((index, threading.current_thread().name))
+        return inner(index, entry)
+
+    spec = lm_spec(packed.hash_hex)
+    ctx = StreamContext.open(spec, packed.manifest, source, lookahead=8)
+    train_step(ctx, init_state(ctx), 1)
+    for fut in list(ctx._pending.values()):
+        fut.result()
+    ctx.close()
+    assert sorted({i for i, _ in seen}) == shards_for_steps(packed.manifest, spec.seed,
+                                                            spec.batch_size, range(1, 9))
+    assert len(seen) == len({i for i, _ in seen})  # each loaded once
+    assert all(name.startswith("shard-prefetch") for _, name in seen)  # off the step's thread
