@@ -215,7 +215,9 @@ def _dispute(c: LocalChain, k: int, jurors: int, solver_wins: bool,
             gas["withdraw"].append(c[i].dispute.transact("withdraw")["gasUsed"])
         if m.credits(who):
             gas["withdraw"].append(c[i].market.transact("withdraw")["gasUsed"])
-    assert g.total_owed() == 0 and int(m.call("totalCredits")) == 0
+    # a valid step leaves half its lost bond held for the round's solver (settleDelay,
+    # once the round settles: not part of the dispute)
+    assert g.total_owed() == g.total_delay_held() and int(m.call("totalCredits")) == 0
 
     return gas, paid
 

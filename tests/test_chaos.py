@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Not marked `parallel`: its kills land on purpose near windows, and a node restarted
 # beside other tests' load boots too slowly to vote in time (a juror slashed for silence).
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.serial]
 
 
 def _slashed_logs(report: dict, home: Path) -> str:

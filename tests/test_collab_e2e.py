@@ -55,6 +55,7 @@ INVALID = 2  # ICollabMarket.OuterVerdict
 WARM_STEPS = 40  # theta_0: one worker's weights after 40 steps from another seed
 
 
+@pytest.mark.serial  # its rounds race the wall clock: one at a time
 def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> None:
     with LocalNet(tmp_path / "net", collab_demo_params()) as net:
         c = net.c

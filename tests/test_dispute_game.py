@@ -374,21 +374,30 @@ def expected_resolve(c: LocalChain, d: DisputeState, job: Job, verdict: Verdict,
     value: Counter[str] = Counter()
     cred: Counter[str] = Counter()
     pool = cut * len(losers)
+    held = 0
     for j in losers:
         value[j] -= cut
     if verdict == Verdict.VALID:
-        # INVARIANT under test: never to the solver; a share to the jury, the rest burned
+        # INVARIANT under test: not to the solver now; a share to the jury, half the rest
+        # held in the game for the round's solver (settleDelay), the other half burned
         to_jury = cb * gp(c).jurorShareOfChallengerBondBps // BPS if majority else 0
+        held = delay_share(cb - to_jury)
         value[d.challenger] -= cb
-        value[BURN] += cb - to_jury
+        value[BURN] += cb - to_jury - held
         pool += to_jury
     split(pool, majority, cred)
     burned = cred.pop(BURN, 0)
     value[BURN] += burned
     for a, v in cred.items():
         value[a] += v
-    assert sum(value.values()) == 0  # ending a dispute only moves tokens
+    # ending a dispute only moves tokens (the held share stays in the game)
+    assert sum(value.values()) == -held
     return nonzero(value), nonzero(cred)
+
+
+def delay_share(rest: int) -> int:
+    """DisputeGame.DELAY_SHARE_BPS of what a lost bond leaves after the jurors."""
+    return rest * 5_000 // BPS
 
 
 @dataclass
@@ -475,7 +484,9 @@ def withdraw_all(c: LocalChain) -> None:
             pulled += owed
         assert pulled == owed_total and bound.call("totalCredits") == 0
         check_books(c)
-    assert r.dispute.total_owed() == 0 == r.token.balance_of(r.dispute.address)
+    # what it still holds is delay compensation for rounds not yet settled (settleDelay)
+    assert r.dispute.total_owed() == r.dispute.total_delay_held() == \
+        r.token.balance_of(r.dispute.address)
 
 
 def assert_window_kept_open(c: LocalChain, job: Job, r: TxReceipt) -> None:
@@ -870,13 +881,16 @@ def test_challenger_out_of_time_burns_its_bond_and_bars_only_it(c: LocalChain) -
     assert ev(c, r, "TimedOut")[0]["loser"] == Side.CHALLENGER
     (res,) = ev(c, r, "DisputeResolved")
     assert (res["verdict"], res["slashedBond"]) == (Verdict.VALID, cb)
-    assert ev(c, r, "Burned")[0]["amount"] == cb
+    held = delay_share(cb)
+    assert ev(c, r, "Burned")[0]["amount"] == cb - held
     assert state(c, did).challenger_clock_left == 0 and state(c, did).solver_won
 
     value, cred = expected_resolve(c, d, job, Verdict.VALID)
-    assert value == {addr(c, CHAL): -cb, BURN: cb}  # not a wei to the solver
+    # not a wei to the solver before its round is paid: half held, half burned
+    assert value == {addr(c, CHAL): -cb, BURN: cb - held}
     assert diff(before, worth(c)) == value and game_credits(c) == cred == {}
-    assert c.reader.dispute.total_burned() == burned + cb
+    assert c.reader.dispute.total_burned() == burned + cb - held
+    assert c.reader.dispute.delay_held(job.id, 1) == held
     assert ev(c, r, "ChallengerBarred", "market")[0]["challenger"] == addr(c, CHAL)
     j = m.get_job(job.id)
     assert (j.status, j.open_disputes) == (JobStatus.COMMITTED, 0)
@@ -1189,7 +1203,8 @@ def test_majority_valid_pays_the_jury_burns_the_rest_and_the_job_pays_out(
     assert diff(before, worth(c)) == value and game_credits(c) == cred
     assert d.solver not in value  # a losing challenger's bond never reaches the solver
     to_jury_share = cb * gp(c).jurorShareOfChallengerBondBps // BPS
-    assert c.reader.dispute.total_burned() == burned + cb - to_jury_share == burned + value[BURN]
+    assert c.reader.dispute.total_burned() == burned + value[BURN] == (
+        burned + cb - to_jury_share - delay_share(cb - to_jury_share))
     assert [e["juror"] for e in ev(c, r, "JurorSlashed")] == [d.jury[1]]
     assert state(c, did).solver_won and state(c, did).verdict == Verdict.VALID
     assert m.is_barred(job.id, SEG, addr(c, CHAL))
@@ -1301,9 +1316,10 @@ def test_one_settlement_per_round_pays_those_who_proved_it(c: LocalChain) -> Non
     cb = m.market_params().challenge_bond
     va, _ = expected_resolve(c, da, job, Verdict.INVALID, majority=da.jury)
     exp_moves = Counter(va)
-    exp_moves.update({addr(c, third): -cb, BURN: cb})  # cc: no jury, all of it burned
+    # cc: no jury; half held for the (condemned) round's solver, half burned
+    exp_moves.update({addr(c, third): -cb, BURN: cb - delay_share(cb)})
     assert diff(before, worth(c)) == nonzero(exp_moves)
-    assert g.total_burned() == burned + cb
+    assert g.total_burned() == burned + cb - delay_share(cb)
     assert all(reg.locked_stake(addr(c, i)) == 0 for i in (CHAL, CHAL2, third))
     ri = m.round_info(job.id, 1)
     assert (ri.condemned, ri.sampled_invalid, ri.jury_wins, ri.timeout_wins) == (

@@ -7,7 +7,9 @@ example began add up to (nothing moves without an event), and the token supply i
 where it was (burned tokens sit at the burn address, none are minted or lost);
 (3) every credit in the market and the game equals what its Credited / Withdrawn
 events add up to; (4) the game's ``totalBurned`` is the sum of its ``Burned``
-events; (5) each condemned round's finalize pays exactly one winner (``RewardPaid``):
+events (its ``totalOwed`` counts the delay compensation it holds, and a held
+compensation goes only to the solver of a paid round, or is burned for a settled
+condemned one); (5) each condemned round's finalize pays exactly one winner (``RewardPaid``):
 the earliest-opened dispute of the round the solver lost (``Challenged``,
 ``DisputeResolved``), with a jurors' share only when a jury decided it, or, when none
 was lost, the first requester whose availability request expired (dispute id 0). Each example
@@ -104,6 +106,9 @@ class Market(RuleBasedStateMachine):
         self.requests: dict[int, tuple[int, int, int]] = {}  # id -> (job, round, segment)
         self.pending: set[int] = set()
         self.withheld: dict[tuple[int, int], str] = {}
+        # delay compensation held per (job, round) (issue 30); condemned rounds settled
+        self.held: set[tuple[int, int]] = set()
+        self.settled: set[tuple[int, int]] = set()
 
     # --- helpers -------------------------------------------------------------------
 
@@ -449,6 +454,15 @@ class Market(RuleBasedStateMachine):
             who = nth(self.owed_to("DisputeGame"), pick)
         self.act("disputeWithdraw", self.c[who].dispute.withdraw)
 
+    @rule(pick=PICK, who=st.sampled_from(ACTORS))
+    def settle_delay(self, pick: int, who: int) -> None:
+        """Anyone settles a round's held delay compensation (reverts RoundNotSettled
+        while the round is open)."""
+        if not self.held:
+            return self.idle(pick)
+        job, rnd = nth(sorted(self.held), pick)
+        self.act("settleDelay", self.c[who].dispute.settle_delay, job, rnd)
+
     # --- data availability -----------------------------------------------------------
 
     @rule(who=st.sampled_from(ACTORS), pick=PICK, seg=st.integers(0, SEGMENTS),
@@ -536,6 +550,7 @@ class Market(RuleBasedStateMachine):
                 self.paid.append((a["disputeId"], a["challenger"], a["amount"], a["juryAmount"]))
             elif ev.event == "RoundSettled":
                 STATS["roundSettled"] += 1
+                self.settled.add((a["jobId"], a["round"]))
                 self._check_settlement(a)
             elif ev.event == "AttestorSlashed":
                 STATS["attestorSlashed"] += 1
@@ -555,6 +570,17 @@ class Market(RuleBasedStateMachine):
                 STATS[f"verdict:{Verdict(a['verdict']).name}"] += 1
             elif ev.event == "Burned":
                 self.burned += a["amount"]
+            elif ev.event == "DelayCompensationHeld":
+                self.held.add((a["jobId"], a["round"]))
+            elif ev.event == "DelayCompensationSettled":
+                key = (a["jobId"], a["round"])
+                self.held.discard(key)
+                STATS["delaySettled"] += 1
+                if a["paid"]:  # only to the solver of a round that was paid
+                    assert self.status.get(key[0]) == JobStatus.FINALIZED
+                    assert self.rounds[key[0]] == key[1] and a["solver"] == self.solver[key[0]]
+                else:  # burned only for a condemned round, once it settled
+                    assert key in self.settled, "held compensation burned for an open round"
 
     def _check_settlement(self, a: Any) -> None:
         """A condemned round pays one winner, in the same finalize: the earliest-opened

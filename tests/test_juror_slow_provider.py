@@ -88,7 +88,7 @@ from node.roles.runtime import Runtime
 from node.train.trace import MANIFEST_NAME, merkle_proof, read_manifest
 from verifier.daemon import Verifier
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
 
 VOTE_BOUND_S = 15.0  # one juror's whole judgement (evidence, replay, commit tx)
 N_ACCOUNTS = 10

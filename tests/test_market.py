@@ -491,11 +491,13 @@ def test_lost_challenge_bars_only_that_challenger(chain: LocalChain, roles: Role
     now = chain.timestamp()
     assert m.get_job(job).window_end >= now + grace
     assert not m.round_info(job, 1).condemned
-    # the loser's bond is burned (no jury to share it), never paid to the solver
+    # the loser's bond: half burned, half held for the solver until its round is paid
+    # (no jury to share it); nothing reaches the solver before that
     assert v.registry.locked_stake(v.address) == 0
     assert v.registry.free_stake(v.address) == VSTAKE - bond
-    assert v.dispute.total_burned() == bond
-    assert roles.outsider.token.balance_of(BURN) == burn0 + bond
+    assert v.dispute.total_burned() == bond - bond // 2
+    assert v.dispute.delay_held(job, 1) == bond // 2
+    assert roles.outsider.token.balance_of(BURN) == burn0 + bond - bond // 2
     assert v.dispute.credits(roles.solver.address) == 0
     check_conserved(chain)
 
@@ -507,8 +509,11 @@ def test_lost_challenge_bars_only_that_challenger(chain: LocalChain, roles: Role
     roles.solver.dispute.post_mids(did2, [keccak(b"mid%d" % t) for t in d2.mid_steps])
     _timeout(chain, roles, did2)
     assert m.is_barred(job, seg, w.address)
-    assert v.dispute.total_burned() == 2 * bond
-    assert m.get_job(job).window_end >= chain.timestamp() + grace
+    assert v.dispute.total_burned() == 2 * (bond - bond // 2)
+    # past the horizon (commit + 2 windows) an ending dispute extends the window no further
+    j = m.get_job(job)
+    horizon = j.committed_at + 2 * m.market_params().verification_window
+    assert chain.timestamp() >= horizon and j.window_end <= horizon
     chain.advance(grace)
     assert revert(x.market.challenge, *args).error == "WindowClosed"  # no dispute live
     chain.publish_sample(roles.solver, job, leaves, tree)  # nobody attested: the evidence
@@ -517,6 +522,8 @@ def test_lost_challenge_bars_only_that_challenger(chain: LocalChain, roles: Role
     assert m.events(r, "JobFinalized")[0]["args"]["reward"] == REWARD
     assert m.credits(roles.solver.address) == REWARD
     assert roles.solver.registry.locked_stake(roles.solver.address) == 0
+    roles.outsider.dispute.settle_delay(job, 1)  # its round paid: the held halves are its
+    assert v.dispute.credits(roles.solver.address) == 2 * (bond // 2)
     check_conserved(chain)
 
 

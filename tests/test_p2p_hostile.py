@@ -419,6 +419,7 @@ HONEST_BOUND_S = 15.0  # the stated bound (docs/protocol.md): an honest fetch is
                        # within this while the 64 hostile streams are open
 
 
+@pytest.mark.serial  # HONEST_BOUND_S is a deadline: not beside other tests
 def test_streams_that_ask_without_fetching_do_not_hold_the_slots(tmp_path: Path) -> None:
     """The attack (issue 37, item 2): 16 stranger ids x 4 streams, each sending one
     manifest request every 0.5 s, never idle for the 1 s eviction threshold, held all

@@ -170,8 +170,9 @@ def test_puppet_challenge_upholds_nothing(net: Net) -> None:
     """Before: right after committing, the solver's puppet challenged its own faked
     segment and let its clock run out; the segment was upheld, every honest challenge
     of it reverted SegmentAlreadyUpheld and the puppet's bond flowed back to the
-    solver. Now the loss bars only the puppet, its bond is burned, and an honest
-    verifier still proves the fake after the original window closed."""
+    solver. Now the loss bars only the puppet, half its bond is burned and half held
+    for the solver (burned too once the round is condemned, issue 30's delay rule), and
+    an honest verifier still proves the fake after the original window closed."""
     c = net.chain
     before = net.holdings(net.solver) + net.holdings(net.puppet)
     job, leaves, tree = post_commit(net)
@@ -183,7 +184,9 @@ def test_puppet_challenge_upholds_nothing(net: Net) -> None:
     timeout(net, p)  # the puppet (challenger) lets its clock run out
     assert c.reader.dispute.get_dispute(p).verdict == Verdict.VALID
     bond = c.reader.market.market_params().challenge_bond
-    assert c.reader.dispute.total_burned() - burned0 == bond  # no jury: all of it burned
+    # no jury: half burned now, half held for the solver while its round is unsettled
+    assert c.reader.dispute.total_burned() - burned0 == bond - bond // 2
+    assert c.reader.dispute.delay_held(job, 1) == bond // 2
     assert c.reader.market.is_barred(job, fake, net.puppet.address)
     assert revert(open_dispute, net.puppet, job, fake, leaves, tree).error == \
         "ChallengerBarredFrom"
@@ -201,6 +204,8 @@ def test_puppet_challenge_upholds_nothing(net: Net) -> None:
     finalize_after_window(net, job)  # settles the round and pays its one winner
     assert c.reader.market.round_info(job, 1).first_winner == did
     assert c.reader.market.get_job(job).status == JobStatus.OPEN
+    net.honest[1].dispute.settle_delay(job, 1)  # condemned: the held half is burned too
+    assert c.reader.dispute.total_burned() - burned0 == bond
     after = net.holdings(net.solver) + net.holdings(net.puppet)
     solver_bond = REWARD * c.reader.market.market_params().bond_factor_bps // 10_000
     # the pair lost the solver bond and the puppet's bond (and a juror slash if drawn)

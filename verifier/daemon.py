@@ -13,6 +13,7 @@ a restarted verifier can still reveal.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import time
@@ -21,9 +22,10 @@ from typing import Any
 import trio
 
 from node.chain.contracts import DisputeState, JobStatus, Phase, Verdict
-from node.chain.events import ChainEvent, EventWatcher
+from node.chain.events import ChainEvent
 from node.chain.revert_names import errors
 from node.chain.rpc import RPC_FAILURES
+from node.chain.view import EventFeed, Snapshot
 from node.errors import PolnetError
 from node.logs import get_logger
 from node.proof import sample_share
@@ -94,6 +96,8 @@ class Verifier:
         self.evidence.collab = self.collab
         self._busy: set[str] = set()
         self._settled: set[int] = set()  # jobs derived Done in this process: not re-read
+        self._snap: Snapshot | None = None  # the chain as of this pass (Runtime's view)
+        self._moved: dict[int, float] = {}  # dispute -> trio time its last move ended
 
     def _on_event(self, ev: ChainEvent) -> None:
         me = self.rt.address.lower()
@@ -119,9 +123,9 @@ class Verifier:
         cursor = rt.dir / "verifier.cursor"
         if self.state.fresh:  # no usable state: replay every event, the chain re-derives all
             cursor.unlink(missing_ok=True)
-        watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
-                               start_block=c.deployment.deploy_block,
-                               confirmations=rt.settings.confirmations)
+        # The process's chain view: one blockNumber per tick, one batch per new block;
+        # jobs and disputes are read from its snapshot, not one call each per tick.
+        feed = EventFeed(rt.view, cursor_path=cursor)
         log.info("verifier_running", address=rt.address, malicious=self.malicious)
         async with trio.open_nursery() as nursery:
             # torch's deterministic set-up in the background: never delays a restarted
@@ -129,8 +133,11 @@ class Verifier:
             nursery.start_soon(trio.to_thread.run_sync, prepare_torch)
             while until is None or time.monotonic() < until:
                 try:
-                    await rt.chain(watcher.poll, self._on_event)
-                    await self._tick(nursery)
+                    snap = await rt.snapshot()
+                    for ev in feed.take():
+                        self._on_event(ev)
+                    feed.done()
+                    await self._tick(nursery, snap)
                 except PolnetError as exc:
                     log.warning("verifier_tick_failed", error=str(exc))
                 except RPC_FAILURES as exc:  # a throttled or flaky provider: wait, go on
@@ -139,17 +146,24 @@ class Verifier:
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
-    async def _tick(self, nursery: trio.Nursery) -> list[tuple[str, int, object]]:
+    async def _tick(self, nursery: trio.Nursery,
+                    snap: Snapshot | None = None) -> list[tuple[str, int, object]]:
         """One pass: derive each job's phase and act; start a move for each live
         dispute. Returns what was decided: ("job", id, action)."""
-        rt, c = self.rt, self.rt.chain_client
-        now = await rt.chain(c.timestamp)
+        rt = self.rt
+        if snap is None:  # a pass on its own (tests): the chain as of now
+            snap = await rt.snapshot(fresh=True)
+        self._snap = snap
+        now = snap.timestamp
         taken: list[tuple[str, int, object]] = []
         await self._fill_dispute_rounds()
         # Dispute moves, votes and reveals first, before anything else this role does
         # (issue 37): each runs as a task of its own, so no job, collaborative follow-up
-        # or input of anyone's delays a dispute clock.
+        # or input of anyone's delays a dispute clock. A dispute moved since the
+        # snapshot was read waits for the next one (it would show the move undone).
         for did, d in list(self.state.data.disputes.items()):
+            if self._moved.get(did, -math.inf) >= rt.snapshot_started:
+                continue
             if f"d{did}" not in self._busy and not d.over:
                 self._busy.add(f"d{did}")
                 nursery.start_soon(guarded, "_dispute_move", self._dispute_move, did)
@@ -158,10 +172,13 @@ class Verifier:
         except PolnetError as exc:
             log.warning("collab_tick_failed", error=str(exc))
         withdraw = False
+        credits: int | None = None  # read once a pass, and only if a job is settled
         for jid in list(self.state.data.jobs):
             if jid in self._settled:
                 continue
-            job = await rt.chain(c.market.get_job, jid)
+            job = snap.jobs.get(jid)
+            if job is None:  # not in the view yet: read it alone
+                job = await rt.chain(rt.chain_client.market.get_job, jid)
             rec = self.state.data.jobs[jid]
             if rec.seen_commit:
                 with self.state as st:
@@ -174,12 +191,14 @@ class Verifier:
                     st.jobs[jid].round = job.round
             disk = self._job_disk(jid, busy=f"j{jid}" in self._busy)
             done = job.status != JobStatus.COMMITTED or job.round != disk.round
+            if done and credits is None:
+                credits = await self.rt.credits_owed()
             view = JobView(
                 status=job.status, round=job.round, now=now, window_end=job.window_end,
                 open_disputes=job.open_disputes,
                 attested=not done and needs_attest_check(disk) and await rt.chain(
-                    c.market.has_attested, jid, rt.address),
-                credits=await self.rt.credits_owed() if done else 0)
+                    rt.chain_client.market.has_attested, jid, rt.address),
+                credits=credits if done and credits is not None else 0)
             dec = decide_job(view, disk)
             taken.append(("job", jid, dec.action))
             self._record_phase(jid, dec.phase)
@@ -391,10 +410,12 @@ class Verifier:
             if settled:
                 log.info("round_settled", dispute=d.id, job=d.job_id,
                          paid_us=r.first_winner == d.id)
+        snap = self._snap
         return DisputeView(
             phase=d.phase, turn=d.turn, solver_clock_left=d.solver_clock_left,
-            now=await rt.chain(c.timestamp),
-            block=await rt.chain(c.block_number) if d.phase == Phase.DRAWING else 0,
+            now=snap.timestamp if snap is not None else await rt.chain(c.timestamp),
+            block=(snap.block if snap is not None else await rt.chain(c.block_number))
+            if d.phase == Phase.DRAWING else 0,
             draw_block=d.draw_block, reveal_end=d.reveal_end, won=won,
             my_commitment=None if vote is None else vote.commitment,
             my_revealed=vote is not None and vote.revealed, round_settled=settled,
@@ -406,7 +427,7 @@ class Verifier:
         act: object = None
         try:
             info = self.state.data.disputes[did]
-            d = await rt.chain(c.dispute.get_dispute, did)
+            d = await self._dispute(did)
             act = decide_dispute(await self._dispute_view(d, info), info)
             if isinstance(act, SettleRound):
                 await self._claim(d)
@@ -440,8 +461,16 @@ class Verifier:
         except PolnetError as exc:
             log.warning("dispute_move_failed", dispute=did, error=str(exc))
         finally:
+            self._moved[did] = trio.current_time()
             self._busy.discard(f"d{did}")
         return act
+
+    async def _dispute(self, did: int) -> DisputeState:
+        """The dispute as of this pass's snapshot (read alone if the view lacks it)."""
+        d = self._snap.disputes.get(did) if self._snap is not None else None
+        if d is None:
+            d = await self.rt.chain(self.rt.chain_client.dispute.get_dispute, did)
+        return d
 
     async def _claim(self, d: Any) -> None:
         """Settle the round we won a dispute of: ``finalize`` pays its first winner,

@@ -29,6 +29,9 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
     uint256 internal immutable _bond;
     uint256 internal immutable _answerWindow;
     uint256 internal immutable _solverShareBps;
+    /// @dev JobMarket's horizon (HORIZON_WINDOWS = 2 verification windows after commit): no
+    ///      request after it, but on a sampled segment of a round without an attesting majority.
+    uint256 internal immutable _horizon;
 
     uint256 public override requestCount;
     uint256 public override totalOwed;
@@ -49,6 +52,7 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         _bond = params_.bond;
         _answerWindow = params_.answerWindow;
         _solverShareBps = params_.solverShareBps;
+        _horizon = 2 * market_.params().verificationWindow;
     }
 
     function request(uint256 jobId, uint256 segment) external nonReentrant returns (uint256 requestId) {
@@ -62,7 +66,14 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         // Open while the round could still be paid without evidence being asked for: the
         // window, a live dispute or request, or no attestation majority (then it never closes,
         // so a round its committee would not vouch for can always be forced to show its data).
-        if (block.timestamp >= j.windowEnd && j.openDisputes == 0 && _quorum(jobId, j)) revert RequestsClosed(jobId);
+        // INVARIANT: delay is bounded: past the horizon a request can only ask for what the
+        // round needs to be paid at all (a sampled segment, no attesting majority); the solver
+        // that publishes its sample leaves nothing to ask. (The committee is read only when
+        // it matters: an external call.)
+        bool late = block.timestamp >= j.committedAt + _horizon;
+        if (late || (block.timestamp >= j.windowEnd && j.openDisputes == 0)) {
+            if (_quorum(jobId, j) || (late && !_sampled(jobId, segment))) revert RequestsClosed(jobId);
+        }
         requestId = ++requestCount;
         uint64 deadline = uint64(block.timestamp + _answerWindow);
         _requests[requestId] = Request(jobId, j.round, uint32(segment), msg.sender, deadline, State.Pending);
@@ -166,6 +177,14 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
     /// @dev The market's rule (JobMarket.finalize): a strict majority of the seats drawn attested.
     function _quorum(uint256 jobId, IJobMarket.Job memory j) internal view returns (bool) {
         return j.attestations * 2 > _market.committeeOf(jobId).length;
+    }
+
+    function _sampled(uint256 jobId, uint256 segment) internal view returns (bool) {
+        uint256[] memory s = _market.sampledSegments(jobId);
+        for (uint256 i; i < s.length; ++i) {
+            if (s[i] == segment) return true;
+        }
+        return false;
     }
 
     function _check(IJobMarket.Job memory j, uint256 jobId, uint256 index, Leaf calldata l) internal pure {

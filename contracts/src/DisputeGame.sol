@@ -47,9 +47,11 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///         draw can dodge it.
 ///      Settlement (all credited, pulled with `withdraw()`):
 ///      - Valid (jury, or the challenger ran out of clock): the challenger's bond is slashed;
-///        jurorShareOfChallengerBondBps -> majority jurors (when a jury decided), the rest is
-///        burned. INVARIANT: a losing challenger's bond never reaches the solver, so a
-///        solver's puppet challenger cannot recycle it.
+///        jurorShareOfChallengerBondBps -> majority jurors (when a jury decided); of the rest,
+///        DELAY_SHARE_BPS is held for the round's solver (`settleDelay`: paid when the round
+///        is paid, burned when it is condemned) and the remainder is burned. INVARIANT: a
+///        losing challenger's bond reaches the solver only as that held half, and only for
+///        a round that was paid, so a cheater's puppet never recycles more than half of it.
 ///      - Invalid / SolverTimedOut / Void: the challenger's bond is unlocked. The market
 ///        settles the solver's bond once per round (`IJobMarket.finalize`) and credits the
 ///        winning Invalid dispute's majority jurors (`majorityOf`) their share there.
@@ -176,6 +178,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 slashedBond
     );
     event Burned(uint256 indexed id, uint256 amount);
+    /// @notice Of a lost challenge's bond, held for the round's solver (`settleDelay`).
+    event DelayCompensationHeld(uint256 indexed id, uint256 indexed jobId, uint32 round, uint256 amount);
+    /// @notice The round's held compensation: to its solver (paid round) or burned (condemned).
+    event DelayCompensationSettled(uint256 indexed jobId, uint32 round, address solver, uint256 paid, uint256 burned);
     event Credited(address indexed account, uint256 amount);
     event Withdrawn(address indexed account, uint256 amount);
 
@@ -203,6 +209,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     error BadReveal();
     error JuryNotReady(uint64 drawBlock);
     error NothingToWithdraw();
+    error NoDelayCompensation(uint256 jobId, uint32 round);
+    error RoundNotSettled(uint256 jobId, uint32 round);
 
     /// @dev Packed storage of a dispute: words 0 and 1. startStep is segment * k (`open`
     ///      checks it); the round is the job's at open (the market's records read it here).
@@ -238,6 +246,11 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal constant MAX_JURY = 15;
     /// @dev Rounds a range of up to 2^32 steps can take (fanout >= 2): bounds the extensions.
     uint256 internal constant MAX_ROUNDS = 32;
+    /// @dev Of a lost challenge's bond after the jurors' share: held for the delayed solver
+    ///      (issue 30, "delay is priced"), paid once its round is paid and burned when the
+    ///      round is condemned, so a cheater's puppets get nothing back; the rest is burned
+    ///      either way, so even a cheater that escapes loses half of every puppet bond.
+    uint256 internal constant DELAY_SHARE_BPS = 5_000;
     /// @dev Where burned tokens go: nobody holds its key.
     address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
@@ -265,6 +278,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     ///      rewrites a dirty word; `credits` returns the real amount.
     mapping(address => uint256) internal _accountCreditsPlusOne;
     uint256 public totalBurned;
+    /// @dev (jobId << 32 | round) => delay compensation held for that round's solver.
+    mapping(uint256 => uint256) internal _delayHeld;
+    /// @notice Sum of `_delayHeld`: tokens the game holds for rounds not yet settled.
+    uint256 public totalDelayHeld;
 
     mapping(uint256 => Core) internal _core;
     mapping(uint256 => uint256) internal _stateWord; // State, packed: see _store
@@ -518,6 +535,32 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         emit DisputeResolved(id, _core[id].jobId, v, validVotes, invalidVotes, slashedBond);
     }
 
+    /// @notice Anyone, once the round settled: its held delay compensation (half of what its
+    ///         lost challenges' bonds left after the jurors) to its solver when the round was
+    ///         paid (`finalize`), burned when it was condemned.
+    function settleDelay(uint256 jobId, uint32 round) external nonReentrant {
+        uint256 key = (jobId << 32) | round;
+        uint256 amount = _delayHeld[key];
+        if (amount == 0 || jobId > type(uint64).max) revert NoDelayCompensation(jobId, round);
+        IJobMarket.Job memory j = market.getJob(jobId);
+        bool paid = j.round == round && j.status == IJobMarket.JobStatus.Finalized;
+        if (!paid && !market.roundInfo(jobId, round).settled) revert RoundNotSettled(jobId, round);
+        _delayHeld[key] = 0;
+        totalDelayHeld -= amount;
+        if (paid) {
+            _creditsPlusOne += _credit(j.solver, amount);
+            emit DelayCompensationSettled(jobId, round, j.solver, amount, 0);
+        } else {
+            _burn(0, amount);
+            emit DelayCompensationSettled(jobId, round, address(0), 0, amount);
+        }
+    }
+
+    /// @notice Delay compensation held for round `round` of job `jobId`.
+    function delayHeld(uint256 jobId, uint32 round) external view returns (uint256) {
+        return jobId > type(uint64).max ? 0 : _delayHeld[(jobId << 32) | round];
+    }
+
     /// @inheritdoc IDisputeGame
     function majorityOf(uint256 id) external view returns (address[] memory majority) {
         State memory s = _load(id);
@@ -671,9 +714,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return _midSteps(_startOf(_core[id]), s, _parts(s));
     }
 
-    /// @notice Unpaid credits: what the game owes.
+    /// @notice Unpaid credits and held delay compensation: what the game owes.
     function totalOwed() external view returns (uint256) {
-        return totalCredits();
+        return totalCredits() + totalDelayHeld;
     }
 
     // --- internals ---
@@ -896,7 +939,13 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (v == IJobMarket.Verdict.Valid) {
             if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
             uint256 toJury = majority.length == 0 ? 0 : slashedBond * _jurorShareOfChallengerBondBps / BPS;
-            _burn(id, slashedBond - toJury);
+            uint256 held = (slashedBond - toJury) * DELAY_SHARE_BPS / BPS;
+            if (held != 0) {
+                _delayHeld[(uint256(c.jobId) << 32) | c.round] += held;
+                totalDelayHeld += held;
+                emit DelayCompensationHeld(id, c.jobId, c.round, held);
+            }
+            _burn(id, slashedBond - toJury - held);
             pool += toJury;
         } else if (_challengeBond != 0) {
             registry.unlock(c.challenger, _challengeBond);

@@ -25,6 +25,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     uint256 internal constant MAX_AMOUNT = type(uint96).max;
     uint256 internal constant MAX_COMMITTEE = 16;
     uint256 internal constant ALL_SEATS = type(uint256).max;
+    /// @dev Issue 30 ("delay is priced"): disputes (and, in Availability, requests) open only
+    ///      until committedAt + HORIZON_WINDOWS windows, and ending disputes extend the window
+    ///      no further, so no chain of griefers holds a round past it plus one game's clocks.
+    uint256 internal constant HORIZON_WINDOWS = 2;
     /// @dev Where attestor slashes go: nobody holds its key.
     address internal constant BURN = 0x000000000000000000000000000000000000dEaD;
 
@@ -447,8 +451,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
                 r.timeoutWins += 1;
             }
         }
-        // Whatever the verdict, others keep time to challenge: no dispute closes the window.
-        _extend(jobId, j);
+        // Whatever the verdict, others keep time to challenge (up to the horizon: a chain of
+        // griefers' disputes cannot hold the round further).
+        _extend(jobId, j, true);
     }
 
     // --- availability game only ---
@@ -478,8 +483,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
                 if (_availWinner[jobId][round] == address(0)) _availWinner[jobId][round] = challenger;
             }
         }
-        // What was published can be disputed; a withheld round can be challenged further.
-        _extend(jobId, j);
+        // What was published can be disputed, past the horizon too (so a solver cannot wait
+        // it out to publish); a withheld round is condemned: no reason to extend past it.
+        _extend(jobId, j, op == 2);
     }
 
     // --- views ---
@@ -808,8 +814,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function _checkChallenge(uint256 jobId, uint256 segment) internal view returns (JobRec storage j) {
         j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
-        // INVARIANT: a live dispute keeps the round open to others; it never closes it.
-        if (block.timestamp >= j.windowEnd && j.openDisputes == 0) revert WindowClosed(j.windowEnd);
+        // INVARIANT: a live dispute keeps the round open to others until the horizon; past
+        // it only the window (extended by the solver's own publications) admits disputes.
+        if (block.timestamp >= j.windowEnd && (j.openDisputes == 0 || block.timestamp >= _horizon(j))) {
+            revert WindowClosed(j.windowEnd);
+        }
         if (msg.sender == j.solver) revert SolverCannotChallenge();
         if (!_registry.isVerifier(msg.sender)) revert NotVerifier(msg.sender);
         if (segment >= j.segmentCount) revert SegmentOutOfRange(segment, j.segmentCount);
@@ -849,9 +858,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 
-    /// @dev Leave others at least disputeGrace of window.
-    function _extend(uint256 jobId, JobRec storage j) internal {
+    function _horizon(JobRec storage j) internal view returns (uint256) {
+        return j.committedAt + HORIZON_WINDOWS * _verificationWindow;
+    }
+
+    /// @dev Leave others at least disputeGrace of window; `capped` (an ending dispute or a
+    ///      lost request, not a publication to be checked): never past the horizon.
+    function _extend(uint256 jobId, JobRec storage j, bool capped) internal {
         uint256 minEnd = block.timestamp + _disputeGrace;
+        if (capped && minEnd > _horizon(j)) minEnd = _horizon(j);
         if (j.windowEnd < minEnd) {
             j.windowEnd = uint40(minEnd);
             emit WindowExtended(jobId, uint64(minEnd));

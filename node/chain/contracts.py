@@ -458,6 +458,23 @@ def vote_commitment(dispute_id: int, juror: str, valid: bool, salt: bytes) -> by
                              [dispute_id, juror, valid, salt]))
 
 
+def dispute_state(dispute_id: int, view: Any, hashes: tuple[bytes, bytes]) -> DisputeState:
+    """A decoded ``getDispute`` and the range's end hashes (which the game does not
+    store: :meth:`Dispute.range_hashes`, or the chain view's events) as a DisputeState."""
+    raw = {_snake(k): v for k, v in view.dispute._asdict().items()}
+    raw.update(id=dispute_id, phase=Phase(view.phase), turn=Side(raw["turn"]),
+               solver_clock_left=int(view.solverClockLeft),
+               challenger_clock_left=int(view.challengerClockLeft),
+               votes=[from_struct(Vote, v) for v in view.votes],
+               verdict=Verdict(raw["verdict"]))
+    for k in ("range_root", "mids_root", "jury_seed"):
+        raw[k] = bytes(raw[k])
+    raw["lo_hash"], raw["hi_hash"] = hashes
+    raw["mid_steps"] = [int(x) for x in raw["mid_steps"]]
+    known = {f.name for f in dataclasses.fields(DisputeState)}
+    return DisputeState(**{k: v for k, v in raw.items() if k in known})
+
+
 class Dispute(Bound):
     # bisection
     def post_mids(self, dispute_id: int, hashes: list[bytes]) -> TxReceipt:
@@ -542,24 +559,24 @@ class Dispute(Bound):
     def total_burned(self) -> int:
         return int(self.call("totalBurned"))
 
+    def settle_delay(self, job_id: int, round_: int) -> TxReceipt:
+        """Anyone, once the round settled: its held delay compensation to its solver (the
+        round was paid) or to the burn address (condemned)."""
+        return self.transact("settleDelay", job_id, round_)
+
+    def delay_held(self, job_id: int, round_: int) -> int:
+        return int(self.call("delayHeld", job_id, round_))
+
+    def total_delay_held(self) -> int:
+        return int(self.call("totalDelayHeld"))
+
     def withdraw(self) -> int:
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
 
     # views
     def get_dispute(self, dispute_id: int) -> DisputeState:
-        view = self.call("getDispute", dispute_id)
-        raw = {_snake(k): v for k, v in view.dispute._asdict().items()}
-        raw.update(id=dispute_id, phase=Phase(view.phase), turn=Side(raw["turn"]),
-                   solver_clock_left=int(view.solverClockLeft),
-                   challenger_clock_left=int(view.challengerClockLeft),
-                   votes=[from_struct(Vote, v) for v in view.votes],
-                   verdict=Verdict(raw["verdict"]))
-        for k in ("range_root", "mids_root", "jury_seed"):
-            raw[k] = bytes(raw[k])
-        raw["lo_hash"], raw["hi_hash"] = self.range_hashes(dispute_id)
-        raw["mid_steps"] = [int(x) for x in raw["mid_steps"]]
-        known = {f.name for f in dataclasses.fields(DisputeState)}
-        return DisputeState(**{k: v for k, v in raw.items() if k in known})
+        return dispute_state(dispute_id, self.call("getDispute", dispute_id),
+                             self.range_hashes(dispute_id))
 
     def is_juror(self, dispute_id: int, who: str) -> bool:
         return bool(self.call("isJuror", dispute_id, who))

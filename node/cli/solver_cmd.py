@@ -37,6 +37,13 @@ def run(
     collab_slots: int = typer.Option(
         1, "--collab-slots", min=0, max=64,
         help="Slots to take in each collaborative (DiLoCo) job (0: none)."),
+    world_size: int = typer.Option(
+        1, "--world-size", min=1, max=64,
+        help="Rank processes that train each job together (torch.distributed, gloo); "
+             "the ranks get no key."),
+    dist_mode: str = typer.Option(
+        "ddp", "--dist-mode",
+        help="ddp: every rank holds the model; fsdp: FSDP2 shards it over the ranks."),
     duration: float | None = typer.Option(None, "--duration",
                                           help="Stop after this many seconds."),
 ) -> None:
@@ -47,7 +54,8 @@ def run(
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
                              metrics_port=metrics_port, threads=threads)
     run_daemon(settings, "solver", lambda rt: Solver(rt, behavior=behavior, max_jobs=max_jobs,
-                                            collab_slots=collab_slots),
+                                            collab_slots=collab_slots,
+                                            world_size=world_size, dist_mode=dist_mode),
                duration)
 
 

@@ -30,6 +30,7 @@ the verifier daemons alike:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import time
@@ -102,7 +103,36 @@ SLOT_BENIGN = ("NotEnoughFreeSlots", "SlotCapExceeded", "CollabNotLive", "Throug
 class _Vote:
     valid: bool
     salt: bytes
-    revealed: bool = False
+    committed: bool = False  # the commit transaction came back (landed, or had before)
+    revealed: bool = False  # likewise the reveal: until then it is sent again
+
+
+def load_votes(path: Path) -> dict[int, _Vote]:
+    """The outer-jury votes saved by :func:`save_votes` ({} if none, or unreadable)."""
+    try:
+        raw = json.loads(path.read_text())
+        return {int(k): _Vote(bool(v["valid"]), bytes.fromhex(str(v["salt"])),
+                              bool(v.get("committed", False)), bool(v.get("revealed", False)))
+                for k, v in raw.items()}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("outer_votes_unreadable", path=str(path), error=repr(exc))
+        return {}
+
+
+def save_votes(path: Path, votes: dict[int, _Vote]) -> None:
+    """Atomically, owner-only: each salt is on disk before its commitment is sent, so a
+    juror restarted between commit and reveal still reveals (a silent juror is slashed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({str(k): {"valid": v.valid, "salt": v.salt.hex(), "committed": v.committed,
+                            "revealed": v.revealed} for k, v in votes.items()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 class CollabFollower:
@@ -123,7 +153,8 @@ class CollabFollower:
         self._init_states: dict[int, OuterState] = {}  # warm-started jobs' theta_0, m_0
         self._outer: dict[tuple[int, int], OuterState] = {}
         self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
-        self._votes: dict[int, _Vote] = {}  # by OuterJury case id
+        self._votes_path = self.dir / "outer-votes.json"
+        self._votes: dict[int, _Vote] = load_votes(self._votes_path)  # by OuterJury case id
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
         self._over: set[int] = set()  # finished or failed jobs: never read again
         self._claimed_rate: dict[int, int] = {}
@@ -622,17 +653,26 @@ class CollabFollower:
         me = rt.address.lower()
         if me in (str(a).lower() for a in case.jury):
             vote = self._votes.get(case_id)
-            if vote is None and now < case.commit_end:
-                vote = self._votes[case_id] = _Vote(agrees, secrets.token_bytes(32))
+            if now < case.commit_end and (vote is None or not vote.committed):
+                if vote is None:  # the salt on disk before the commitment leaves
+                    vote = self._votes[case_id] = _Vote(agrees, secrets.token_bytes(32))
+                    save_votes(self._votes_path, self._votes)
+                # a saved vote whose commit did not come back: the same salt again
                 await rt.transact_ok(c.outer_jury.commit_vote, case_id, vote.valid, vote.salt,
                                      benign=VOTE_BENIGN)
+                vote.committed = True
+                save_votes(self._votes_path, self._votes)
                 log.info("collab_outer_vote_committed", job=cid, round=r, case=case_id,
-                         valid=agrees)
+                         valid=vote.valid)
             elif vote is not None and not vote.revealed \
                     and case.commit_end <= now < case.reveal_end:
-                vote.revealed = True
+                # Marked only once the reveal came back: a failed one is sent next pass.
                 await rt.transact_ok(c.outer_jury.reveal_vote, case_id, vote.valid, vote.salt,
                                      benign=VOTE_BENIGN)
+                vote.revealed = True
+                save_votes(self._votes_path, self._votes)
+                log.info("collab_outer_vote_revealed", job=cid, round=r, case=case_id,
+                         valid=vote.valid)
         if now >= case.reveal_end:
             await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
 

@@ -54,7 +54,7 @@ async def fetch_job_inputs(rt: Runtime, spec_hash: bytes, dataset_hash: bytes,
 
 async def job_context(rt: Runtime, spec: JobSpec, data: JobData, threads: int,
                       hint_accounts: tuple[str, ...] = (),
-                      lookahead: int = LOOKAHEAD_STEPS) -> TrainContext:
+                      lookahead: int = LOOKAHEAD_STEPS, micro_batches: int = 1) -> TrainContext:
     """``data`` bound to ``spec``, off the event loop. A StreamContext's shards are
     fetched from its worker threads through this loop: train and replay on it from
     a thread (trio.to_thread), never on the loop itself."""
@@ -62,7 +62,7 @@ async def job_context(rt: Runtime, spec: JobSpec, data: JobData, threads: int,
 
     if isinstance(data, Dataset):
         return await trio.to_thread.run_sync(functools.partial(
-            TrainContext.create, spec, data, threads=threads))
+            TrainContext.create, spec, data, threads=threads, micro_batches=micro_batches))
     token = trio.lowlevel.current_trio_token()
 
     def fetch(artifact_id: str, size: int) -> None:
@@ -71,4 +71,5 @@ async def job_context(rt: Runtime, spec: JobSpec, data: JobData, threads: int,
 
     source = store_source(rt.p2p.store, fetch)
     return await trio.to_thread.run_sync(functools.partial(
-        StreamContext.open, spec, data, source, threads=threads, lookahead=lookahead))
+        StreamContext.open, spec, data, source, threads=threads, lookahead=lookahead,
+        micro_batches=micro_batches))

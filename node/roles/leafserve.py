@@ -69,19 +69,39 @@ def sample_size_of(c: ChainClient, jid: int) -> int:
     return mp.sample_count
 
 
+# (job, round, seed) -> sampled segments: fixed once the seed is, so read once
+_SAMPLES: dict[tuple[int, int, bytes], list[int]] = {}
+
+
 async def _needed_segments(solver: Solver, jid: int) -> list[int]:
-    c = solver.rt.chain_client
+    """From the process's chain snapshot: no getDispute (and its log searches) per
+    dispute per tick, and the sample read once per round's seed."""
+    rt, c = solver.rt, solver.rt.chain_client
+    snap = await rt.snapshot()
+    job = snap.jobs.get(jid)
+    if job is None:  # not in the view yet (a job of a block it has not taken in)
+        job = await rt.chain(c.market.get_job, jid)
     segments: list[int] = []
-    with contextlib.suppress(ContractRevert):  # SeedNotFixed: its block is not mined yet
-        segments += await solver.rt.chain(c.market.sampled_segments, jid)
+    key = (jid, job.round, job.seed)
+    if job.seed != bytes(32) and key in _SAMPLES:
+        segments += _SAMPLES[key]
+    else:
+        with contextlib.suppress(ContractRevert):  # SeedNotFixed: its block is not mined yet
+            sample = list(await rt.chain(c.market.sampled_segments, jid))
+            segments += sample
+            if job.seed != bytes(32):
+                if len(_SAMPLES) >= 4096:  # bounded: settled jobs' samples go
+                    _SAMPLES.clear()
+                _SAMPLES[key] = sample
     for did in list(solver.state.data.disputes):
-        d = await solver.rt.chain(c.dispute.get_dispute, did)
+        d = snap.disputes.get(did)
+        if d is None:
+            d = await rt.chain(c.dispute.get_dispute, did)
         if d.job_id == jid:
             segments.append(d.segment)
     if c.deployment is not None and "Availability" in c.deployment.contracts:
         # a segment named by an availability request: its requester wants to replay it
-        job = await solver.rt.chain(c.market.get_job, jid)
-        segments += await solver.rt.chain(requested_segments, c, jid, job)
+        segments += await rt.chain(requested_segments, c, jid, job)
     return segments
 
 

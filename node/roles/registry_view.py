@@ -18,6 +18,7 @@ from typing import Any
 
 from node.chain.client import ChainClient
 from node.chain.events import ChainEvent, EventWatcher
+from node.chain.view import EventFeed
 from node.errors import ConfigError
 
 # Events after which a node's free or locked stake may differ.
@@ -40,6 +41,9 @@ class RegistryView:
     disputes: dict[tuple[str, int], set[str]] = field(default_factory=dict)
     committees: dict[int, set[str]] = field(default_factory=dict)   # job id -> latest
     min_stake: int | None = None
+    # The process's chain view (Runtime): its events, no getLogs of our own. Without
+    # one (a tool, a test) the view polls its own EventWatcher.
+    feed: EventFeed | None = None
     _watcher: EventWatcher | None = None
     _touched: set[str] = field(default_factory=set)  # stake to read again
 
@@ -47,17 +51,20 @@ class RegistryView:
         """Take in the events since the last call (blocking: run it in a thread)."""
         c = self.client
         assert c.deployment is not None
-        if self._watcher is None:
-            watched: list[Any] = [c.registry, c.dispute, c.market]
-            with contextlib.suppress(ConfigError):  # a deployment without collab jobs
-                watched.append(c.outer_jury)
-            self._watcher = EventWatcher(c.w3, watched, start_block=c.deployment.deploy_block)
+        if self.feed is not None:
+            events = self.feed.take()
+            if self.feed.restarted:  # a reorg: the new epoch's events come again
+                self.nodes.clear()
+                self.disputes.clear()
+                self.committees.clear()
+        else:
+            events = self._poll()
         if self.min_stake is None:  # immutable in the contract: read once
             self.min_stake = min(int(c.registry.call("minVerifierStake")),
                                  int(c.registry.call("minSolverStake")))
         # Kept across calls: a lookup that fails (RPC down) is retried next time.
         touched = self._touched
-        for ev in self._watcher.poll():
+        for ev in events:
             self._take(ev, touched)
         for addr in sorted(touched):
             info = c.registry.node_of(addr)
@@ -65,6 +72,16 @@ class RegistryView:
             if node is not None:
                 node.stake = info.free_stake + info.locked_stake
             touched.discard(addr)
+
+    def _poll(self) -> list[ChainEvent]:
+        c = self.client
+        assert c.deployment is not None
+        if self._watcher is None:
+            watched: list[Any] = [c.registry, c.dispute, c.market]
+            with contextlib.suppress(ConfigError):  # a deployment without collab jobs
+                watched.append(c.outer_jury)
+            self._watcher = EventWatcher(c.w3, watched, start_block=c.deployment.deploy_block)
+        return self._watcher.poll()
 
     def _take(self, ev: ChainEvent, touched: set[str]) -> None:
         a = ev.args

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import time
 from collections import Counter, OrderedDict
@@ -23,6 +24,7 @@ from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
 from node.chain.revert_names import errors
 from node.chain.rpc import backoff_delay, node_failure
+from node.chain.view import ChainView, EventFeed, Snapshot
 from node.config import NodeSettings
 from node.errors import ChainError, ConfigError, ContractRevert, PeerUnavailable, RpcUnavailable
 from node.logs import get_logger
@@ -154,11 +156,41 @@ class Runtime:
         self._chain: ChainClient | None = None
         self._p2p: PolnetNode | None = None
         self.metrics_port: int | None = None
+        self._view: ChainView | None = None
+        self._view_lock = trio.Lock()
+        self._view_at = -math.inf
+        # trio time the current snapshot's update began: the snapshot shows every
+        # transaction whose receipt came back before it
+        self.snapshot_started = -math.inf
 
     @property
     def chain_client(self) -> ChainClient:
         assert self._chain is not None, "runtime not entered"
         return self._chain
+
+    @property
+    def view(self) -> ChainView:
+        """The process's one chain view (node/chain/view.py): every role reads it."""
+        if self._view is None:
+            # At the head: roles act on it, and a view some blocks behind would have
+            # them redo what they just did. A reorg rebuilds it (a new epoch).
+            self._view = ChainView(self.chain_client)
+        return self._view
+
+    async def snapshot(self, fresh: bool = False) -> Snapshot:
+        """The newest chain snapshot. Roles may ask every tick: the view is updated at
+        most once per ``poll_interval`` whoever asks (one eth_blockNumber while no
+        block arrives), so the process's RPC cost does not grow with its roles.
+        ``fresh``: updated now, whenever it last was."""
+        async with self._view_lock:
+            view = self.view
+            if fresh or view.snapshot is None or \
+                    trio.current_time() - self._view_at >= 0.9 * self.settings.poll_interval:
+                started = trio.current_time()
+                await self.chain(view.update)
+                self._view_at, self.snapshot_started = trio.current_time(), started
+            assert view.snapshot is not None
+            return view.snapshot
 
     @property
     def p2p(self) -> PolnetNode:
@@ -215,10 +247,11 @@ class Runtime:
         Only nodes with slashable stake get reserved serving slots and may announce;
         the parties and jurors of live disputes are served first."""
         known: set[tuple[str, tuple[str, ...]]] = set()
-        view = RegistryView(self.chain_client)
+        view = RegistryView(self.chain_client, feed=EventFeed(self.view))
         me = self.p2p.peer_id.to_base58()
         while True:
             try:
+                await self.snapshot()  # the events come from the process's chain view
                 await self.chain(view.refresh)
                 peers = view.peers(exclude=self.address)
                 self.registered_peers = view.staked() | {me}
@@ -343,11 +376,11 @@ class Runtime:
                 await trio.sleep(delay)
         raise AssertionError("unreachable")
 
-    async def ensure_registered(self, roles: int, stake: int) -> None:
+    async def ensure_registered(self, roles: int, stake: int, world_size: int = 1) -> None:
         """Register (with a measured capability profile) and top the stake up to
         ``stake``; a node error on the way is retried (:meth:`start_step`): each try
         re-reads the registry, so a registration that landed unanswered is not repeated."""
-        profile = json.dumps({**await trio.to_thread.run_sync(measure_profile),
+        profile = json.dumps({**await trio.to_thread.run_sync(measure_profile, world_size),
                               "name": self.settings.name}, sort_keys=True)
         await self.start_step("register", lambda: self._register(roles, stake, profile))
         await self.start_step("stake metrics", self.refresh_stake_metrics)
@@ -513,8 +546,11 @@ async def guarded(what: str, fn: Callable[..., Any], *args: Any) -> None:
         log.exception("task_failed", task=what, error=repr(exc))
 
 
-def measure_profile() -> dict[str, Any]:
-    """Capability profile published in the registry: device, memory, throughput."""
+def measure_profile(world_size: int = 1) -> dict[str, Any]:
+    """Capability profile published in the registry: device, memory, throughput, and
+    the ranks a job gets (``world_size``, node.train.distributed) with the memory they
+    share (CPU ranks on one machine: its memory; the claim check compares a job's
+    all-rank estimate with it)."""
     import torch  # noqa: PLC0415
 
     mem_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
@@ -525,7 +561,8 @@ def measure_profile() -> dict[str, Any]:
     dt = time.perf_counter() - t0
     gflops = 20 * 2 * 256**3 / dt / 1e9
     return {"device": "cpu", "threads": torch.get_num_threads(), "memory_mb": int(mem_mb),
-            "matmul_gflops": round(gflops, 2)}
+            "matmul_gflops": round(gflops, 2), "world_size": world_size,
+            "aggregate_memory_mb": int(mem_mb)}
 
 
 def node_info(home: Path, name: str) -> dict[str, Any]:

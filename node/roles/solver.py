@@ -23,7 +23,7 @@ from node.chain.contracts import Job, JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
 from node.chain.rpc import RPC_FAILURES
-from node.errors import ContractRevert, JobRejected, PeerUnavailable, PolnetError
+from node.errors import ConfigError, ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
@@ -72,6 +72,8 @@ CLAIM_BENIGN = errors("InvalidStatus")  # another solver claimed it first
 COMMIT_BENIGN = errors("InvalidStatus")  # our commit already landed (a lost receipt, a restart)
 # NoEvidence: no attesting majority yet; the solver publishes its sample, then it pays.
 FINALIZE_BENIGN = errors("InvalidStatus", "WindowNotOver", "DisputesOpen", "NoEvidence")
+# someone else settled the round's held delay compensation first (it is ours either way)
+DELAY_BENIGN = errors("NoDelayCompensation", "RoundNotSettled")
 DRAW_BENIGN = errors("WrongPhase", "JuryNotReady")
 TIMEOUT_BENIGN = errors("WrongPhase", "ClockNotExpired")
 MOVE_BENIGN = errors("NotYourTurn", "WrongPhase")
@@ -91,13 +93,21 @@ class Solver:
 
     def __init__(self, rt: Runtime, behavior: str = "honest", max_jobs: int = 1,
                  memory_mb: int | None = None,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S, collab_slots: int = 1) -> None:
+                 probe_timeout_s: float = PROBE_TIMEOUT_S, collab_slots: int = 1,
+                 world_size: int = 1, dist_mode: str = "ddp") -> None:
         from node.behaviors import make_behavior  # noqa: PLC0415 - torch is heavy
         from verifier.evidence import Evidence  # noqa: PLC0415 - sub-jobs' final states
 
         self.rt = rt
         self.behavior_name = behavior
         self.behavior = make_behavior(behavior)  # fails early on an unknown name
+        # world_size > 1: each job is trained by that many rank processes
+        # (node.train.distributed); the ranks get no key, this process commits.
+        if world_size > 1 and behavior != "honest":
+            raise ConfigError("a distributed solver trains honestly (--behavior honest)")
+        if dist_mode not in ("ddp", "fsdp"):
+            raise ConfigError(f"unknown distributed mode {dist_mode!r} (ddp or fsdp)")
+        self.world_size, self.dist_mode = world_size, dist_mode
         self.max_jobs = max_jobs
         self.memory_mb = memory_mb or machine_memory_mb() // 2
         self.probe_timeout_s = probe_timeout_s
@@ -140,7 +150,7 @@ class Solver:
 
     async def run(self, until: float | None = None) -> None:
         rt = self.rt
-        await rt.ensure_registered(SOLVER, rt.settings.stake)
+        await rt.ensure_registered(SOLVER, rt.settings.stake, self.world_size)
         c = rt.chain_client
         assert c.deployment is not None
         cursor = rt.dir / "solver.cursor"
@@ -279,9 +289,23 @@ class Solver:
                 log.warning("leaves_not_published", job=jid, error=str(exc))
         elif isinstance(act, Finalize):
             await finalize_job(self.rt, self.collab, jid, FINALIZE_BENIGN)
+            await self._settle_delay(jid)
+        elif isinstance(act, Withdraw):
+            await self._settle_delay(jid)
         elif isinstance(act, Done):
             self._settled.add(jid)
         return isinstance(act, Withdraw)
+
+    async def _settle_delay(self, jid: int) -> None:
+        """Our round was paid: collect the halves of the griefers' lost challenge bonds the
+        game held for it (issue 30, delay is priced), so the next withdraw takes them."""
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.market.get_job, jid)
+        if job.status != JobStatus.FINALIZED or job.solver.lower() != self.rt.address.lower():
+            return
+        if await self.rt.chain(c.dispute.delay_held, jid, job.round):
+            await self.rt.transact_ok(c.dispute.settle_delay, jid, job.round,
+                                      benign=DELAY_BENIGN)
 
     def _record_phase(self, jid: int, phase: SolverPhase) -> None:
         if self.state.data.jobs[jid].phase == phase:
@@ -412,6 +436,13 @@ class Solver:
         except Exception as exc:  # noqa: BLE001 - whatever the inputs do, the daemon lives
             self._reject(jid, f"inputs unusable: {type(exc).__name__}: {exc}")
             return False
+        if self.world_size > 1:
+            need = await trio.to_thread.run_sync(self._world_need, spec_path, ds_path)
+            if need > self.memory_mb:
+                self._reject(jid, f"job needs ~{need} MB over {self.world_size} ranks "
+                                  f"({self.dist_mode}); this solver's budget is "
+                                  f"{self.memory_mb} MB")
+                return False
         try:
             probe = await probe_job(
                 spec_path, ds_path, job.spec_hash.hex(), job.dataset_hash.hex(),
@@ -434,12 +465,23 @@ class Solver:
             return False
         job = claimed
         keep = await keep_every_for(rt, jid, job, probe.per_step_s)
+        if self.world_size > 2:  # > 2 ranks sum in an order one process cannot replay
+            keep = 1             # bitwise: keep every leaf, regenerate none
         self._adopt(jid, job, "job_claimed", keep_every=keep)
         log.info("job_claim_terms", job=jid, bond_pol=wei_to_pol(job.bond), deadline=job.deadline,
                  estimate_s=round(est, 1), memory_mb=probe.estimate_mb,
                  probe_rss_mb=probe.peak_rss_mb)
         await rt.refresh_stake_metrics()
         return True
+
+    def _world_need(self, spec_path: Path, ds_path: Path) -> int:
+        """MB all ranks of a distributed run of the job need together (budget.py)."""
+        from node.spec import parse_spec_json  # noqa: PLC0415
+        from node.train.budget import estimate_world  # noqa: PLC0415
+
+        spec = parse_spec_json(spec_path.read_bytes())
+        return estimate_world(spec, self.world_size, self.dist_mode,
+                              ds_path.stat().st_size).total_mb
 
     def _drop(self, jid: int) -> None:
         """No longer a candidate (a later JobReopened may bring it back)."""
@@ -485,8 +527,13 @@ class Solver:
             rec = self.state.data.jobs[jid]
             spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(rec.spec),
                                                    bytes.fromhex(rec.dataset))
+            # A distributed trace is regenerated here (dispute points, leaves not kept) by
+            # one process: micro-batches like the ranks' split make 2 ranks bitwise equal.
+            micro = self.world_size if self.world_size > 1 \
+                and spec.batch_size % self.world_size == 0 else 1
             self._contexts[jid] = await job_context(self.rt, spec, dataset,
-                                                    self.rt.settings.threads)
+                                                    self.rt.settings.threads,
+                                                    micro_batches=micro)
         return self._contexts[jid]
 
     async def _train_and_commit(self, jid: int) -> None:
@@ -506,10 +553,21 @@ class Solver:
                     log.info("training", job=jid, step=p.step, of=p.total_steps,
                              loss=round(p.segment_loss, 4))
 
-            manifest = await trio.to_thread.run_sync(
-                lambda: run_training(ctx, out, jid, self.behavior, progress,
-                                     keep_every=self.state.data.jobs[jid].keep_every,
-                                     initial=self._initial.get(jid)))
+            keep = self.state.data.jobs[jid].keep_every
+            if self.world_size > 1 and jid not in self._initial:  # sub-jobs: one process
+                from node.train.distributed import launch  # noqa: PLC0415
+
+                rec = self.state.data.jobs[jid]
+                spec_path, ds_path = await rt.fetch(rec.spec), await rt.fetch(rec.dataset)
+                manifest = await trio.to_thread.run_sync(
+                    lambda: launch(spec_path, ds_path, out, jid, self.world_size,
+                                   threads=rt.settings.threads,
+                                   mode=self.dist_mode,  # type: ignore[arg-type]
+                                   keep_every=keep))
+            else:
+                manifest = await trio.to_thread.run_sync(
+                    lambda: run_training(ctx, out, jid, self.behavior, progress,
+                                         keep_every=keep, initial=self._initial.get(jid)))
             manifest_id = await self._publish_trace(jid, out)
             log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
             leaves, tree = build_trace_tree(jid, manifest.k,

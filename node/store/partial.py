@@ -14,25 +14,34 @@ import contextlib
 import hashlib
 import os
 import threading
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from node.errors import IntegrityError, StoreError
 from node.logs import get_logger
 from node.store.fsutil import atomic_write_bytes
 from node.store.manifest import Manifest
 
-if TYPE_CHECKING:
-    from node.store.store import ArtifactStore
-
 log = get_logger(__name__)
 # Batch fsyncs: durable progress every this many bytes, not every chunk.
 SYNC_EVERY_BYTES = 32 * 1024 * 1024
 
 
+class PartsOwner(Protocol):
+    """What a download needs from its store (node.store.store.ArtifactStore); a
+    protocol, so this module does not import the store that imports it."""
+
+    parts_dir: Path
+
+    def _adopt(self, tmp: Path, manifest: Manifest) -> None: ...
+
+    def _download_closed(self, artifact_id: str) -> None: ...
+
+
 class PartialDownload:
     """One artifact being assembled from verified chunks. Thread-safe."""
 
-    def __init__(self, store: ArtifactStore, manifest: Manifest) -> None:
+    def __init__(self, store: PartsOwner, manifest: Manifest) -> None:
         self.store = store
         self.manifest = manifest
         aid = manifest.artifact_id

@@ -10,6 +10,7 @@ interpreter with torch.
 Public API::
 
     estimate(spec, dataset_bytes=0) -> Budget     # .total_mb, .params, ...
+    estimate_world(spec, world_size, mode="ddp", dataset_bytes=0) -> WorldBudget
     train_flops_per_step(spec) -> int             # forward + backward, analytic
     min_train_seconds(spec, gflops) -> float      # an optimistic lower bound
     machine_memory_mb() -> int
@@ -83,6 +84,46 @@ def estimate(spec: JobSpec, dataset_bytes: int = 0) -> Budget:
         checkpoint_bytes=CHECKPOINT_COPIES * (weights + opt),
         dataset_bytes=DATASET_EXPANSION * max(0, dataset_bytes),
         runtime_bytes=RUNTIME_BASE_MB * 2**20)
+
+
+@dataclass(frozen=True)
+class WorldBudget:
+    """A distributed run's memory (node.train.distributed): rank 0 (which also gathers
+    the full state for the trace under FSDP2) and each other rank; ``total_mb`` is
+    the aggregate a solver compares with its aggregate memory."""
+
+    world_size: int
+    rank0: Budget
+    other: Budget
+
+    @property
+    def total_mb(self) -> int:
+        return self.rank0.total_mb + (self.world_size - 1) * self.other.total_mb
+
+
+def estimate_world(spec: JobSpec, world_size: int, mode: str = "ddp",
+                   dataset_bytes: int = 0) -> WorldBudget:
+    """Per-rank memory of ``spec`` over ``world_size`` ranks. Every rank loads the
+    dataset and a runtime; activations and the batch are a 1/N share. ``ddp``: every
+    rank holds the whole state; ``fsdp``: weights, gradients and optimizer state
+    are 1/N each (rounded up), plus the full state rank 0 gathers at a leaf."""
+    one = estimate(spec, dataset_bytes)
+    if world_size <= 1:
+        return WorldBudget(1, one, one)
+
+    def share(v: int) -> int:
+        return -(-v // world_size)
+
+    state = (one.weights_bytes, one.grads_bytes, one.optimizer_bytes)
+    w, g, o = (share(v) for v in state) if mode == "fsdp" else state
+    other = Budget(params=one.params, weights_bytes=w, grads_bytes=g, optimizer_bytes=o,
+                   activation_bytes=share(one.activation_bytes),
+                   batch_bytes=one.batch_bytes,  # each rank indexes the whole batch
+                   checkpoint_bytes=0, dataset_bytes=one.dataset_bytes,
+                   runtime_bytes=one.runtime_bytes)
+    gathered = one.weights_bytes + one.optimizer_bytes if mode == "fsdp" else 0
+    rank0 = Budget(**{**asdict(other), "checkpoint_bytes": one.checkpoint_bytes + gathered})
+    return WorldBudget(world_size, rank0, other)
 
 
 def _forward_macs(spec: JobSpec) -> int:

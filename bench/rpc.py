@@ -1,0 +1,108 @@
+"""RPC requests of a verifier pass, old polling vs the chain view (issue 31), at 10, 100
+and 1,000 jobs on a fresh anvil, counted by the proxy of devnet/rpcproxy.py (one HTTP
+request each; a JSON-RPC batch counts once).
+
+Jobs are posted through the contracts (JobMarket.postJob). "Old" is the read pattern
+of the verifier's pass before the chain view, replayed call for call: its
+EventWatcher poll (eth_blockNumber, plus eth_getLogs when a block arrived), the
+latest block's timestamp, and one ``getJob`` per job it follows (every job whose
+ResultCommitted it saw and has not derived settled in this process: here every job
+on chain, the first pass after a restart, or every job in its window). "New" is what
+the pass reads now: ``ChainView.update()`` (the Runtime's snapshot; jobs and
+disputes come from it). Each is measured on a pass where a block with one new event
+arrived (a job posted: "busy") and on one where none did ("idle"); idle requests/hour assume the
+default 0.5 s poll interval (7,200 passes an hour). Collaborative follow-up reads
+(CollabFollower.tick) are the same before and after and left out of both.
+
+Usage: python bench/rpc.py [--sizes 10,100,1000]
+Last line: JSON {"<n>": {"old_busy", "new_busy", "old_idle", "new_idle",
+"old_idle_per_hour", "new_idle_per_hour"}, ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from devnet.anvil import dev_accounts, start_anvil  # noqa: E402
+from devnet.deploy import deploy_all  # noqa: E402
+from devnet.params import TOKEN, DevnetParams  # noqa: E402
+from devnet.rpcproxy import RpcProxy  # noqa: E402
+from devnet.testing import job_terms  # noqa: E402
+from node.chain.client import ChainClient  # noqa: E402
+from node.chain.events import EventWatcher  # noqa: E402
+from node.chain.rpc import make_web3  # noqa: E402
+from node.chain.view import ChainView  # noqa: E402
+
+PASSES_PER_HOUR = 3600 / 0.5
+
+
+def old_pass(c: ChainClient, watcher: EventWatcher, jobs: list[int]) -> None:
+    """The reads of the verifier's pass before the chain view (verifier/daemon.py)."""
+    watcher.poll()
+    c.timestamp()
+    for jid in jobs:
+        c.market.get_job(jid)
+
+
+def counted(proxy: RpcProxy, fn: object, *args: object) -> int:
+    n = proxy.counts["total"]
+    fn(*args)  # type: ignore[operator]
+    return proxy.counts["total"] - n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="10,100,1000")
+    sizes = [int(s) for s in ap.parse_args().sizes.split(",")]
+    accts = dev_accounts(4)
+    anvil = start_anvil(accounts=10)
+    try:
+        w3 = make_web3(anvil.url)
+        dep = deploy_all(w3, accts[0], DevnetParams(), fund=accts, rpc_url=anvil.url)
+        submitter = ChainClient(anvil.url, accts[1], dep)
+        terms = job_terms(reward=TOKEN, budget=TOKEN)
+        submitter.token.approve(submitter.market.address, 10**30)
+        proxy = RpcProxy(anvil.url).start()
+        reader = ChainClient(proxy.url, None, dep)
+        out: dict[str, dict[str, float]] = {}
+        posted = 0
+        for n in sizes:
+            t0 = time.monotonic()
+            while posted < n:
+                submitter.market.post_job(terms)
+                posted += 1
+            jobs = list(range(1, n + 1))
+            watcher = EventWatcher(reader.w3, [reader.market, reader.dispute],
+                                   start_block=dep.deploy_block)
+            view = ChainView(reader)
+            old_pass(reader, watcher, jobs)  # catch up: both at the head
+            view.update()
+            submitter.market.post_job(terms)  # a new block with one of our events
+            posted += 1
+            old_busy = counted(proxy, old_pass, reader, watcher, jobs)
+            new_busy = counted(proxy, view.update)
+            old_idle = counted(proxy, old_pass, reader, watcher, jobs)
+            new_idle = counted(proxy, view.update)
+            out[str(n)] = {"old_busy": old_busy, "new_busy": new_busy,
+                           "old_idle": old_idle, "new_idle": new_idle,
+                           "old_idle_per_hour": old_idle * PASSES_PER_HOUR,
+                           "new_idle_per_hour": new_idle * PASSES_PER_HOUR}
+            print(f"{n:5d} jobs: pass with a new block old {old_busy} / new {new_busy} "
+                  f"requests; idle pass old {old_idle} / new {new_idle} "
+                  f"({old_idle * PASSES_PER_HOUR:,.0f} vs {new_idle * PASSES_PER_HOUR:,.0f}"
+                  f" an hour); set-up {time.monotonic() - t0:.1f}s", flush=True)
+        proxy.stop()
+    finally:
+        anvil.stop()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,419 @@
+"""One job trained by N processes over torch.distributed (issue 33).
+
+``launch`` starts N rank processes (gloo on CPU; NCCL would take the same code on
+GPUs) that find each other through a TCP store the launcher holds on 127.0.0.1.
+The ranks are children without secrets (node.childenv): the launcher, the solver
+daemon, keeps the chain account and p2p; rank 0 owns the trace directory (it runs
+``run_training`` with a behaviour that drives the other ranks); ranks 1..N-1 only
+compute. A step splits its batch by node.train.dist_plan.
+
+Two modes:
+
+* ``ddp``: every rank holds the whole state; each backpropagates its rows and
+  the gradients are summed by one all-reduce of a flat buffer before the optimizer
+  step, so every rank applies the same update bit for bit.
+* ``fsdp``: FSDP2 (``fully_shard``) shards weights, gradients and optimizer state
+  over the ranks (gradients averaged by its reduce-scatter of unscaled losses). The
+  state hash is the ordinary one: at each leaf every rank takes part in gathering
+  each tensor in turn (``full_tensor``) and rank 0 exports the full state for its
+  trace writer, so existing hash vectors, checkpoints and verifiers are unchanged
+  and a 1-rank verifier replays the segments. Rank 0 needs the full state's memory
+  at a leaf, the others only their shards.
+
+Control: before each segment rank 0 broadcasts ``[go, start step]``; the first
+segment of a run also broadcasts the state rank 0 started from (S_0 or the kept
+checkpoint it resumed from), so a restart after a killed rank resumes every rank
+from the last kept checkpoint. A rank that dies ends the launch: the launcher
+kills every other rank's process group and raises; the ranks also die with the
+launcher (PR_SET_PDEATHSIG), so no rank outlives it.
+
+Public API::
+
+    launch(spec_path, dataset_path, out_dir, job_id, world_size, threads=1,
+           mode="ddp", keep_every=1, cheat=None, on_start=None) -> TraceManifest
+    python -m node.train.distributed '<rank config json>'   # one rank (internal)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from node.childenv import child_env
+from node.errors import TrainingError
+from node.train.behavior import SegmentBehavior
+from node.train.dist_plan import check_world, rank_rows
+from node.train.step import (
+    STEP_KEY,
+    TrainContext,
+    TrainState,
+    _export,
+    _live_pairs,
+    batch,
+    init_state,
+    load_state,
+    lr_of,
+    state_tensors,
+    step_generator,
+)
+
+Mode = Literal["ddp", "fsdp"]
+#: Test cheats of rank 1 (data-parallel only): "skip" sends zeros for its share of
+#: the batch without computing it; "stale" sends its previous step's gradient every
+#: other step. Replay must flag both.
+Cheat = Literal["skip", "stale"]
+STORE_TIMEOUT = timedelta(seconds=120)
+# A collective waits at most this long for a peer: a hung peer ends the job rather
+# than the job hanging (the launcher kills it sooner when a rank exits).
+PG_TIMEOUT = timedelta(seconds=600)
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankConfig:
+    rank: int
+    world_size: int
+    store_port: int
+    spec_path: str
+    dataset_path: str
+    out_dir: str
+    job_id: int
+    threads: int
+    mode: str
+    keep_every: int
+    parent_pid: int
+    cheat: str | None = None
+
+
+# --- one rank ------------------------------------------------------------------------
+
+
+class _Rank:
+    """This process's part of the job: its live state (whole or sharded) and steps."""
+
+    def __init__(self, ctx: TrainContext, cfg: RankConfig) -> None:
+        self.ctx, self.cfg = ctx, cfg
+        self.rank, self.world = cfg.rank, cfg.world_size
+        self.live: TrainState | None = None
+        self._mesh: Any = None
+        self._stale: list[torch.Tensor] | None = None
+        self._last_part = torch.zeros(())
+
+    # State in and out.
+
+    def sync_from(self, tensors: dict[str, torch.Tensor] | None, step: int) -> None:
+        """Rank 0's full state (``tensors`` there, None elsewhere) becomes every rank's."""
+        template = tensors if tensors is not None else state_tensors(init_state(self.ctx))
+        for name in sorted(template):
+            dist.broadcast(template[name], src=0)
+        plain = load_state(self.ctx, template, step=step)
+        self.live = self._shard(plain) if self.cfg.mode == "fsdp" else plain
+
+    def _shard(self, plain: TrainState) -> TrainState:
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+        from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
+
+        if self._mesh is None:
+            self._mesh = init_device_mesh("cpu", (self.world,))
+        full_optim = {n: t for n, t in state_tensors(plain).items() if n.startswith("optim.")}
+        model = plain.model
+        fully_shard(model, mesh=self._mesh)
+        fresh = _fresh_optimizer_state(self.ctx, model)
+        with torch.no_grad():
+            for p, st in fresh.optimizer.state.items():
+                assert isinstance(p, DTensor)  # fully_shard made every parameter one
+                pname = fresh.param_names[id(p)]
+                for key in st:
+                    full = full_optim[f"optim.{pname}.{key}"]
+                    st[key] = full.clone() if key == "step" else \
+                        distribute_tensor(full, p.device_mesh, p.placements)
+        fresh.step = plain.step
+        return fresh
+
+    def gather(self) -> dict[str, torch.Tensor] | None:
+        """Every rank: take part in gathering the live state; rank 0 gets it."""
+        assert self.live is not None
+        out: dict[str, torch.Tensor] = {}
+        for name, t in _live_pairs(self.live):
+            full = t.full_tensor() if hasattr(t, "full_tensor") else t
+            if self.rank == 0:
+                out[name] = _export(full, self.live.compute_dtype)
+        if self.rank != 0:
+            return None
+        out[STEP_KEY] = torch.tensor(self.live.step, dtype=torch.int64)
+        return out
+
+    # One step.
+
+    def step(self, t: int) -> float:
+        ctx, state = self.ctx, self.live
+        assert state is not None
+        if state.step != t - 1:
+            raise TrainingError(f"rank {self.rank} is at step {state.step}; cannot run {t}")
+        b = ctx.spec.batch_size
+        rows = rank_rows(b, self.world, self.rank)
+        lr = lr_of(ctx, t)
+        for group in state.optimizer.param_groups:
+            group["lr"] = lr
+        state.optimizer.zero_grad(set_to_none=True)
+        params = list(state.model.parameters())
+        cheat = self.cfg.cheat if self.rank == 1 else None
+        if cheat == "skip" or cheat == "stale" and self._stale is not None and t % 2 == 0:
+            part = self._last_part  # claims a loss, computes nothing
+            grads = self._stale if cheat == "stale" else None
+            for p, g in zip(params, grads or [torch.zeros_like(q) for q in params],
+                            strict=True):
+                p.grad = g.clone()
+        else:
+            x, y = batch(ctx, t)
+            if x.is_floating_point():
+                x = x.to(ctx.compute_dtype)
+            from node.train.models import StepRandomness  # noqa: PLC0415
+
+            rng = StepRandomness(step_generator(ctx, t), b)
+            rng.begin_chunk(rows)  # this rank's rows of the whole batch's dropout masks
+            with torch.autocast(ctx.device.type, dtype=torch.bfloat16,
+                                enabled=ctx.spec.precision == "bf16"):
+                logits = state.model(x[rows], rng)
+            loss_r = state.model.loss(logits, y[rows])
+            # FSDP2 averages in its reduce-scatter (gloo has no PREMUL_SUM for a plain
+            # sum): (g_0 + g_1) / 2 and g_0/2 + g_1/2 are the same floats, /2 being exact.
+            scale = 1 if self.world == 1 or self.cfg.mode == "fsdp" else self.world
+            (loss_r if scale == 1 else loss_r / scale).backward()
+            part = loss_r.detach()
+            if cheat == "stale":
+                self._stale = [p.grad.detach().clone() for p in params
+                               if p.grad is not None]
+        self._last_part = part
+        if self.cfg.mode == "ddp" and self.world > 1:
+            self._all_reduce([p for p in params if p.grad is not None])
+        parts = [torch.zeros_like(part) for _ in range(self.world)]
+        dist.all_gather(parts, part)
+        loss = parts[0] if self.world == 1 else torch.stack(parts).mean()
+        if ctx.spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, ctx.spec.grad_clip, foreach=False)
+        state.optimizer.step()
+        state.step = t
+        return float(loss)
+
+    @staticmethod
+    def _all_reduce(params: list[torch.nn.Parameter]) -> None:
+        """Sum every gradient over the ranks in one flat buffer (one collective)."""
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        at = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[at:at + n].view_as(g))
+            at += n
+
+    def segment(self, start: int, k: int) -> float:
+        total = 0.0
+        for t in range(start + 1, start + k + 1):
+            total += self.step(t)
+        return total / k
+
+
+def _fresh_optimizer_state(ctx: TrainContext, model: Any) -> TrainState:
+    """A TrainState around an already built (sharded) model: a new optimizer with the
+    step's zeroed state layout (node.train.step), its tensors shaped like the params."""
+    from node.train.step import _make_optimizer, _optim_keys  # noqa: PLC0415
+
+    opt = _make_optimizer(ctx, model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for p in model.parameters():
+        st = opt.state[p]
+        for key in _optim_keys(ctx.spec):
+            st[key] = torch.zeros((), dtype=torch.float32) if key == "step" \
+                else torch.zeros_like(p)
+    return TrainState(model, opt, 0, names, ctx.compute_dtype)
+
+
+class _Leader(SegmentBehavior):
+    """Rank 0's behaviour inside ``run_training``: each segment is run by all ranks."""
+
+    name = "distributed"
+
+    def __init__(self, rank: _Rank) -> None:
+        self.r = rank
+        self.train_seconds = 0.0  # inside the ranks' steps: the rest is recording
+        self.sync_seconds = 0.0   # the one state broadcast of a run
+
+    def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
+                    start_step: int, k: int) -> tuple[TrainState, float]:
+        r = self.r
+        first = r.live is None
+        dist.broadcast(torch.tensor([1, start_step, int(first)], dtype=torch.int64), src=0)
+        if first:
+            t0 = time.perf_counter()
+            r.sync_from(state_tensors(state), start_step)
+            self.sync_seconds = time.perf_counter() - t0
+            if r.cfg.mode == "ddp":
+                r.live = state  # the trace writer hashes the live replicated state
+        elif r.live is not None and r.live.step != start_step:
+            raise TrainingError(f"rank 0 is at step {r.live.step}, segment starts {start_step}")
+        t0 = time.perf_counter()
+        loss = r.segment(start_step, k)
+        self.train_seconds += time.perf_counter() - t0
+        if r.cfg.mode == "ddp":
+            assert r.live is not None
+            return r.live, loss
+        tensors = r.gather()
+        assert tensors is not None
+        return load_state(ctx, tensors, step=start_step + k), loss
+
+    def stop(self) -> None:
+        dist.broadcast(torch.tensor([0, 0, 0], dtype=torch.int64), src=0)
+
+
+def _follow(r: _Rank) -> None:
+    """Ranks 1..N-1: run whatever segment rank 0 announces until it says stop."""
+    k = r.ctx.spec.checkpoint_interval
+    while True:
+        cmd = torch.zeros(3, dtype=torch.int64)
+        dist.broadcast(cmd, src=0)
+        go, start, first = (int(v) for v in cmd)
+        if not go:
+            return
+        if first:
+            r.sync_from(None, start)
+        r.segment(start, k)
+        if r.cfg.mode == "fsdp":
+            r.gather()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: the kernel kills this rank when the thread that started it ends; that
+    thread waits in ``launch`` until every rank is dead, so only its death (the
+    launcher killed) fires this."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the launcher's kill still applies
+        pass
+    if os.getppid() != parent_pid:  # the parent was gone before prctl took effect
+        os._exit(1)
+
+
+def rank_main(cfg: RankConfig) -> None:
+    from node.datasets import load_dataset  # noqa: PLC0415
+    from node.spec import parse_spec_json  # noqa: PLC0415
+    from node.train.trace import run_training  # noqa: PLC0415
+
+    _die_with_parent(cfg.parent_pid)
+    spec = parse_spec_json(Path(cfg.spec_path).read_bytes())
+    ctx = TrainContext.create(spec, load_dataset(cfg.dataset_path, spec.dataset_hash),
+                              threads=cfg.threads)
+    store = dist.TCPStore("127.0.0.1", cfg.store_port, cfg.world_size, is_master=False,
+                          timeout=STORE_TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=cfg.rank, world_size=cfg.world_size,
+                            timeout=PG_TIMEOUT)
+    try:
+        r = _Rank(ctx, cfg)
+        if cfg.rank == 0:
+            leader = _Leader(r)
+            t0 = time.perf_counter()
+            m = run_training(ctx, cfg.out_dir, cfg.job_id, leader, keep_every=cfg.keep_every)
+            leader.stop()
+            # Where rank 0's time went (bench/distributed.py reads it): steps vs the rest.
+            timing = {"run_s": time.perf_counter() - t0, "train_s": leader.train_seconds,
+                      "sync_s": leader.sync_seconds, "segments": m.segment_count}
+            out = Path(cfg.out_dir)
+            (out.parent / f"{out.name}.ranks" / "timing.json").write_text(json.dumps(timing))
+        else:
+            _follow(r)
+    finally:
+        dist.destroy_process_group()
+
+
+# --- the launcher ----------------------------------------------------------------------
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):  # it just exited
+                os.killpg(p.pid, signal.SIGKILL)  # its session: the rank and anything it forked
+    for p in procs:
+        p.wait()
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_bytes()[-n:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def launch(spec_path: str | Path, dataset_path: str | Path, out_dir: str | Path, job_id: int,
+           world_size: int, threads: int = 1, mode: Mode = "ddp", keep_every: int = 1,
+           cheat: Cheat | None = None,
+           on_start: Callable[[list[int]], None] | None = None) -> Any:
+    """Train the job with ``world_size`` rank processes into ``out_dir`` (resuming what
+    is there, as ``run_training`` does); return its TraceManifest. TrainingError if a
+    rank fails; every rank is dead by the time this returns or raises."""
+    from node.spec import parse_spec_json  # noqa: PLC0415
+    from node.train.trace import read_manifest  # noqa: PLC0415
+
+    spec = parse_spec_json(Path(spec_path).read_bytes())
+    check_world(spec.batch_size, world_size)
+    if mode not in ("ddp", "fsdp"):
+        raise TrainingError(f"unknown distributed mode {mode!r}")
+    if cheat is not None and (mode != "ddp" or world_size < 2):
+        raise TrainingError("a cheating rank needs data-parallel mode and >= 2 ranks")
+    out = Path(out_dir)
+    logs = out.parent / f"{out.name}.ranks"
+    logs.mkdir(parents=True, exist_ok=True)
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
+                          wait_for_workers=False, timeout=STORE_TIMEOUT)
+    root = str(Path(__file__).resolve().parents[2])  # the tree `node` is imported from
+    env = child_env({"PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": str(threads)})
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world_size):
+            cfg = RankConfig(rank, world_size, store.port, str(spec_path), str(dataset_path),
+                             str(out), job_id, threads, mode, keep_every, os.getpid(), cheat)
+            with open(logs / f"rank{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "node.train.distributed", json.dumps(asdict(cfg))],
+                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    close_fds=True, start_new_session=True))
+        if on_start is not None:
+            on_start([p.pid for p in procs])
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad:
+                i, c = bad[0]
+                raise TrainingError(f"rank {i} of {world_size} exited with {c}; the job "
+                                    f"resumes from its last kept checkpoint when restarted. "
+                                    f"Its log ends: {_tail(logs / f'rank{i}.log')}")
+            if all(c == 0 for c in codes):
+                break
+            time.sleep(0.05)
+    finally:
+        _kill(procs)
+        del store
+    return read_manifest(out)
+
+
+if __name__ == "__main__":
+    rank_main(RankConfig(**json.loads(sys.argv[1])))
