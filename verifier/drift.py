@@ -194,14 +194,14 @@ def replay_in_subprocess(cfg: HonestConfig, ctx: TrainContext, dataset_path: str
 
 
 def _worker(d: Path) -> None:
-    from node.datasets import load_dataset  # noqa: PLC0415
+    from node.data.stream import context_for_file  # noqa: PLC0415
     from node.spec import parse_spec  # noqa: PLC0415
 
     job = json.loads((d / "job.json").read_text())
     cfg = HonestConfig(**{**job["config"], "env": tuple(map(tuple, job["config"]["env"]))})
     spec = parse_spec(job["spec"])
-    ds = load_dataset(job["dataset"], spec.dataset_hash)
-    ctx = TrainContext.create(spec, ds, threads=cfg.threads)
+    # a one-file dataset or a shard manifest (its shards beside it)
+    ctx = context_for_file(spec, job["dataset"], spec.dataset_hash, threads=cfg.threads)
     out, loss = replay_with(cfg, ctx, load_file(d / "start.safetensors"), job["start_step"],
                             job["k"])
     save_file(out, d / "out.safetensors")

@@ -6,7 +6,6 @@ run in worker threads.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -27,7 +26,7 @@ from node.errors import (
 )
 from node.logs import get_logger
 from node.roles.collab import CollabFollower
-from node.roles.jobfiles import fetch_job_inputs
+from node.roles.jobfiles import fetch_job_inputs, job_context
 from node.roles.runtime import Runtime
 from node.train.layout import max_file_bytes
 from node.train.step import TrainContext
@@ -282,8 +281,10 @@ class Evidence:
                                                    (job.solver,))
             # Off the event loop: a model build takes seconds on a busy machine, and a
             # stalled loop would miss transfer deadlines and blame the peers.
-            ctx = await trio.to_thread.run_sync(functools.partial(
-                TrainContext.create, spec, dataset, threads=rt.settings.threads))
+            # lookahead 0: a sharded dataset's shards are fetched as the sampled
+            # segments' steps read them, and no others.
+            ctx = await job_context(rt, spec, dataset, rt.settings.threads, (job.solver,),
+                                    lookahead=0)
             why = await trio.to_thread.run_sync(posted_initial_problem, ctx,
                                                 job.init_state_hash)
             if why is not None:

@@ -16,12 +16,15 @@ class Kind(StrEnum):
     images = "images"
     csv = "csv"
     arrays = "arrays"
+    tokens = "tokens"
 
 
 KIND_HELP = ("digits: scikit-learn's 8x8 digits (built in); text: a UTF-8 text file for the "
              "char-level LM (default: CPython's pydoc topics); images: a folder with one "
              "sub-folder of .npy images per class; csv: numeric features + a label column; "
-             "arrays: a .npz with x and y, or a .npy with --labels. See docs/datasets.md.")
+             "arrays: a .npz with x and y, or a .npy with --labels; tokens: JSONL / Parquet / "
+             "Arrow / text files or a folder of them, tokenized (BPE) into shards, OUT a "
+             "folder. See docs/datasets.md.")
 
 
 def register(app: typer.Typer) -> None:
@@ -39,6 +42,23 @@ def register(app: typer.Typer) -> None:
             "--label", help="csv: the label column's name.")] = "label",
         labels: Annotated[Path | None, typer.Option(
             "--labels", help="arrays with a .npy source: the labels .npy.")] = None,
+        seq_len: Annotated[int, typer.Option(
+            "--seq-len", help="tokens: ids per sequence (a transformer_lm's context + 1).")
+        ] = 257,
+        shard_sequences: Annotated[int, typer.Option(
+            "--shard-sequences", help="tokens: sequences per shard (>= the batch size).")
+        ] = 1024,
+        vocab_size: Annotated[int, typer.Option(
+            "--vocab-size", help="tokens: size of the BPE tokenizer trained on the corpus.")
+        ] = 8192,
+        tokenizer: Annotated[Path | None, typer.Option(
+            "--tokenizer", help="tokens: use this tokenizers JSON instead of training one.")
+        ] = None,
+        tokenizer_hash: Annotated[str | None, typer.Option(
+            "--tokenizer-hash", help="tokens: the sha256 --tokenizer must have.")] = None,
+        text_field: Annotated[str, typer.Option(
+            "--text-field", help="tokens: the JSONL field / table column with the text.")
+        ] = "text",
     ) -> None:
         """Pack a dataset, print its hash (a spec's dataset_hash) and the model fields a
         spec needs for it."""
@@ -46,6 +66,22 @@ def register(app: typer.Typer) -> None:
         from node import datasets  # noqa: PLC0415
         from node.errors import DatasetError  # noqa: PLC0415
 
+        if kind is Kind.tokens:
+            from node.data.pack import pack_tokens  # noqa: PLC0415
+
+            if source is None:
+                raise DatasetError("`polnet dataset pack tokens OUT_DIR` needs --source PATH")
+            packed = pack_tokens(source, out, seq_len, shard_sequences, vocab_size, tokenizer,
+                                 tokenizer_hash, text_field)
+            m = packed.manifest
+            typer.echo(f"{packed.hash_hex}  {packed.manifest_path} ({len(m.shards)} shards, "
+                       f"{m.total_sequences:,} sequences of {m.seq_len} tokens, "
+                       f"{m.total_bytes:,} bytes; tokenizer {m.tokenizer})")
+            typer.echo(f"spec: dataset_hash = \"{packed.hash_hex}\"; model: family = "
+                       f"transformer_lm, vocab_size >= {m.vocab_size}, context <= "
+                       f"{m.seq_len - 1}; batch_size <= "
+                       f"{min(e.sequences for e in m.shards)}")
+            return
         if kind is Kind.digits:
             data = datasets.pack_digits()
         elif kind is Kind.text:

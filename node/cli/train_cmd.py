@@ -56,6 +56,7 @@ def _run(spec_path: Path, out: Path | None, job_id: int, dataset_path: Path | No
         TimeElapsedColumn,
     )
 
+    from node.data.stream import context_for_file, is_manifest_file  # noqa: PLC0415
     from node.datasets import builtin_dataset, load_dataset  # noqa: PLC0415
     from node.errors import IntegrityError  # noqa: PLC0415
     from node.spec import load_spec  # noqa: PLC0415
@@ -71,7 +72,13 @@ def _run(spec_path: Path, out: Path | None, job_id: int, dataset_path: Path | No
         chosen = make_behavior(behavior)
 
     spec = load_spec(spec_path)
-    if dataset_path is not None:
+    ctx: TrainContext | None = None
+    if dataset_path is not None and is_manifest_file(dataset_path):
+        if device != "cpu":
+            raise IntegrityError("a sharded dataset streams on the CPU device only for now")
+        ctx = context_for_file(spec, dataset_path, spec.dataset_hash, threads=threads)
+        ds = ctx.dataset
+    elif dataset_path is not None:
         ds = load_dataset(dataset_path, spec.dataset_hash)
     else:
         found = builtin_dataset(spec.dataset_hash)
@@ -82,7 +89,8 @@ def _run(spec_path: Path, out: Path | None, job_id: int, dataset_path: Path | No
                 "docs/datasets.md shows how to pack your own)")
         ds = found
     out_dir = out or Path("traces") / f"{spec.spec_hash_hex()[:12]}-job{job_id}"
-    ctx = TrainContext.create(spec, ds, device=device, threads=threads)
+    if ctx is None:
+        ctx = TrainContext.create(spec, ds, device=device, threads=threads)
     columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} steps/s"),
                TimeElapsedColumn())

@@ -27,14 +27,13 @@ def calibrate_cmd(
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    from node.datasets import load_dataset  # noqa: PLC0415
+    from node.data.stream import context_for_file  # noqa: PLC0415
     from node.spec import load_spec  # noqa: PLC0415
-    from node.train.step import TrainContext  # noqa: PLC0415
     from verifier.calibrate import calibrate  # noqa: PLC0415
     from verifier.replay import policy_from_spec  # noqa: PLC0415
 
     spec = load_spec(spec_path)
-    ctx = TrainContext.create(spec, load_dataset(dataset, spec.dataset_hash))
+    ctx = context_for_file(spec, dataset, spec.dataset_hash)  # a file or a shard manifest
     segs = sorted({int(s) for s in segments.split(",") if s.strip()})
     segs = [s for s in segs if s < spec.segment_count] or [0]
     cal, matrix = calibrate(ctx, spec.name or spec.model.family, segs, dataset, safety=safety,
@@ -73,14 +72,13 @@ def replay_cmd(
     tensors: Annotated[bool, typer.Option("--tensors", help="Per-tensor figures.")] = False,
 ) -> None:
     """Replay SEGMENT of TRACE_DIR from its checkpoints and print the verdict (exit 2: fail)."""
-    from node.datasets import load_dataset  # noqa: PLC0415
+    from node.data.stream import context_for_file  # noqa: PLC0415
     from node.spec import load_spec  # noqa: PLC0415
-    from node.train.step import TrainContext  # noqa: PLC0415
     from node.train.trace import SPEC_NAME  # noqa: PLC0415
     from verifier.replay import verify_trace_segment  # noqa: PLC0415
 
     spec = load_spec(trace_dir / SPEC_NAME)
-    ctx = TrainContext.create(spec, load_dataset(dataset, spec.dataset_hash))
+    ctx = context_for_file(spec, dataset, spec.dataset_hash)  # a file or a shard manifest
     verdict = verify_trace_segment(ctx, trace_dir, segment,
                                    bytes.fromhex(root.removeprefix("0x")) if root else None)
     typer.echo(verdict.summary(), err=True)

@@ -13,7 +13,6 @@ what the chain cannot say (the inputs, the published manifest, rejections).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.evidence import owed_segments, publish_segments
-from node.roles.jobfiles import fetch_job_inputs
+from node.roles.jobfiles import fetch_job_inputs, job_context
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.solver_machine import (
@@ -396,6 +395,25 @@ class Solver:
 
     # --- claiming ----------------------------------------------------------------------
 
+    async def _fetch_probe_shards(self, spec_path: Path, ds_path: Path) -> None:
+        """A sharded dataset: the shards the probe's steps read, beside the manifest."""
+        from node.data.manifest import ShardManifest  # noqa: PLC0415
+        from node.data.stream import is_manifest_file, shards_for_steps  # noqa: PLC0415
+        from node.roles.jobfiles import load_job_data  # noqa: PLC0415
+        from node.spec import parse_spec_json  # noqa: PLC0415
+        from node.train.probe import PROBE_STEPS  # noqa: PLC0415
+
+        if not await trio.to_thread.run_sync(is_manifest_file, ds_path):
+            return
+        spec = parse_spec_json(spec_path.read_bytes())
+        manifest = await trio.to_thread.run_sync(load_job_data, ds_path, ds_path.name)
+        if not isinstance(manifest, ShardManifest):
+            return
+        for i in shards_for_steps(manifest, spec.seed, spec.batch_size,
+                                  range(1, min(PROBE_STEPS, spec.total_steps) + 1)):
+            entry = manifest.shards[i]
+            await self.rt.fetch(entry.hash, expected_size=entry.size)
+
     async def _consider(self, jid: int, job: Job) -> bool:
         """Claim ``jid`` if this solver can finish it in time. Nothing a submitter posts
         can stop the daemon here: its inputs are tried in a child process
@@ -410,6 +428,7 @@ class Solver:
             with trio.fail_after(60):
                 spec_path = await rt.fetch(job.spec_hash.hex())
                 ds_path = await rt.fetch(job.dataset_hash.hex())
+                await self._fetch_probe_shards(spec_path, ds_path)
         except (PeerUnavailable, trio.TooSlowError) as exc:  # maybe later: drop, no verdict
             log.warning("job_skipped", job=jid, reason=str(exc) or "inputs not reachable")
             self._drop(jid)
@@ -496,7 +515,6 @@ class Solver:
         return self.rt.dir / "jobs" / f"{jid}-r{rec.round}" / "trace"
 
     async def _context(self, jid: int) -> Any:
-        from node.train.step import TrainContext  # noqa: PLC0415
 
         if jid not in self._contexts and self.collab.enabled and \
                 self.collab.is_sub_job(await self.rt.chain(self.rt.chain_client.market.get_job,
@@ -513,9 +531,9 @@ class Solver:
             # one process: micro-batches like the ranks' split make 2 ranks bitwise equal.
             micro = self.world_size if self.world_size > 1 \
                 and spec.batch_size % self.world_size == 0 else 1
-            self._contexts[jid] = await trio.to_thread.run_sync(functools.partial(
-                TrainContext.create, spec, dataset, threads=self.rt.settings.threads,
-                micro_batches=micro))
+            self._contexts[jid] = await job_context(self.rt, spec, dataset,
+                                                    self.rt.settings.threads,
+                                                    micro_batches=micro)
         return self._contexts[jid]
 
     async def _train_and_commit(self, jid: int) -> None:

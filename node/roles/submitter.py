@@ -135,11 +135,11 @@ def check_request(req: JobRequest) -> JobSpec:
 
 def initial_hash(spec: JobSpec, dataset_path: Path) -> bytes:
     """S_0's hash: the job fixes it on chain so no solver starts from weights of its own."""
-    from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
-    from node.train.step import TrainContext, initial_state_hash  # noqa: PLC0415
+    from node.data.stream import context_for_file  # noqa: PLC0415 - torch is heavy
+    from node.train.step import initial_state_hash  # noqa: PLC0415
 
-    ds = load_dataset(dataset_path, spec.dataset_hash)
-    return initial_state_hash(TrainContext.create(spec, ds))
+    return initial_state_hash(context_for_file(spec, dataset_path, spec.dataset_hash,
+                                               lookahead=0))
 
 
 async def publish_and_approve(rt: Runtime, spec: JobSpec | CollaborativeSpec,
@@ -148,6 +148,7 @@ async def publish_and_approve(rt: Runtime, spec: JobSpec | CollaborativeSpec,
     ``total`` and approve ``spender`` (the market) for it; returns (spec id, dataset id)."""
     spec_id = await rt.p2p.publish_bytes(spec.canonical_json())
     ds_id = await rt.p2p.publish_file(dataset_path)
+    await publish_shards(rt, dataset_path)
     assert spec_id == spec.spec_hash_hex().removeprefix("0x")
     c = rt.chain_client
     balance = await rt.chain(c.token.balance_of, rt.address)
@@ -157,6 +158,22 @@ async def publish_and_approve(rt: Runtime, spec: JobSpec | CollaborativeSpec,
                           "--reward")
     await rt.chain(c.token.ensure_allowance, spender, total)
     return spec_id, ds_id
+
+
+async def publish_shards(rt: Runtime, dataset_path: Path) -> None:
+    """A shard manifest's shards (`pack tokens` wrote them beside it), each checked."""
+    from node.data.manifest import parse_manifest, parse_shard  # noqa: PLC0415
+    from node.data.stream import is_manifest_file, sibling_source  # noqa: PLC0415
+
+    if not await trio.to_thread.run_sync(is_manifest_file, dataset_path):
+        return
+    manifest = await trio.to_thread.run_sync(
+        lambda: parse_manifest(dataset_path.read_bytes(), origin=str(dataset_path)))
+    source = sibling_source(dataset_path)
+    for i, entry in enumerate(manifest.shards):
+        raw = await trio.to_thread.run_sync(source, i, entry)
+        await trio.to_thread.run_sync(parse_shard, raw, manifest, i)
+        assert await rt.p2p.publish_bytes(raw) == entry.hash
 
 
 async def post(rt: Runtime, req: JobRequest) -> int:

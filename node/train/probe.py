@@ -78,6 +78,8 @@ def check_bound_data(ctx: TrainContext) -> None:
 
     m = ctx.spec.model
     if isinstance(m, TransformerLMConfig) or ctx.targets is None:
+        if ctx.inputs.numel() == 0:  # streamed shards: StreamContext.open held the
+            return                   # manifest's vocab to vocab_size, each shard's ids to it
         vocab = m.vocab_size if isinstance(m, TransformerLMConfig) else 0
         lo, hi = int(ctx.inputs.min()), int(ctx.inputs.max())
         if lo < 0 or hi >= vocab:  # token ids index the embedding
@@ -114,6 +116,18 @@ def run_probe(spec_path: Path, dataset_path: Path, spec_hash: str, dataset_hash:
     spec = parse_spec_json(raw)
     if spec.spec_hash().hex() != spec_hash.lower().removeprefix("0x"):
         raise SpecError("the served spec is not in canonical form", field="spec")
+    from node.data.manifest import (  # noqa: PLC0415
+        is_shard_manifest,
+        parse_manifest,
+        stream_memory_bytes,
+    )
+    from node.train.budget import DATASET_EXPANSION  # noqa: PLC0415
+
+    with open(dataset_path, "rb") as f:
+        first = f.read(1)
+    if is_shard_manifest(first):  # what streaming holds, set by the largest shard
+        held = stream_memory_bytes(parse_manifest(dataset_path.read_bytes(), dataset_hash))
+        ds_size = -(-held // DATASET_EXPANSION)  # (estimate scales a file's size by this)
     need = estimate(spec, ds_size)
     if need.total_mb > memory_mb:
         raise JobRejected(f"job needs {need.summary()}; this solver's budget is {memory_mb} MB")
@@ -122,10 +136,12 @@ def run_probe(spec_path: Path, dataset_path: Path, spec_hash: str, dataset_hash:
         raise JobRejected(f"job needs at least {floor_s:.0f} s of compute at {gflops:g} GFLOP/s "
                           f"(x{FLOPS_GENEROSITY:g}); its deadline allows {max_seconds:.0f} s")
 
-    from node.datasets import load_dataset  # noqa: PLC0415 - torch from here on
-    from node.train.step import TrainContext, init_state, train_step  # noqa: PLC0415
+    from node.data.stream import context_for_file  # noqa: PLC0415 - torch from here on
+    from node.train.step import init_state, train_step  # noqa: PLC0415
 
-    ctx = TrainContext.create(spec, load_dataset(dataset_path, dataset_hash), threads=threads)
+    # A shard manifest: the caller fetched the shards of the probe's steps into the
+    # store beside it (node.data.stream.shards_for_steps).
+    ctx = context_for_file(spec, dataset_path, dataset_hash, threads=threads, lookahead=0)
     check_bound_data(ctx)
     state = init_state(ctx)
     steps = min(PROBE_STEPS, spec.total_steps)

@@ -151,6 +151,16 @@ class TrainContext:
             self._perm_cache = {epoch: perm}  # steps run in order: one epoch is enough
         return perm
 
+    def sequences(self, idx: torch.Tensor, length: int) -> torch.Tensor:
+        """Token windows ``[len(idx), length]`` of an LM's samples ``idx``: non-overlapping
+        windows of ``context`` tokens, each with the next token (node.data.stream
+        overrides this to read shards)."""
+        win = idx.unsqueeze(1) * (length - 1) + torch.arange(length)
+        return self.inputs[win]
+
+    def before_step(self, step: int) -> None:
+        """Called before step ``step`` draws its batch (a streamed dataset prefetches)."""
+
 
 def _bind_data(spec: JobSpec, ds: Dataset) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     m = spec.model
@@ -334,11 +344,10 @@ def step_generator(ctx: TrainContext, step: int) -> torch.Generator:
 
 
 def batch(ctx: TrainContext, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ctx.before_step(step)
     idx = batch_indices(ctx, step)
     if ctx.targets is None:
-        c = ctx.spec.model.context  # type: ignore[union-attr]
-        win = idx.unsqueeze(1) * c + torch.arange(c + 1)
-        seq = ctx.inputs[win]
+        seq = ctx.sequences(idx, ctx.spec.model.context + 1)  # type: ignore[union-attr]
         x, y = seq[:, :-1], seq[:, 1:]
     else:
         x, y = ctx.inputs[idx], ctx.targets[idx]
