@@ -11,16 +11,26 @@ Public API::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from node.chain.availability import RequestState
 from node.chain.revert_names import errors
 from node.errors import ContractRevert
 from node.logs import get_logger
+from node.roles.runtime import Runtime
+from node.roles.state import RoleState
+from verifier.machine import VerifierDisk
 
 if TYPE_CHECKING:
     from node.chain.contracts import Job
-    from verifier.daemon import Verifier
+
+
+class Verifier(Protocol):
+    """What these moves need of the verifier daemon (verifier.daemon.Verifier), which
+    calls them: a protocol, so this module does not import its caller."""
+
+    rt: Runtime
+    state: RoleState[VerifierDisk]
 
 log = get_logger("polnet.verifier.withheld")
 

@@ -37,7 +37,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -55,10 +55,26 @@ from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
 if TYPE_CHECKING:
-    from node.chain.contracts import CollabParamsView, JuryCase, OuterJuryParamsView
+    from node.chain.contracts import CollabParamsView, Job, JuryCase, OuterJuryParamsView
     from node.datasets import Dataset
     from node.train.diloco import OuterState
-    from verifier.evidence import Evidence
+    from node.train.trace import TraceManifest
+    from verifier.replay import CommittedState
+
+
+class SubJobEvidence(Protocol):
+    """A sub-job's checked trace (verifier.evidence.JobEvidence)."""
+
+    manifest: TraceManifest
+
+    async def committed(self, index: int) -> CommittedState: ...
+
+
+class Evidence(Protocol):
+    """Where the follower gets a sub-job's evidence (verifier.evidence.Evidence, which
+    holds a follower: a protocol, so neither module imports the other)."""
+
+    async def for_job(self, job_id: int, job: Job | None = None) -> SubJobEvidence | None: ...
 
 log = get_logger("polnet.collab")
 
