@@ -74,11 +74,11 @@ def check_bound_data(ctx: TrainContext) -> None:
     ``[0, vocab_size)``, finite inputs. A step would crash (or diverge) on it later."""
     import torch  # noqa: PLC0415 - the child only
 
-    from node.spec import TransformerLMConfig  # noqa: PLC0415
+    from node.spec import TEXT_CONFIGS  # noqa: PLC0415
 
     m = ctx.spec.model
-    if isinstance(m, TransformerLMConfig) or ctx.targets is None:
-        vocab = m.vocab_size if isinstance(m, TransformerLMConfig) else 0
+    if isinstance(m, TEXT_CONFIGS) or ctx.targets is None:
+        vocab = m.vocab_size if isinstance(m, TEXT_CONFIGS) else 0
         lo, hi = int(ctx.inputs.min()), int(ctx.inputs.max())
         if lo < 0 or hi >= vocab:  # token ids index the embedding
             raise SpecError(f"dataset tokens span [{lo}, {hi}] but the model's vocabulary "

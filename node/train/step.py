@@ -52,7 +52,7 @@ import torch
 
 from node.datasets import Dataset
 from node.errors import CheckpointError, SpecError, TrainingError
-from node.spec import AdamWConfig, JobSpec, SGDConfig, TransformerLMConfig
+from node.spec import TEXT_CONFIGS, AdamWConfig, JobSpec, SGDConfig
 from node.train.models import PolnetModel, StepRandomness, build_model
 
 STEP_KEY = "meta.step"
@@ -154,9 +154,9 @@ class TrainContext:
 
 def _bind_data(spec: JobSpec, ds: Dataset) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     m = spec.model
-    if isinstance(m, TransformerLMConfig):
+    if isinstance(m, TEXT_CONFIGS):
         if ds.kind != "text":
-            raise SpecError("transformer_lm needs a text dataset", field="dataset_hash")
+            raise SpecError(f"{m.family} needs a text dataset", field="dataset_hash")
         if len(ds.vocab) > m.vocab_size:
             raise SpecError(f"dataset vocab has {len(ds.vocab)} symbols > {m.vocab_size}",
                             field="model.vocab_size")
