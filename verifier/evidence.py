@@ -27,7 +27,7 @@ from node.errors import (
 )
 from node.logs import get_logger
 from node.roles.collab import CollabFollower
-from node.roles.jobfiles import fetch_job_inputs
+from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs
 from node.roles.runtime import Runtime
 from node.train.layout import max_file_bytes
 from node.train.step import TrainContext
@@ -280,10 +280,12 @@ class Evidence:
         else:
             spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash,
                                                    (job.solver,))
+            init = await fetch_init_weights(rt, spec, (job.solver, job.submitter))
             # Off the event loop: a model build takes seconds on a busy machine, and a
             # stalled loop would miss transfer deadlines and blame the peers.
             ctx = await trio.to_thread.run_sync(functools.partial(
-                TrainContext.create, spec, dataset, threads=rt.settings.threads))
+                TrainContext.create, spec, dataset, threads=rt.settings.threads,
+                init_weights=init))
             why = await trio.to_thread.run_sync(posted_initial_problem, ctx,
                                                 job.init_state_hash)
             if why is not None:

@@ -7,10 +7,12 @@ ids, so whatever a peer serves is checked by the store before we parse it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from node.datasets import Dataset, load_dataset
-from node.errors import SpecError
+from node.errors import CheckpointError, IntegrityError, SpecError
 from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, JobSpec, parse_spec_json
 
@@ -26,3 +28,21 @@ async def fetch_job_inputs(rt: Runtime, spec_hash: bytes, dataset_hash: bytes,
     ds_path = await rt.fetch(dataset_hash.hex(), hint_accounts)
     dataset = await trio.to_thread.run_sync(load_dataset, ds_path, dataset_hash.hex())
     return spec, dataset
+
+
+async def fetch_init_weights(rt: Runtime, spec: JobSpec,
+                             hint_accounts: tuple[str, ...] = ()) -> Any:
+    """S_0's weights of a fine-tuning job (``spec.init_weights``), fetched with a size
+    bound from the spec's model and checked whole (node.train.init_weights); None for
+    a job that starts from its seed. A file that does not fit makes the job unusable."""
+    if spec.init_weights is None:
+        return None
+    from node.train.init_weights import load_init_weights, max_file_bytes  # noqa: PLC0415
+
+    path = await rt.fetch(spec.init_weights, hint_accounts,
+                          expected_size=max_file_bytes(spec.model))
+    try:
+        return await trio.to_thread.run_sync(load_init_weights, spec, path)
+    except (IntegrityError, CheckpointError) as exc:
+        raise SpecError(f"the job's init weights are unusable: {exc}",
+                        field="init_weights") from exc

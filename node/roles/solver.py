@@ -31,7 +31,7 @@ from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.evidence import owed_segments, publish_segments
-from node.roles.jobfiles import fetch_job_inputs
+from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.solver_machine import (
@@ -467,8 +467,10 @@ class Solver:
             rec = self.state.data.jobs[jid]
             spec, dataset = await fetch_job_inputs(self.rt, bytes.fromhex(rec.spec),
                                                    bytes.fromhex(rec.dataset))
+            init = await fetch_init_weights(self.rt, spec)
             self._contexts[jid] = await trio.to_thread.run_sync(functools.partial(
-                TrainContext.create, spec, dataset, threads=self.rt.settings.threads))
+                TrainContext.create, spec, dataset, threads=self.rt.settings.threads,
+                init_weights=init))
         return self._contexts[jid]
 
     async def _train_and_commit(self, jid: int) -> None:

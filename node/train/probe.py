@@ -125,7 +125,10 @@ def run_probe(spec_path: Path, dataset_path: Path, spec_hash: str, dataset_hash:
     from node.datasets import load_dataset  # noqa: PLC0415 - torch from here on
     from node.train.step import TrainContext, init_state, train_step  # noqa: PLC0415
 
-    ctx = TrainContext.create(spec, load_dataset(dataset_path, dataset_hash), threads=threads)
+    # A fine-tuning job's own weights change no step's cost: the seeded ones stand in
+    # (the solver fetches and checks the real file before it trains).
+    seeded = spec.model_copy(update={"init_weights": None})
+    ctx = TrainContext.create(seeded, load_dataset(dataset_path, dataset_hash), threads=threads)
     check_bound_data(ctx)
     state = init_state(ctx)
     steps = min(PROBE_STEPS, spec.total_steps)
