@@ -230,3 +230,34 @@ def test_hf_export_loads_with_from_pretrained_and_generates(text: Dataset,
     with torch.no_grad():
         assert torch.equal(mlm(ids).logits, load_model(mpath)(ids))
     assert transformers.AutoTokenizer.from_pretrained(mout).mask_token == "[MASK]"
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("name", ["llama_text", "albert_mlm_text", "gpt2_finetune"])
+def test_examples_train_a_step(text: Dataset, tmp_path: Path, name: str) -> None:
+    """The examples' specs, on this machine's corpus (the examples' dataset hash
+    depends on the CPython version); the fine-tune walks its comment's path."""
+    import transformers
+
+    from node.spec import load_spec
+
+    d = load_spec(EXAMPLES / f"{name}.toml").model_dump(mode="json")
+    assert d["model"]["transformers_version"] == VERSION  # pinned with requirements.lock
+    d.update(dataset_hash=text.hash_hex, total_steps=2, checkpoint_interval=1, batch_size=2,
+             schedule={"kind": "constant"})
+    theta = None
+    if "init_weights" in d:
+        m = d["model"]
+        conf = transformers.GPT2Config(vocab_size=m["vocab_size"], n_embd=m["n_embd"],
+                                       n_layer=m["n_layer"], n_head=m["n_head"],
+                                       n_positions=m["n_positions"])
+        transformers.GPT2LMHeadModel(conf).save_pretrained(tmp_path / "my-gpt2")
+        d["init_weights"] = from_hf_dir(tmp_path / "my-gpt2", parse_spec(d).model,
+                                        tmp_path / "init.safetensors")
+        theta = load_init_weights(parse_spec(d), tmp_path / "init.safetensors")
+    spec = parse_spec(d)
+    ctx = TrainContext.create(spec, text, init_weights=theta)
+    state = init_state(ctx)
+    assert 0.0 < train_step(ctx, state, 1) < 10.0
