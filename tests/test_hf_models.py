@@ -14,7 +14,7 @@ from node.behaviors import make_behavior
 from node.datasets import Dataset
 from node.errors import CheckpointError, IntegrityError, SpecError
 from node.spec import JobSpec, parse_collaborative_spec, parse_spec
-from node.spec_hf import HFLlamaConfig, installed_transformers_version
+from node.spec_hf import HFGPT2Config, HFLlamaConfig, installed_transformers_version
 from node.train.init_weights import from_hf_dir, load_init_weights, write_init_weights
 from node.train.models import build_model, save_model
 from node.train.step import (
@@ -261,3 +261,58 @@ def test_examples_train_a_step(text: Dataset, tmp_path: Path, name: str) -> None
     ctx = TrainContext.create(spec, text, init_weights=theta)
     state = init_state(ctx)
     assert 0.0 < train_step(ctx, state, 1) < 10.0
+
+
+def test_submit_checks_and_cli_from_hf(text: Dataset, tmp_path: Path) -> None:
+    """`polnet job init-weights --from-hf` prints the hash a fine-tuning spec names; the
+    submitter refuses a request without that file or with another one, and posts S_0's
+    hash from the file (leaf 0)."""
+    import subprocess
+    import sys
+
+    import transformers
+
+    from node.datasets import dataset_hash, pack_text, write_dataset
+    from node.errors import ConfigError
+    from node.roles.submitter import JobRequest, check_request, initial_hash
+
+    spec_file = EXAMPLES / "gpt2_finetune.toml"
+    m = parse_spec({**load_example("gpt2_finetune"), "dataset_hash": text.hash_hex}).model
+    assert isinstance(m, HFGPT2Config)
+    conf = transformers.GPT2Config(vocab_size=m.vocab_size, n_embd=m.n_embd, n_layer=m.n_layer,
+                                   n_head=m.n_head, n_positions=m.positions)
+    transformers.GPT2LMHeadModel(conf).save_pretrained(tmp_path / "my-gpt2")
+    out = subprocess.run([sys.executable, "-m", "node.cli.main", "job", "init-weights",
+                          "--from-hf", str(tmp_path / "my-gpt2"), "--spec", str(spec_file),
+                          "--out", str(tmp_path / "init.safetensors")],
+                         capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    digest = out.stdout.strip().splitlines()[-1].split('"')[1]
+    assert len(digest) == 64
+
+    data = tmp_path / "text.safetensors"
+    write_dataset(pack_text(), data)
+    assert dataset_hash(data) == text.hash_hex
+    d = {**load_example("gpt2_finetune"), "dataset_hash": text.hash_hex,
+         "init_weights": digest}
+    (tmp_path / "ft.json").write_bytes(parse_spec(d).canonical_json())
+    req = JobRequest(tmp_path / "ft.json", data, 10, 10, 600, tmp_path / "init.safetensors")
+    spec = check_request(req)
+    with pytest.raises(ConfigError, match="--init-weights"):
+        check_request(JobRequest(tmp_path / "ft.json", data, 10, 10, 600))
+    other = tmp_path / "other.safetensors"
+    write_init_weights(build_model(spec.model, 4).state_dict(), other)
+    with pytest.raises(SpecError) as exc:
+        check_request(JobRequest(tmp_path / "ft.json", data, 10, 10, 600, other))
+    assert exc.value.field == "init_weights"
+    theta = load_init_weights(spec, tmp_path / "init.safetensors")
+    assert initial_hash(spec, data, tmp_path / "init.safetensors") == initial_state_hash(
+        TrainContext.create(spec, text, init_weights=theta))
+
+
+def load_example(name: str) -> dict[str, Any]:
+    from node.spec import load_spec
+
+    return load_spec(EXAMPLES / f"{name}.toml").model_dump(mode="json")
+
