@@ -263,6 +263,7 @@ def test_examples_train_a_step(text: Dataset, tmp_path: Path, name: str) -> None
     assert 0.0 < train_step(ctx, state, 1) < 10.0
 
 
+@pytest.mark.parallel  # mostly waits on a `polnet` subprocess (imports torch, transformers)
 def test_submit_checks_and_cli_from_hf(text: Dataset, tmp_path: Path) -> None:
     """`polnet job init-weights --from-hf` prints the hash a fine-tuning spec names; the
     submitter refuses a request without that file or with another one, and posts S_0's
