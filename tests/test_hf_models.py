@@ -317,3 +317,34 @@ def load_example(name: str) -> dict[str, Any]:
 
     return load_spec(EXAMPLES / f"{name}.toml").model_dump(mode="json")
 
+
+
+@pytest.mark.parallel  # waits on the probe's child processes
+def test_solver_probe_runs_an_hf_job_and_refuses_another_version(tmp_path: Path) -> None:
+    """The solver's child-process probe (address-space limit, timeout) takes an HF job
+    with transformers imported, and turns another version into a clear rejection."""
+    import hashlib
+
+    import trio
+
+    from node.datasets import pack_text
+    from node.errors import JobRejected
+    from node.train.probe import probe_job
+
+    data = pack_text()
+    ds_hash = hashlib.sha256(data).hexdigest()
+    (tmp_path / "data.bin").write_bytes(data)
+
+    def probe(version: str) -> Any:
+        spec = parse_spec({"seed": 1, "dataset_hash": ds_hash, "batch_size": 4,
+                           "model": llama(128, transformers_version=version),
+                           "optimizer": {"name": "adamw", "lr": 1e-3},
+                           "total_steps": 4, "checkpoint_interval": 2})
+        (tmp_path / "spec.json").write_bytes(spec.canonical_json())
+        return trio.run(lambda: probe_job(tmp_path / "spec.json", tmp_path / "data.bin",
+                                          spec.spec_hash_hex(), ds_hash, memory_mb=1024,
+                                          max_seconds=600, timeout_s=300))
+
+    assert probe(VERSION).params == 26_784
+    with pytest.raises(JobRejected, match="transformers_version"):
+        probe("4.0.0")
