@@ -75,7 +75,7 @@ def test_trains_traces_replays_and_flags_a_cheat(text: Dataset, tmp_path: Path,
     for segment in (0, 1):
         v = verify_trace_segment(ctx, tmp_path / "honest", segment)
         assert v.passed, v.reason
-    for cheat in ("fewer_steps", "low_lr"):
+    for cheat in ("fewer_steps", "low_lr", "half_batch", "stale"):
         run_training(ctx, tmp_path / cheat, job_id=1, behavior=make_behavior(cheat))
         v = verify_trace_segment(ctx, tmp_path / cheat, 1)
         assert not v.passed, cheat
