@@ -466,6 +466,9 @@ def fetch(
     from node.roles.runtime import Runtime
     from node.roles.submitter import fetch_model
 
+    if fmt not in ("polnet", "hf") or (fmt == "hf") != (hf_dir is not None):
+        raise ConfigError("--format is polnet (no DIR) or hf with a DIR: "
+                          "`polnet job fetch JOB --format hf DIR`")
     # Its own node ("fetch"): a second process with the running submitter's name would
     # also have its peer id. And the chain says at once whether there is a model yet.
     settings = settings_from(config, name=name or "fetch", dev_account=dev_account,
@@ -474,9 +477,6 @@ def fetch(
     count = c.market.job_count()
     if not 1 <= job_id <= count:
         raise ConfigError(f"no job {job_id}: the market has {count} job(s)")
-    if fmt not in ("polnet", "hf") or (fmt == "hf") != (hf_dir is not None):
-        raise ConfigError("--format is polnet (no DIR) or hf with a DIR: "
-                          "`polnet job fetch JOB --format hf DIR`")
     status = c.market.get_job(job_id).status
     if status != JobStatus.FINALIZED:
         raise ConfigError(f"job {job_id} is {status.name.lower()}, not finalized: its model "
