@@ -301,14 +301,16 @@ def test_submit_checks_and_cli_from_hf(text: Dataset, tmp_path: Path) -> None:
     d = {**load_example("gpt2_finetune"), "dataset_hash": text.hash_hex,
          "init_weights": digest}
     (tmp_path / "ft.json").write_bytes(parse_spec(d).canonical_json())
-    req = JobRequest(tmp_path / "ft.json", data, 10, 10, 600, tmp_path / "init.safetensors")
+    req = JobRequest(tmp_path / "ft.json", data, 10, 10, 600,
+                     init_weights_path=tmp_path / "init.safetensors")
     spec = check_request(req)
     with pytest.raises(ConfigError, match="--init-weights"):
         check_request(JobRequest(tmp_path / "ft.json", data, 10, 10, 600))
     other = tmp_path / "other.safetensors"
     write_init_weights(build_model(spec.model, 4).state_dict(), other)
     with pytest.raises(SpecError) as exc:
-        check_request(JobRequest(tmp_path / "ft.json", data, 10, 10, 600, other))
+        check_request(JobRequest(tmp_path / "ft.json", data, 10, 10, 600,
+                                 init_weights_path=other))
     assert exc.value.field == "init_weights"
     theta = load_init_weights(spec, tmp_path / "init.safetensors")
     assert initial_hash(spec, data, tmp_path / "init.safetensors") == initial_state_hash(

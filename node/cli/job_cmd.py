@@ -94,7 +94,7 @@ def submit(
                        dev_account, keystore, bootstrap, dry_run, init_weights)
         return
     req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
-                     solve_duration, init_weights)
+                     solve_duration, init_weights_path=init_weights)
     job_spec = check_request(req)  # fail before starting anything
     if dry_run:
         _dry_run(req, job_spec, config, dev_account, keystore)
