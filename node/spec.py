@@ -37,11 +37,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from node.boundary import decode_json_object
 from node.errors import SpecError
 from node.proof import canonical_json, content_hash, samples_for_detection
+from node.spec_hf import HF_CONFIG_TYPES, HF_FAMILIES, HFAlbertConfig, HFGPT2Config, HFLlamaConfig
 
 SPEC_VERSION = 1
 MAX_CHECKPOINT_INTERVAL = 1000
@@ -176,9 +185,11 @@ class TransformerLMConfig(_Strict):
         return self.n_layers * per_layer + 3 * bt * self.vocab_size
 
 
-ModelConfig = Annotated[MLPConfig | CNNConfig | TransformerLMConfig,
-                        Field(discriminator="family")]
-MODEL_FAMILIES = ("mlp", "cnn", "transformer_lm")
+ModelConfig = Annotated[MLPConfig | CNNConfig | TransformerLMConfig | HFLlamaConfig
+                        | HFGPT2Config | HFAlbertConfig, Field(discriminator="family")]
+MODEL_FAMILIES = ("mlp", "cnn", "transformer_lm", *HF_FAMILIES)
+#: Families trained on token windows (``vocab_size``, ``context``).
+TEXT_CONFIGS = (TransformerLMConfig, *HF_CONFIG_TYPES)
 
 
 # --- optimizers --------------------------------------------------------------------
@@ -270,6 +281,18 @@ class JobSpec(_Strict):
     resources: Resources = Resources()
     tolerance: TolerancePolicy
     detection: Detection = Detection()
+    # Fine-tuning: the sha256 of a safetensors file holding S_0's weights
+    # (node.train.init_weights). Omitted from the canonical form when unset, so the
+    # hash of every spec without it is what it was before the field existed.
+    init_weights: str | None = Field(default=None, pattern=HEX64,
+                                     description="sha256 of S_0's weights file, hex")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_init(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d: dict[str, Any] = handler(self)
+        if d.get("init_weights", "") is None:
+            del d["init_weights"]
+        return d
 
     @model_validator(mode="before")
     @classmethod
@@ -381,6 +404,9 @@ class CollaborativeSpec(_Strict):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> CollaborativeSpec:
+        if self.inner.init_weights is not None:
+            raise SpecError("a collaborative job names its theta_0 in init_weights, not "
+                            "inner.init_weights", field="inner.init_weights")
         if self.inner.total_steps != self.inner_steps * self.outer_rounds:
             raise SpecError(
                 f"inner.total_steps {self.inner.total_steps} must be inner_steps x "

@@ -26,7 +26,7 @@ from node.errors import (
 )
 from node.logs import get_logger
 from node.roles.collab import CollabFollower
-from node.roles.jobfiles import fetch_job_inputs, job_context
+from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs, job_context
 from node.roles.runtime import Runtime
 from node.train.layout import max_file_bytes
 from node.train.step import TrainContext
@@ -279,12 +279,13 @@ class Evidence:
         else:
             spec, dataset = await fetch_job_inputs(rt, job.spec_hash, job.dataset_hash,
                                                    (job.solver,))
+            init = await fetch_init_weights(rt, spec, (job.solver, job.submitter))
             # Off the event loop: a model build takes seconds on a busy machine, and a
             # stalled loop would miss transfer deadlines and blame the peers.
             # lookahead 0: a sharded dataset's shards are fetched as the sampled
             # segments' steps read them, and no others.
             ctx = await job_context(rt, spec, dataset, rt.settings.threads, (job.solver,),
-                                    lookahead=0)
+                                    lookahead=0, init_weights=init)
             why = await trio.to_thread.run_sync(posted_initial_problem, ctx,
                                                 job.init_state_hash)
             if why is not None:

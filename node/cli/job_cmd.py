@@ -74,8 +74,9 @@ def submit(
         help="Collaborative jobs: seconds a round's workers have to commit their inner run."),
     init_weights: Path | None = typer.Option(
         None, "--init-weights", exists=True, dir_okay=False, metavar="FILE",
-        help="Collaborative jobs: theta_0's weights, the file the spec's init_weights "
-             "names (make one with `polnet job init-weights`); served beside the inputs."),
+        help="S_0's weights of a fine-tuning job (theta_0 of a collaborative one): the file "
+             "the spec's init_weights names (make one with `polnet job init-weights`); "
+             "served beside the inputs."),
     samples: int | None = typer.Option(
         None, "--samples", min=1, metavar="N",
         help="Segments the committee replays (default: the market's derived n). An edit "
@@ -108,14 +109,11 @@ def submit(
         _submit_collab(spec, dataset, reward, budget, round_duration, serve, config, name,
                        dev_account, keystore, bootstrap, dry_run, init_weights)
         return
-    if init_weights is not None:
-        raise ConfigError("--init-weights is for collaborative specs (kind = "
-                          "\"collaborative\"); a single-solver job starts from its seed")
-
     if full_replay and samples is not None:
         raise ConfigError("--samples and --full-replay: give one")
     req = JobRequest(spec, dataset, pol_to_wei(reward, "--reward"), pol_to_wei(budget, "--budget"),
-                     solve_duration, FULL_REPLAY if full_replay else samples or 0)
+                     solve_duration, FULL_REPLAY if full_replay else samples or 0,
+                     init_weights_path=init_weights)
     job_spec = check_request(req)  # fail before starting anything
     if dry_run:
         _dry_run(req, job_spec, config, dev_account, keystore)
@@ -243,21 +241,32 @@ def _dry_run(req: Any, spec: Any, config: Path | None, dev_account: int | None,
 
 @app.command("init-weights")
 def init_weights_cmd(
-    checkpoint: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="CHECKPOINT",
-                                      help="A polnet checkpoint, e.g. the final state of "
-                                           "a job trained with `polnet train`."),
+    checkpoint: Path | None = typer.Argument(
+        None, exists=True, dir_okay=False, metavar="[CHECKPOINT]",
+        help="A polnet checkpoint, e.g. the final state of a job trained with `polnet train`."),
     spec: Path = typer.Option(..., "--spec", exists=True, dir_okay=False, metavar="SPEC",
-                              help="The collaborative spec whose inner model it must fit."),
+                              help="The spec (single-solver or collaborative) whose model "
+                                   "it must fit."),
     out: Path = typer.Option(..., "--out", dir_okay=False, metavar="FILE",
                              help="Where to write the init-weights file."),
+    from_hf: Path | None = typer.Option(
+        None, "--from-hf", exists=True, file_okay=False, metavar="DIR",
+        help="Instead of CHECKPOINT: a transformers save_pretrained directory (config.json "
+             "+ model.safetensors) for a spec of an hf_* family."),
 ) -> None:
-    """Write CHECKPOINT's model weights as theta_0 of a warm-started collaborative job
-    and print the init_weights line to put in SPEC (then submit with --init-weights)."""
-    from node.spec import load_collaborative_spec
-    from node.train.init_weights import from_checkpoint
+    """Write CHECKPOINT's (or --from-hf DIR's) model weights as S_0 of a fine-tuning job
+    (theta_0 of a warm-started collaborative one) and print the init_weights line to
+    put in SPEC (then submit with --init-weights FILE)."""
+    from node.errors import ConfigError
+    from node.spec import is_collaborative_file, load_collaborative_spec, load_spec
+    from node.train.init_weights import from_checkpoint, from_hf_dir
 
-    cspec = load_collaborative_spec(spec)
-    digest = from_checkpoint(checkpoint, cspec.inner.model, out)
+    model = load_collaborative_spec(spec).inner.model if is_collaborative_file(spec) \
+        else load_spec(spec).model
+    if (checkpoint is None) == (from_hf is None):
+        raise ConfigError("give either CHECKPOINT or --from-hf DIR")
+    digest = from_checkpoint(checkpoint, model, out) if checkpoint is not None \
+        else from_hf_dir(from_hf, model, out)  # type: ignore[arg-type]
     typer.echo(f"wrote {out}; put this in {spec.name}:")
     typer.echo(f'init_weights = "{digest}"')
 
@@ -471,13 +480,21 @@ def cancel(job_id: int = typer.Argument(...), config: ConfigOpt = None,
 def fetch(
     job_id: int = typer.Argument(...),
     out: Path = typer.Option(Path("model.safetensors"), "--out", help="Where to write it."),
+    fmt: str = typer.Option("polnet", "--format",
+                            help="polnet: one file (OUT); hf: also a directory (DIR, the "
+                                 "argument after --format hf) that transformers' "
+                                 "from_pretrained loads, with a tokenizer."),
+    hf_dir: Path | None = typer.Argument(None, metavar="[DIR]",
+                                         help="--format hf: the directory to write."),
     config: ConfigOpt = None,
     name: NameOpt = None,
     dev_account: DevAccountOpt = None,
     bootstrap: BootstrapOpt = None,
 ) -> None:
     """Download the trained model of a finalized job (checked against the chain): its
-    weights with the job's spec inside, so `node.train.models.load_model(OUT)` rebuilds it."""
+    weights with the job's spec inside, so `node.train.models.load_model(OUT)` rebuilds it.
+    `--format hf DIR` (an hf_* family) also writes DIR for
+    `AutoModelForCausalLM.from_pretrained(DIR)` (`AutoModelForMaskedLM` for hf_albert)."""
     import trio
 
     from node.chain.contracts import JobStatus
@@ -485,6 +502,9 @@ def fetch(
     from node.roles.runtime import Runtime
     from node.roles.submitter import fetch_model
 
+    if fmt not in ("polnet", "hf") or (fmt == "hf") != (hf_dir is not None):
+        raise ConfigError("--format is polnet (no DIR) or hf with a DIR: "
+                          "`polnet job fetch JOB --format hf DIR`")
     # Its own node ("fetch"): a second process with the running submitter's name would
     # also have its peer id. And the chain says at once whether there is a model yet.
     settings = settings_from(config, name=name or "fetch", dev_account=dev_account,
@@ -501,9 +521,12 @@ def fetch(
 
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
-            path = await fetch_model(rt, job_id, out)
+            path = await fetch_model(rt, job_id, out, hf_dir=hf_dir)
             typer.echo(f"model of job {job_id} written to {path}; load it with "
                        f"node.train.models.load_model({str(path)!r})")
+            if hf_dir is not None:
+                typer.echo(f"transformers directory: {hf_dir} (from_pretrained({str(hf_dir)!r}"
+                           ", attn_implementation='eager') gives the trained logits exactly)")
 
     trio.run(main)
 

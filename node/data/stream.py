@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,7 +161,8 @@ class StreamContext(TrainContext):
     def open(cls, spec: JobSpec, manifest: ShardManifest, source: ShardSource,
              threads: int = 1, micro_batches: int = 1, optimizer_impl: OptimizerImpl = "single",
              compute_dtype: torch.dtype = torch.float32,
-             lookahead: int = LOOKAHEAD_STEPS) -> StreamContext:
+             lookahead: int = LOOKAHEAD_STEPS,
+             init_weights: Mapping[str, torch.Tensor] | None = None) -> StreamContext:
         if manifest.hash_hex != spec.dataset_hash:
             raise SpecError(f"dataset {manifest.hash_hex} is not the spec's "
                             f"{spec.dataset_hash}", field="dataset_hash")
@@ -177,6 +178,9 @@ class StreamContext(TrainContext):
                             f"the shards hold {manifest.seq_len}", field="model.context")
         if threads < 1 or micro_batches < 1 or spec.batch_size % micro_batches:
             raise TrainingError("threads must be >= 1 and micro_batches divide batch_size")
+        if (spec.init_weights is None) != (init_weights is None):
+            raise SpecError("the spec's init_weights and the weights given disagree: fetch "
+                            "the file the spec names", field="init_weights")
         check_order(manifest, spec.batch_size)
         prepare_torch()
         torch.set_num_threads(threads)
@@ -187,7 +191,8 @@ class StreamContext(TrainContext):
             offsets.append(offsets[-1] + s.sequences)
         return cls(spec, ds, torch.device("cpu"), threads, torch.empty(0, dtype=torch.int64),
                    None, manifest.total_sequences, micro_batches, optimizer_impl, compute_dtype,
-                   manifest=manifest, source=source, lookahead=lookahead, _offsets=offsets)
+                   init_weights=init_weights, manifest=manifest, source=source,
+                   lookahead=lookahead, _offsets=offsets)
 
     def permutation(self, epoch: int) -> torch.Tensor:
         """Global sequence ids (manifest order) of the epoch, in the order they are read."""
@@ -282,18 +287,20 @@ def sibling_source(manifest_path: str | Path) -> ShardSource:
 
 def context_for_file(spec: JobSpec, path: str | Path, expected_hash: str | None = None,
                      threads: int = 1, source: ShardSource | None = None,
-                     lookahead: int = LOOKAHEAD_STEPS) -> TrainContext:
+                     lookahead: int = LOOKAHEAD_STEPS,
+                     init_weights: Mapping[str, torch.Tensor] | None = None) -> TrainContext:
     """A context for a dataset file: a one-file dataset, or a shard manifest whose
     shards come from ``source`` (by default beside it: ``sibling_source``)."""
     from node.datasets import load_dataset  # noqa: PLC0415
 
     if not is_manifest_file(path):
-        return TrainContext.create(spec, load_dataset(path, expected_hash), threads=threads)
+        return TrainContext.create(spec, load_dataset(path, expected_hash), threads=threads,
+                                   init_weights=init_weights)
     with open(path, "rb") as f:
         raw = f.read(MAX_MANIFEST_BYTES + 1)
     manifest = parse_manifest(raw, expected_hash, origin=str(path))
     return StreamContext.open(spec, manifest, source or sibling_source(path), threads=threads,
-                              lookahead=lookahead)
+                              lookahead=lookahead, init_weights=init_weights)
 
 
 @dataclass

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from node.data.manifest import MAX_MANIFEST_BYTES, ShardManifest, parse_manifest
 from node.data.stream import LOOKAHEAD_STEPS, StreamContext, is_manifest_file, store_source
 from node.datasets import Dataset, load_dataset
-from node.errors import SpecError
+from node.errors import CheckpointError, IntegrityError, SpecError
 from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, JobSpec, parse_spec_json
 
@@ -54,7 +54,8 @@ async def fetch_job_inputs(rt: Runtime, spec_hash: bytes, dataset_hash: bytes,
 
 async def job_context(rt: Runtime, spec: JobSpec, data: JobData, threads: int,
                       hint_accounts: tuple[str, ...] = (),
-                      lookahead: int = LOOKAHEAD_STEPS, micro_batches: int = 1) -> TrainContext:
+                      lookahead: int = LOOKAHEAD_STEPS, micro_batches: int = 1,
+                      init_weights: Any = None) -> TrainContext:
     """``data`` bound to ``spec``, off the event loop. A StreamContext's shards are
     fetched from its worker threads through this loop: train and replay on it from
     a thread (trio.to_thread), never on the loop itself."""
@@ -62,7 +63,8 @@ async def job_context(rt: Runtime, spec: JobSpec, data: JobData, threads: int,
 
     if isinstance(data, Dataset):
         return await trio.to_thread.run_sync(functools.partial(
-            TrainContext.create, spec, data, threads=threads, micro_batches=micro_batches))
+            TrainContext.create, spec, data, threads=threads, micro_batches=micro_batches,
+            init_weights=init_weights))
     token = trio.lowlevel.current_trio_token()
 
     def fetch(artifact_id: str, size: int) -> None:
@@ -72,4 +74,22 @@ async def job_context(rt: Runtime, spec: JobSpec, data: JobData, threads: int,
     source = store_source(rt.p2p.store, fetch)
     return await trio.to_thread.run_sync(functools.partial(
         StreamContext.open, spec, data, source, threads=threads, lookahead=lookahead,
-        micro_batches=micro_batches))
+        micro_batches=micro_batches, init_weights=init_weights))
+
+
+async def fetch_init_weights(rt: Runtime, spec: JobSpec,
+                             hint_accounts: tuple[str, ...] = ()) -> Any:
+    """S_0's weights of a fine-tuning job (``spec.init_weights``), fetched with a size
+    bound from the spec's model and checked whole (node.train.init_weights); None for
+    a job that starts from its seed. A file that does not fit makes the job unusable."""
+    if spec.init_weights is None:
+        return None
+    from node.train.init_weights import load_init_weights, max_file_bytes  # noqa: PLC0415
+
+    path = await rt.fetch(spec.init_weights, hint_accounts,
+                          expected_size=max_file_bytes(spec.model))
+    try:
+        return await trio.to_thread.run_sync(load_init_weights, spec, path)
+    except (IntegrityError, CheckpointError) as exc:
+        raise SpecError(f"the job's init weights are unusable: {exc}",
+                        field="init_weights") from exc

@@ -30,7 +30,7 @@ from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.evidence import owed_segments, publish_segments
-from node.roles.jobfiles import fetch_job_inputs, job_context
+from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs, job_context
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
 from node.roles.solver_machine import (
@@ -531,9 +531,10 @@ class Solver:
             # one process: micro-batches like the ranks' split make 2 ranks bitwise equal.
             micro = self.world_size if self.world_size > 1 \
                 and spec.batch_size % self.world_size == 0 else 1
+            init = await fetch_init_weights(self.rt, spec)
             self._contexts[jid] = await job_context(self.rt, spec, dataset,
                                                     self.rt.settings.threads,
-                                                    micro_batches=micro)
+                                                    micro_batches=micro, init_weights=init)
         return self._contexts[jid]
 
     async def _train_and_commit(self, jid: int) -> None:

@@ -52,6 +52,8 @@ class JobRequest:
     budget: int  # the verification fee at the market's floor n; more samples pay pro rata
     solve_duration: int
     samples: int = 0  # n; 0: the market's floor; FULL_REPLAY: every segment
+    # A fine-tuning job's S_0 weights: the file the spec's init_weights names.
+    init_weights_path: Path | None = None
 
 
 FULL_REPLAY = -1
@@ -122,6 +124,17 @@ def check_request(req: JobRequest) -> JobSpec:
         raise SpecError(f"the spec names dataset {spec.dataset_hash} but {req.dataset_path} "
                         f"hashes to {got}: set dataset_hash = \"{got}\" or pass the right file",
                         field="dataset_hash")
+    if (spec.init_weights is None) != (req.init_weights_path is None):
+        raise ConfigError("the spec names init_weights: pass their file (--init-weights)"
+                          if req.init_weights_path is None else
+                          "--init-weights given but the spec names no init_weights")
+    if req.init_weights_path is not None:
+        from node.proof import file_sha256  # noqa: PLC0415
+
+        got = file_sha256(req.init_weights_path)
+        if got != spec.init_weights:
+            raise SpecError(f"{req.init_weights_path} hashes to {got}, not the spec's "
+                            f"init_weights {spec.init_weights}", field="init_weights")
     if req.reward <= 0:
         raise ConfigError("--reward must be positive")
     if req.reward > MAX_REWARD or req.budget > MAX_AMOUNT:
@@ -133,13 +146,16 @@ def check_request(req: JobRequest) -> JobSpec:
     return spec
 
 
-def initial_hash(spec: JobSpec, dataset_path: Path) -> bytes:
-    """S_0's hash: the job fixes it on chain so no solver starts from weights of its own."""
+def initial_hash(spec: JobSpec, dataset_path: Path, init_path: Path | None = None) -> bytes:
+    """S_0's hash: the job fixes it on chain so no solver starts from weights of its own
+    (a fine-tuning job's: the init weights with a zeroed optimizer state)."""
     from node.data.stream import context_for_file  # noqa: PLC0415 - torch is heavy
+    from node.train.init_weights import load_init_weights  # noqa: PLC0415
     from node.train.step import initial_state_hash  # noqa: PLC0415
 
+    init = None if init_path is None else load_init_weights(spec, init_path)
     return initial_state_hash(context_for_file(spec, dataset_path, spec.dataset_hash,
-                                               lookahead=0))
+                                               lookahead=0, init_weights=init))
 
 
 async def publish_and_approve(rt: Runtime, spec: JobSpec | CollaborativeSpec,
@@ -183,7 +199,10 @@ async def post(rt: Runtime, req: JobRequest) -> int:
     a = assurance(req, spec, (await rt.chain(c.market.market_params)).sample_count)
     spec_id, ds_id = await publish_and_approve(rt, spec, req.dataset_path,
                                                req.reward + a.budget, c.market.address)
-    init_hash = await trio.to_thread.run_sync(initial_hash, spec, req.dataset_path)
+    if req.init_weights_path is not None:  # served beside the inputs, like the dataset
+        await rt.p2p.publish_file(req.init_weights_path)
+    init_hash = await trio.to_thread.run_sync(initial_hash, spec, req.dataset_path,
+                                              req.init_weights_path)
     terms = JobTerms(spec_hash=spec.spec_hash(), dataset_hash=bytes.fromhex(ds_id),
                      reward=req.reward, verification_budget=req.budget,
                      solve_duration=req.solve_duration, total_steps=spec.total_steps,
@@ -269,9 +288,11 @@ def _plain(v: Any) -> Any:
     return v
 
 
-async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0) -> Path:
+async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0,
+                      hf_dir: Path | None = None) -> Path:
     """Download the final checkpoint of a finalized job and write its model weights
-    with the job's spec inside (node.train.models.load_model rebuilds the model)."""
+    with the job's spec inside (node.train.models.load_model rebuilds the model);
+    ``hf_dir``: also a transformers directory (node.train.hf_export) for hf_* jobs."""
     from node.train.models import save_model  # noqa: PLC0415
     from verifier.evidence import Evidence  # noqa: PLC0415
 
@@ -295,5 +316,10 @@ async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0) -
     final = await ev.committed(job.segment_count)
     if final.leaf.state_hash != job.final_state_hash:
         raise IntegrityError("the final checkpoint is not the state committed on chain")
-    return save_model(out, final.tensors, ev.ctx.spec, job_id=job_id,
+    path = save_model(out, final.tensors, ev.ctx.spec, job_id=job_id,
                       state_hash=job.final_state_hash.hex())
+    if hf_dir is not None:
+        from node.train.hf_export import export_hf  # noqa: PLC0415
+
+        await trio.to_thread.run_sync(export_hf, path, hf_dir, ev.ctx.dataset.vocab)
+    return path

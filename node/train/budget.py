@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from node.spec import CNNConfig, JobSpec, MLPConfig, TransformerLMConfig
+from node.spec import TEXT_CONFIGS, CNNConfig, JobSpec, MLPConfig, TransformerLMConfig
+from node.spec_hf import HF_CONFIG_TYPES
 
 BYTES_PER_FLOAT = 4
 RUNTIME_BASE_MB = 512          # python + torch + polnet imported, before any job data
@@ -64,7 +65,7 @@ class Budget:
 
 def _batch_bytes(spec: JobSpec) -> int:
     m, b = spec.model, spec.batch_size
-    if isinstance(m, TransformerLMConfig):
+    if isinstance(m, TEXT_CONFIGS):
         return 3 * b * (m.context + 1) * 8  # int64 windows, inputs and shifted targets
     if isinstance(m, CNNConfig):
         return b * (m.in_channels * m.image_size ** 2 * BYTES_PER_FLOAT + 8)
@@ -137,6 +138,8 @@ def _forward_macs(spec: JobSpec) -> int:
             total += side * side * c_in * c * 9
             c_in, side = c, side // 2
         return b * (total + m.flat_features() * m.hidden + m.hidden * m.num_classes)
+    if isinstance(m, HF_CONFIG_TYPES):
+        return m.forward_macs(b)
     assert isinstance(m, TransformerLMConfig)
     d, t = m.d_model, m.context
     per_token = m.n_layers * (4 * d * d + 2 * d * m.d_ff + 2 * t * d) + d * m.vocab_size

@@ -76,6 +76,18 @@ class StepRandomness:
             raise RuntimeError(f"dropout mask {tuple(mask.shape)} does not fit {tuple(shape)}")
         return mask
 
+    def uniform(self, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+        """U[0, 1) draws for this chunk's rows and for the whole batch (MLM masking,
+        node.train.hf_models), drawn once at the whole batch's shape like ``keep_mask``."""
+        if self._call == len(self._masks):
+            full = (self.batch_size, *shape[1:])
+            self._masks.append(torch.rand(full, generator=self.gen, dtype=torch.float32))
+        whole = self._masks[self._call]
+        self._call += 1
+        if whole[self._rows].shape != shape:
+            raise RuntimeError(f"draws {tuple(whole.shape)} do not fit {tuple(shape)}")
+        return whole[self._rows], whole
+
 
 Randomness = torch.Generator | StepRandomness | None
 
@@ -207,8 +219,10 @@ def _init_params(model: nn.Module, gen: torch.Generator, normal_std: float | Non
     """Norm weights 1, biases 0; matrices U(+-1/sqrt(fan_in)) or N(0, normal_std).
 
     Parameters are visited in registration order, which is fixed by the code."""
+    # RMSNorm: transformers' own class per family (LlamaRMSNorm), weight ones too.
     norm_weights = {id(m.weight) for m in model.modules()
-                    if isinstance(m, nn.LayerNorm) and m.weight is not None}
+                    if (isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm"))
+                    and isinstance(getattr(m, "weight", None), torch.Tensor)}
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
@@ -337,3 +351,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> PolnetMo
     model = build_model(spec.model, 0)  # initialised, then every tensor replaced
     model.load_state_dict(st_load(raw), strict=True)
     return model.to(device).eval()
+
+
+# The Hugging Face families register themselves (transformers is imported lazily).
+import node.train.hf_models  # noqa: E402, F401

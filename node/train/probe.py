@@ -74,13 +74,13 @@ def check_bound_data(ctx: TrainContext) -> None:
     ``[0, vocab_size)``, finite inputs. A step would crash (or diverge) on it later."""
     import torch  # noqa: PLC0415 - the child only
 
-    from node.spec import TransformerLMConfig  # noqa: PLC0415
+    from node.spec import TEXT_CONFIGS  # noqa: PLC0415
 
     m = ctx.spec.model
-    if isinstance(m, TransformerLMConfig) or ctx.targets is None:
+    if isinstance(m, TEXT_CONFIGS) or ctx.targets is None:
         if ctx.inputs.numel() == 0:  # streamed shards: StreamContext.open held the
             return                   # manifest's vocab to vocab_size, each shard's ids to it
-        vocab = m.vocab_size if isinstance(m, TransformerLMConfig) else 0
+        vocab = m.vocab_size if isinstance(m, TEXT_CONFIGS) else 0
         lo, hi = int(ctx.inputs.min()), int(ctx.inputs.max())
         if lo < 0 or hi >= vocab:  # token ids index the embedding
             raise SpecError(f"dataset tokens span [{lo}, {hi}] but the model's vocabulary "
@@ -140,8 +140,11 @@ def run_probe(spec_path: Path, dataset_path: Path, spec_hash: str, dataset_hash:
     from node.train.step import init_state, train_step  # noqa: PLC0415
 
     # A shard manifest: the caller fetched the shards of the probe's steps into the
-    # store beside it (node.data.stream.shards_for_steps).
-    ctx = context_for_file(spec, dataset_path, dataset_hash, threads=threads, lookahead=0)
+    # store beside it (node.data.stream.shards_for_steps). A fine-tuning job's own
+    # weights change no step's cost: the seeded ones stand in (the solver fetches and
+    # checks the real file before it trains).
+    seeded = spec.model_copy(update={"init_weights": None})
+    ctx = context_for_file(seeded, dataset_path, dataset_hash, threads=threads, lookahead=0)
     check_bound_data(ctx)
     state = init_state(ctx)
     steps = min(PROBE_STEPS, spec.total_steps)

@@ -52,7 +52,7 @@ import torch
 
 from node.datasets import Dataset
 from node.errors import CheckpointError, SpecError, TrainingError
-from node.spec import AdamWConfig, JobSpec, SGDConfig, TransformerLMConfig
+from node.spec import TEXT_CONFIGS, AdamWConfig, JobSpec, SGDConfig
 from node.train.models import PolnetModel, StepRandomness, build_model
 
 STEP_KEY = "meta.step"
@@ -101,13 +101,19 @@ class TrainContext:
     # is t*H and ``schedule_steps`` the schedule's length (H x R; None: spec.total_steps).
     step_offset: int = 0
     schedule_steps: int | None = None
+    # S_0's weights of a fine-tuning job (spec.init_weights; node.train.init_weights
+    # checked the file against the hash); None: the seeded weights.
+    init_weights: Mapping[str, torch.Tensor] | None = None
     _perm_cache: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, spec: JobSpec, dataset: Dataset, device: str | torch.device = "cpu",
                threads: int = 1, micro_batches: int = 1,
                optimizer_impl: OptimizerImpl = "single",
-               compute_dtype: torch.dtype = torch.float32) -> TrainContext:
+               compute_dtype: torch.dtype = torch.float32,
+               init_weights: Mapping[str, torch.Tensor] | None = None) -> TrainContext:
+        """``init_weights``: S_0's weights when the spec names them (load them with
+        ``node.train.init_weights.load_init_weights``)."""
         if dataset.hash_hex != spec.dataset_hash:
             raise SpecError(f"dataset {dataset.hash_hex} is not the spec's {spec.dataset_hash}",
                             field="dataset_hash")
@@ -122,6 +128,11 @@ class TrainContext:
             raise TrainingError("compute_dtype must be torch.float32 or torch.float64")
         if compute_dtype == torch.float64 and spec.precision != "fp32":
             raise TrainingError("an fp64 replay only makes sense for an fp32 job")
+        if (spec.init_weights is None) != (init_weights is None):
+            raise SpecError("the spec names init weights but none were given (fetch the "
+                            "file it names)" if init_weights is None else
+                            "init weights were given but the spec names none",
+                            field="init_weights")
         dev = torch.device(device)
         if dev.type == "cuda":  # cuBLAS is only deterministic with a fixed workspace
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -136,7 +147,7 @@ class TrainContext:
             raise SpecError(f"batch_size {spec.batch_size} exceeds the dataset's {n} samples",
                             field="batch_size")
         return cls(spec, dataset, dev, threads, inputs, targets, n, micro_batches,
-                   optimizer_impl, compute_dtype)
+                   optimizer_impl, compute_dtype, init_weights=init_weights)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -164,9 +175,9 @@ class TrainContext:
 
 def _bind_data(spec: JobSpec, ds: Dataset) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     m = spec.model
-    if isinstance(m, TransformerLMConfig):
+    if isinstance(m, TEXT_CONFIGS):
         if ds.kind != "text":
-            raise SpecError("transformer_lm needs a text dataset", field="dataset_hash")
+            raise SpecError(f"{m.family} needs a text dataset", field="dataset_hash")
         if len(ds.vocab) > m.vocab_size:
             raise SpecError(f"dataset vocab has {len(ds.vocab)} symbols > {m.vocab_size}",
                             field="model.vocab_size")
@@ -217,6 +228,8 @@ def _optim_keys(spec: JobSpec) -> tuple[str, ...]:
 
 def _fresh_state(ctx: TrainContext) -> TrainState:
     model = build_model(ctx.spec.model, derive_seed(ctx.spec.seed, "init"))
+    if ctx.init_weights is not None:  # fine-tuning: S_0's weights are the file's
+        model.load_state_dict(ctx.init_weights, strict=True)
     model = model.to(device=ctx.device, dtype=ctx.compute_dtype)  # fp32 -> fp64 is exact
     model.train()
     opt = _make_optimizer(ctx, model)
