@@ -14,15 +14,25 @@ Public API::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from node.errors import ContractRevert
 from node.logs import get_logger
+from node.roles.runtime import Runtime
 
 if TYPE_CHECKING:
     from node.chain.client import ChainClient
     from node.chain.contracts import Job
-    from node.roles.solver import Solver
+
+
+class Solver(Protocol):
+    """What publishing needs of the solver daemon (node.roles.solver.Solver, which calls
+    it): a protocol, so this module does not import its caller."""
+
+    rt: Runtime
+
+    def _trace_dir(self, jid: int) -> Path: ...
 
 log = get_logger("polnet.solver.evidence")
 

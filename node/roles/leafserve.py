@@ -18,19 +18,38 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from node.errors import ContractRevert
 from node.logs import get_logger
 from node.roles.runtime import Runtime, guarded
+from node.roles.solver_machine import SolverDisk
+from node.roles.state import RoleState
 
 if TYPE_CHECKING:
     from node.chain.client import ChainClient
     from node.chain.contracts import Job
-    from node.roles.solver import Solver
+    from node.train.behavior import SegmentBehavior
     from node.train.trace import TraceManifest
+
+
+class Solver(Protocol):
+    """What serving leaves needs of the solver daemon (node.roles.solver.Solver, which
+    calls it): a protocol, so this module does not import its caller."""
+
+    rt: Runtime
+    state: RoleState[SolverDisk]
+    behavior: SegmentBehavior
+    _busy: set[str]
+
+    def _trace_dir(self, jid: int) -> Path: ...
+
+    async def _context(self, jid: int) -> Any: ...
+
+    async def serve_state(self, jid: int, step: int, tensors: Any) -> str: ...
 
 log = get_logger("polnet.solver.leaves")
 

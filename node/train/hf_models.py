@@ -18,7 +18,8 @@ what the verifier relies on put back in polnet's hands:
 
 Public API::
 
-    (importing it registers hf_* in node.train.models; models imports it)
+    (importing it registers hf_* in node.train.model_base's registry; node.train.models
+    imports it, so building any model knows them)
     hf_module(model) -> PreTrainedModel # the transformers model inside a polnet one
 """
 
@@ -32,10 +33,13 @@ from torch import nn
 
 from node.errors import TrainingError
 from node.spec_hf import HF_FAMILIES, HFAlbertConfig, HFConfig, check_installed_version
-
-# node.train.models imports this module at its end (to register the families), by
-# which time everything imported here is defined.
-from node.train.models import Dropout, PolnetModel, Randomness, StepRandomness, register_family
+from node.train.model_base import (
+    Dropout,
+    PolnetModel,
+    Randomness,
+    StepRandomness,
+    register_family,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -47,80 +47,15 @@ from node.spec import (
     parse_spec_json,
 )
 from node.tensorfile import Header, parse_header
-
-
-class StepRandomness:
-    """A step's dropout masks, drawn in call order from one CPU generator at the
-    shape of the *whole* batch (dim 0). With gradient accumulation each chunk
-    takes its rows of the masks the first chunk drew, so an m-chunk step sees
-    exactly the masks of the unsplit step. A bare ``torch.Generator`` passed as
-    ``rng`` behaves like this with a single chunk."""
-
-    def __init__(self, gen: torch.Generator, batch_size: int) -> None:
-        self.gen = gen
-        self.batch_size = batch_size
-        self._masks: list[torch.Tensor] = []
-        self._call = 0
-        self._rows = slice(0, batch_size)
-
-    def begin_chunk(self, rows: slice) -> None:
-        self._rows, self._call = rows, 0
-
-    def keep_mask(self, shape: torch.Size, p: float) -> torch.Tensor:
-        if self._call == len(self._masks):
-            full = (self.batch_size, *shape[1:])
-            self._masks.append(torch.rand(full, generator=self.gen, dtype=torch.float32) >= p)
-        mask = self._masks[self._call][self._rows]
-        self._call += 1
-        if mask.shape != shape:
-            raise RuntimeError(f"dropout mask {tuple(mask.shape)} does not fit {tuple(shape)}")
-        return mask
-
-    def uniform(self, shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
-        """U[0, 1) draws for this chunk's rows and for the whole batch (MLM masking,
-        node.train.hf_models), drawn once at the whole batch's shape like ``keep_mask``."""
-        if self._call == len(self._masks):
-            full = (self.batch_size, *shape[1:])
-            self._masks.append(torch.rand(full, generator=self.gen, dtype=torch.float32))
-        whole = self._masks[self._call]
-        self._call += 1
-        if whole[self._rows].shape != shape:
-            raise RuntimeError(f"draws {tuple(whole.shape)} do not fit {tuple(shape)}")
-        return whole[self._rows], whole
-
-
-Randomness = torch.Generator | StepRandomness | None
-
-
-class Dropout(nn.Module):
-    """Dropout whose masks come from the step's CPU generator (see StepRandomness)."""
-
-    def __init__(self, p: float) -> None:
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: torch.Tensor, rng: Randomness) -> torch.Tensor:
-        if not self.training or self.p == 0.0 or rng is None:
-            return x
-        if isinstance(rng, StepRandomness):
-            keep = rng.keep_mask(x.shape, self.p)
-        else:
-            keep = torch.rand(x.shape, generator=rng, dtype=torch.float32) >= self.p
-        scale = keep.to(dtype=x.dtype).mul_(1.0 / (1.0 - self.p))
-        return x * scale.to(x.device)
-
-
-class PolnetModel(nn.Module):
-    """Base: ``forward(x, rng)`` returns logits; ``loss`` the training loss."""
-
-    def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
-        raise NotImplementedError
-
-    def loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        flat = logits.reshape(-1, logits.shape[-1])
-        if flat.dtype in (torch.bfloat16, torch.float16):  # reduced-precision autocast
-            flat = flat.float()
-        return F.cross_entropy(flat, y.reshape(-1))
+from node.train.model_base import (
+    Builder,
+    Dropout,
+    PolnetModel,
+    Randomness,
+    StepRandomness,
+    builder_for,
+    register_family,
+)
 
 
 class MLP(PolnetModel):
@@ -234,28 +169,16 @@ def _init_params(model: nn.Module, gen: torch.Generator, normal_std: float | Non
                 p.copy_(torch.rand(p.shape, generator=gen) * (2 * bound) - bound)
 
 
-Builder = Callable[[ModelConfig], tuple[PolnetModel, float | None]]
-
-_REGISTRY: dict[str, Builder] = {
-    "mlp": lambda c: (MLP(c), None),  # type: ignore[arg-type]
-    "cnn": lambda c: (CNN(c), None),  # type: ignore[arg-type]
-    "transformer_lm": lambda c: (TransformerLM(c), 0.02),  # type: ignore[arg-type]
-}
-
-
-def register_family(family: str, builder: Builder) -> None:
-    """``builder(config) -> (module, normal_std or None for uniform init)``."""
-    _REGISTRY[family] = builder
+register_family("mlp", lambda c: (MLP(c), None))  # type: ignore[arg-type]
+register_family("cnn", lambda c: (CNN(c), None))  # type: ignore[arg-type]
+register_family("transformer_lm", lambda c: (TransformerLM(c), 0.02))  # type: ignore[arg-type]
 
 
 def build_skeleton(config: ModelConfig) -> PolnetModel:
     """The module on the meta device: names, shapes and dtypes, no memory, no init.
 
     What a checkpoint of this config must hold is read from it before loading one."""
-    try:
-        builder = _REGISTRY[config.family]
-    except KeyError:
-        raise SpecError(f"unknown model family {config.family!r}", field="model.family") from None
+    builder = builder_for(config)
     with torch.device("meta"):
         model, _ = builder(config)
     return model
@@ -263,10 +186,7 @@ def build_skeleton(config: ModelConfig) -> PolnetModel:
 
 def build_model(config: ModelConfig, init_seed: int) -> PolnetModel:
     """Build on the CPU and initialise from ``init_seed`` only."""
-    try:
-        builder = _REGISTRY[config.family]
-    except KeyError:
-        raise SpecError(f"unknown model family {config.family!r}", field="model.family") from None
+    builder = builder_for(config)
     model, std = builder(config)
     gen = torch.Generator(device="cpu")
     gen.manual_seed(init_seed)
@@ -352,6 +272,9 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> PolnetMo
     model.load_state_dict(st_load(raw), strict=True)
     return model.to(device).eval()
 
+
+__all__ = ["Builder", "Dropout", "PolnetModel", "Randomness", "StepRandomness", "build_model",
+           "build_skeleton", "load_model", "model_spec", "register_family", "save_model"]
 
 # The Hugging Face families register themselves (transformers is imported lazily).
 import node.train.hf_models  # noqa: E402, F401
