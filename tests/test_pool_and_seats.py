@@ -9,7 +9,12 @@ achieved at 6c4c363; each test asserts it now costs the full slash.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from eth_utils import keccak
@@ -350,3 +355,24 @@ def test_a_lost_snapshot_delays_the_draw_and_the_request_re_arms(net: Net) -> No
     c.mine(max(1, d.draw_block - c.reader.block_number() + 1))
     net.verifiers[0].dispute.draw_jury(did)
     assert len(c.reader.dispute.get_dispute(did).jury) == 3
+
+
+def test_node_status_shows_a_seated_jurors_locked_stake(net: Net, tmp_path: Path) -> None:
+    """A juror sees its seat-locked stake (what a slash would take, out of reach of
+    claims and unbonding until the seat ends) in `polnet node status`."""
+    job, leaves, tree = post_commit(net)
+    _, jury = dispute_to_jury(net, net.verifiers[0], job, 2, leaves, tree)
+    cut = juror_cut(net, job)
+    net.chain.deployment.save(tmp_path / "devnet" / "deployment.json")  # the default path
+    out = subprocess.run([sys.executable, "-m", "node.cli.main", "node", "status", jury[0],
+                          "--json"], env={**os.environ, "POLNET_HOME": str(tmp_path)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert (shown["seat_locked_stake"], shown["free_stake"]) == (cut, STAKE - cut)
+    assert "verifier" in shown["roles"]
+    stranger = subprocess.run([sys.executable, "-m", "node.cli.main", "node", "status",
+                               "0x" + "ab" * 20], env={**os.environ,
+                                                       "POLNET_HOME": str(tmp_path)},
+                              capture_output=True, text=True, timeout=120)
+    assert stranger.returncode == 1 and "not registered" in stranger.stderr

@@ -36,7 +36,7 @@ app = typer.Typer(help=HELP, no_args_is_help=True, rich_markup_mode="rich",
                   pretty_exceptions_show_locals=False)
 
 _AREAS = ["devnet", "train", "dataset", "verifier", "verifier_daemon", "p2p", "artifact", "job",
-          "solver", "dispute", "demo", "explorer", "network"]
+          "solver", "dispute", "node", "demo", "explorer", "network"]
 
 
 @app.callback()
