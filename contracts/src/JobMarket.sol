@@ -261,8 +261,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function claimJob(uint256 jobId) external nonReentrant {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
-        address reserved = _reservedSolver[jobId];
-        if (reserved != address(0) && reserved != msg.sender) revert NotReservedSolver(jobId, msg.sender);
+        if (_isReserved(j) && _reservedSolver[jobId] != msg.sender) revert NotReservedSolver(jobId, msg.sender);
         if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
         uint256 bond = j.reward * _bondFactorBps / BPS;
         j.status = JobStatus.Claimed;
@@ -457,7 +456,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                uint256 at = j.seed == 0 ? SegmentSampler.ABSENT : _sampleIndexOf(jobId, j, segment);
+                uint256 at = j.seed == 0 ? SegmentSampler.ABSENT : _sampleIndexOf(j, segment);
                 if (at != SegmentSampler.ABSENT) {
                     r.sampledInvalid = true;
                     // INVARIANT: an attestor answers for its own share of the sample only
@@ -581,15 +580,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             seed = blockhash(j.sampleBlock);
         }
         if (seed == bytes32(0)) revert SeedNotFixed();
-        if (_reservedSolver[jobId] != address(0)) {
+        if (_isReserved(j)) {
             return SegmentSampler.sampleWithFinal(seed, j.segmentCount, _reservedSampleCount);
         }
         return SegmentSampler.sample(seed, j.segmentCount, j.sampleCount);
     }
 
     /// @dev `segment`'s position in the job's sample (`sampledSegments`), or ABSENT.
-    function _sampleIndexOf(uint256 jobId, JobRec storage j, uint256 segment) internal view returns (uint256) {
-        if (_reservedSolver[jobId] != address(0)) {
+    function _sampleIndexOf(JobRec storage j, uint256 segment) internal view returns (uint256) {
+        if (_isReserved(j)) {
             return SegmentSampler.indexOfWithFinal(j.seed, j.segmentCount, _reservedSampleCount, segment);
         }
         return SegmentSampler.indexOf(j.seed, j.segmentCount, j.sampleCount, segment);
@@ -664,7 +663,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     /// @dev A reserved job settles only through its submitter (who attributes the credits).
     function _onlySubmitterIfReserved(uint256 jobId, JobRec storage j) internal view {
-        if (_reservedSolver[jobId] != address(0) && msg.sender != j.submitter) revert OnlySubmitter(jobId, msg.sender);
+        if (_isReserved(j) && msg.sender != j.submitter) revert OnlySubmitter(jobId, msg.sender);
+    }
+
+    /// @dev Posted reserved: only such a job has no sample count (`_post`; the constructor
+    ///      bars a zero `sampleCount`), so the job's first word tells, not a cold mapping read.
+    function _isReserved(JobRec storage j) internal view returns (bool) {
+        return j.sampleCount == 0;
     }
 
     function _requireStatus(uint256 jobId, JobRec storage j, JobStatus s) internal view {
