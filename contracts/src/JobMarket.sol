@@ -389,11 +389,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
-        if (j.seed == bytes32(0)) {
-            if (block.number <= j.sampleBlock || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
-        }
         uint32 round = j.round;
         mapping(uint256 => uint256) storage words = _seats[jobId][round];
+        // Seats are written only by the draw that fixes the seed: a drawn committee spares the
+        // seed's cold read (an empty one falls through to it, and the seed is then set).
+        if (words[0] == 0 && j.seed == bytes32(0)) {
+            if (block.number <= j.sampleBlock || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
+        }
         uint256 i;
         uint256 e;
         for (; i < MAX_COMMITTEE; ++i) {
