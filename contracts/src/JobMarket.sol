@@ -65,9 +65,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     ///      Cancelled; credited, not yet withdrawn): never zero, so the write after the last
     ///      job settled or the last credit was withdrawn rewrites a dirty word (2.9k gas)
     ///      instead of starting a fresh one (20k). `totalEscrow` / `totalCredits` return
-    ///      the real amounts.
-    uint256 internal _escrowPlusOne = 1;
-    uint256 internal _creditsTotalPlusOne = 1;
+    ///      the real amounts. One word for both: a finalize moves both (one cold read, one
+    ///      fresh write less); each stays below the tokens the market holds (< 2^128).
+    uint128 internal _escrowPlusOne = 1;
+    uint128 internal _creditsTotalPlusOne = 1;
     /// @dev Attestor slashes sent to BURN, ever (with the game's `totalBurned`: the burn
     ///      address's whole balance).
     uint256 public override totalBurned;
@@ -237,7 +238,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.stepsPerSegment = t.stepsPerSegment;
         j.initStateHash = t.initStateHash;
         uint256 escrow = t.reward + budget;
-        _escrowPlusOne += escrow;
+        _escrowPlusOne += uint128(escrow); // < 2^107 (checked above)
         _token.safeTransferFrom(msg.sender, address(this), escrow);
         emit JobPosted(jobId, msg.sender, t.specHash, t.datasetHash, t.reward, budget, t.solveDuration);
         emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
@@ -251,7 +252,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _requireStatus(jobId, j, JobStatus.Open);
         j.status = JobStatus.Cancelled;
         uint256 refund = j.reward + j.verificationBudget;
-        _escrowPlusOne -= refund;
+        _escrowPlusOne -= uint128(refund); // reward + budget, < 2^107
         _credit(j.submitter, refund);
         emit JobCancelled(jobId, refund);
     }
@@ -378,7 +379,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (c <= 1) revert NothingToWithdraw();
         amount = c - 1;
         _creditsPlusOne[msg.sender] = 1;
-        _creditsTotalPlusOne -= amount;
+        _creditsTotalPlusOne -= uint128(amount); // <= the total
         _token.safeTransfer(msg.sender, amount);
         emit Withdrawn(msg.sender, amount);
     }
@@ -682,7 +683,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (amount == 0) return;
         uint256 c = _creditsPlusOne[account];
         _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
-        _creditsTotalPlusOne += amount;
+        uint256 total = _creditsTotalPlusOne + amount;
+        if (total > type(uint128).max) revert AmountTooLarge(amount, type(uint128).max);
+        _creditsTotalPlusOne = uint128(total);
         emit Credited(account, amount);
     }
 
