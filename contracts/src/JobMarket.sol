@@ -97,7 +97,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 stepsPerSegment;
         uint32 round; // number of claims so far
         uint32 openDisputes; // live disputes of the current round
-        uint32 poolLen; // sortition pool length at commit
         // claimed
         address solver;
         uint40 deadline;
@@ -105,8 +104,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // committed
         uint40 committedAt;
         uint40 windowEnd;
-        uint40 sampleBlock;
+        // The seed's block is snapshotBlock + _sampleLookahead (`_sampleBlock`), not stored:
+        // this word then has room for poolLen, so a commit writes no other word of the job.
         uint40 snapshotBlock; // commit block: the committee is drawn from stake as of then
+        uint32 poolLen; // sortition pool length at commit
         bytes32 traceRoot;
         bytes32 finalStateHash;
         bytes32 seed;
@@ -301,7 +302,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.committedAt = uint40(block.timestamp);
         j.windowEnd = uint40(block.timestamp + _verificationWindow);
         _arm(j);
-        emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, j.sampleBlock);
+        emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, uint64(_sampleBlock(j)));
     }
 
     // --- anyone ---
@@ -311,13 +312,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _requireStatus(jobId, j, JobStatus.Committed);
         if (j.seed != bytes32(0)) revert SeedAlreadyFixed();
         // INVARIANT: the seed comes from a block mined after the commit.
-        if (block.number <= j.sampleBlock) revert SampleBlockNotReached(j.sampleBlock);
+        uint256 sb = _sampleBlock(j);
+        if (block.number <= sb) revert SampleBlockNotReached(uint64(sb));
         seed = _tryFixSeed(jobId, j);
         if (seed == bytes32(0)) {
             // Nobody fixed it while blockhash(sampleBlock) was readable: re-arm on a future block.
-            uint64 old = j.sampleBlock;
+            uint64 old = uint64(sb);
             _arm(j); // a fresh tree snapshot too: the old one may be gone (`SnapshotLost`)
-            emit SeedRearmed(jobId, old, j.sampleBlock);
+            emit SeedRearmed(jobId, old, uint64(_sampleBlock(j)));
         }
     }
 
@@ -395,7 +397,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // Seats are written only by the draw that fixes the seed: a drawn committee spares the
         // seed's cold read (an empty one falls through to it, and the seed is then set).
         if (words[0] == 0 && j.seed == bytes32(0)) {
-            if (block.number <= j.sampleBlock || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
+            if (block.number <= _sampleBlock(j) || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
         }
         uint256 i;
         uint256 e;
@@ -547,7 +549,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         v.finalStateHash = j.finalStateHash;
         v.segmentCount = j.segmentCount;
         v.stepsPerSegment = j.stepsPerSegment;
-        v.sampleBlock = j.sampleBlock;
+        v.sampleBlock = uint64(_sampleBlock(j));
         v.seed = j.seed;
         v.openDisputes = j.openDisputes;
         v.round = j.round;
@@ -579,8 +581,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function sampledSegments(uint256 jobId) external view returns (uint256[] memory) {
         JobRec storage j = _jobs[jobId];
         bytes32 seed = j.seed;
-        if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > j.sampleBlock) {
-            seed = blockhash(j.sampleBlock);
+        if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > _sampleBlock(j)) {
+            seed = blockhash(_sampleBlock(j));
         }
         if (seed == bytes32(0)) revert SeedNotFixed();
         if (_isReserved(j)) {
@@ -691,16 +693,23 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     /// @dev Seed block ahead, committee stake as of now (the registry's tree snapshot).
     function _arm(JobRec storage j) internal {
-        j.sampleBlock = uint40(block.number + _sampleLookahead);
         j.snapshotBlock = uint40(block.number);
         j.poolLen = uint32(_registry.snapshot());
     }
 
+    /// @dev The block whose hash seeds the sample: `_sampleLookahead` after the snapshot
+    ///      (`_arm` sets both); 0 while not armed.
+    function _sampleBlock(JobRec storage j) internal view returns (uint256) {
+        uint256 s = j.snapshotBlock;
+        return s == 0 ? 0 : s + _sampleLookahead;
+    }
+
     function _tryFixSeed(uint256 jobId, JobRec storage j) internal returns (bytes32 seed) {
-        seed = blockhash(j.sampleBlock);
+        uint256 sb = _sampleBlock(j);
+        seed = blockhash(sb);
         if (seed == bytes32(0)) return seed;
         j.seed = seed;
-        emit SeedFixed(jobId, j.sampleBlock, seed);
+        emit SeedFixed(jobId, uint64(sb), seed);
         // The committee: stake as of the commit block, drawn with a seed nobody knew then.
         address[] memory exclude = new address[](1);
         exclude[0] = j.solver;
@@ -920,7 +929,6 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.windowEnd = 0;
         j.traceRoot = bytes32(0);
         j.finalStateHash = bytes32(0);
-        j.sampleBlock = 0;
         j.seed = bytes32(0);
         j.snapshotBlock = 0;
         j.poolLen = 0;
