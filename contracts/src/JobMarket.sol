@@ -97,6 +97,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 stepsPerSegment;
         uint32 round; // number of claims so far
         uint32 openDisputes; // live disputes of the current round
+        // The current round's `RoundInfo.condemned`, in the word finalize and challenge read
+        // anyway (set with it by `_condemn`, cleared by `_reopen`).
+        bool condemned;
         // claimed
         address solver;
         uint40 deadline;
@@ -331,8 +334,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // INVARIANT: the bond is settled once, after every dispute of the round has ended.
         if (j.openDisputes != 0) revert DisputesOpen(j.openDisputes);
         uint32 round = j.round;
-        RoundInfo storage r = _rounds[jobId][round];
-        if (r.condemned) return _settleCondemned(jobId, j, round, r);
+        if (j.condemned) return _settleCondemned(jobId, j, round, _rounds[jobId][round]);
         (address[] memory seats, uint256 attested) = _seatsOf(jobId);
         uint256 atts;
         for (uint256 a = attested; a != 0; a &= a - 1) ++atts;
@@ -454,10 +456,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             emit ChallengerBarred(jobId, segment, challenger, round);
         } else if (verdict == Verdict.Invalid || verdict == Verdict.SolverTimedOut) {
             RoundInfo storage r = _rounds[jobId][round];
-            if (!r.condemned) {
-                r.condemned = true;
-                emit RoundCondemned(jobId, round);
-            }
+            _condemn(jobId, j, round, r);
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
@@ -489,7 +488,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         RoundInfo storage r = _rounds[jobId][round];
         if (op == 0 || op == 3) {
             // A request, or unasked evidence: never on a condemned round (only delay).
-            if (r.condemned) revert AlreadyCondemned(jobId, round);
+            if (j.condemned) revert AlreadyCondemned(jobId, round);
             // A pending request holds the round like a dispute.
             if (op == 0) {
                 j.openDisputes += 1;
@@ -498,10 +497,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         } else {
             j.openDisputes -= 1;
             if (op == 2) {
-                if (!r.condemned) {
-                    r.condemned = true;
-                    emit RoundCondemned(jobId, round);
-                }
+                _condemn(jobId, j, round, r);
                 if (_availWinner[jobId][round] == address(0)) _availWinner[jobId][round] = challenger;
             }
         }
@@ -871,7 +867,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // INVARIANT: a condemned round takes no new disputes: opened after the condemning
         // one, none could be paid, and chaining them (free: the solver has no reason to
         // answer) would hold the settlement off forever.
-        if (_rounds[jobId][j.round].condemned) revert AlreadyCondemned(jobId, j.round);
+        if (j.condemned) revert AlreadyCondemned(jobId, j.round);
     }
 
     function _checkLeaf(
@@ -918,6 +914,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
     }
 
+    function _condemn(uint256 jobId, JobRec storage j, uint32 round, RoundInfo storage r) internal {
+        if (r.condemned) return;
+        r.condemned = true;
+        j.condemned = true;
+        emit RoundCondemned(jobId, round);
+    }
+
     function _reopen(uint256 jobId, JobRec storage j) internal {
         address former = j.solver;
         uint32 round = j.round;
@@ -932,6 +935,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.seed = bytes32(0);
         j.snapshotBlock = 0;
         j.poolLen = 0;
+        j.condemned = false;
         // INVARIANT: a job reopens only with no live dispute (finalize / reclaim check it).
         emit JobReopened(jobId, former, round);
     }
