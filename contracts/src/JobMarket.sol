@@ -267,15 +267,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
         if (_isReserved(j) && _reservedSolver[jobId] != msg.sender) revert NotReservedSolver(jobId, msg.sender);
-        if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
         uint256 bond = j.reward * _bondFactorBps / BPS;
+        // INVARIANT: a claimed job is always backed by the solver's locked bond (its role
+        // checked and the bond locked in one registry call).
+        if (!_registry.lockIfSolver(msg.sender, bond)) revert NotRegisteredSolver(msg.sender);
         j.status = JobStatus.Claimed;
         j.solver = msg.sender;
         j.bond = uint96(bond);
         j.deadline = uint40(block.timestamp + j.solveDuration);
         j.round += 1;
-        // INVARIANT: a claimed job is always backed by the solver's locked bond.
-        if (bond != 0) _registry.lock(msg.sender, bond);
         emit JobClaimed(jobId, msg.sender, j.round, bond, j.deadline);
     }
 

@@ -199,7 +199,16 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     // --- market / dispute only ---
 
     function lock(address node, uint256 amount) external onlyAuthorized {
-        Rec storage n = _nodes[node];
+        _lock(node, _nodes[node], amount);
+    }
+
+    function lockIfSolver(address node, uint256 amount) external onlyAuthorized returns (bool) {
+        if (!_hasRole(node, SOLVER, minSolverStake)) return false;
+        if (amount != 0) _lock(node, _nodes[node], amount);
+        return true;
+    }
+
+    function _lock(address node, Rec storage n, uint256 amount) internal {
         if (n.freeStake < amount) revert InsufficientFreeStake(node, n.freeStake, amount);
         n.freeStake -= uint96(amount);
         n.lockedStake += uint96(amount);
