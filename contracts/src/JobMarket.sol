@@ -85,8 +85,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // posted
         JobStatus status;
         address submitter;
-        uint40 postedAt;
         uint32 sampleCount; // n (0 for a reserved job): in the posted word, no extra store
+        // In the status word: an attest then reads no other word for it, a claim writes it
+        // with the status.
+        uint32 round; // number of claims so far
         uint128 reward;
         uint128 verificationBudget;
         bytes32 specHash;
@@ -95,11 +97,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint64 solveDuration;
         uint32 segmentCount;
         uint32 stepsPerSegment;
-        uint32 round; // number of claims so far
         uint32 openDisputes; // live disputes of the current round
         // The current round's `RoundInfo.condemned`, in the word finalize and challenge read
         // anyway (set with it by `_condemn`, cleared by `_reopen`).
         bool condemned;
+        uint40 postedAt;
         // claimed
         address solver;
         uint40 deadline;
