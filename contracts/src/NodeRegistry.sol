@@ -462,8 +462,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
             x += uint128(c);
         }
         uint256 snap = uint64(ctx);
-        (uint256 slot, uint256 into) = _tree.find(uint64(ctx >> 64), snap, x);
-        uint256 e = ((x - into) << 128) | _tree.leafAt(slot, snap);
+        (uint256 slot, uint256 into, uint256 leaf) = _tree.find(uint64(ctx >> 64), snap, x);
+        uint256 e = ((x - into) << 128) | leaf;
         uint256 j = i;
         for (; j > 0 && cut[j - 1] > e; --j) {
             cut[j] = cut[j - 1];

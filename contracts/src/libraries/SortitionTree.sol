@@ -74,21 +74,15 @@ library SortitionTree {
         }
     }
 
-    /// @dev Slot `j`'s own weight as of `s` (its node less the nodes under it).
-    function leafAt(Tree storage t, uint256 j, uint256 s) internal view returns (uint256 v) {
-        v = at(t, j, s);
-        uint256 stop = j - (j & (~j + 1));
-        for (uint256 k = j - 1; k > stop; k -= k & (~k + 1)) {
-            v -= at(t, k, s);
-        }
-    }
-
     /// @dev The slot (1-based) holding point `x` < totalAt(len, s) as of `s` (the first slot
-    ///      whose prefix sum exceeds x), and x less the prefix sum before that slot.
+    ///      whose prefix sum exceeds x), x less the prefix sum before that slot, and the
+    ///      slot's own weight. The slot's node is the last the descent passes over, and the
+    ///      nodes it takes after it are exactly those under it: the weight is that node less
+    ///      them, with no read beyond the descent's own.
     function find(Tree storage t, uint256 len, uint256 s, uint256 x)
         internal
         view
-        returns (uint256 pos, uint256 into)
+        returns (uint256 pos, uint256 into, uint256 leaf)
     {
         uint256 step = 1;
         while (step << 1 <= len) step <<= 1;
@@ -99,8 +93,15 @@ library SortitionTree {
             if (v <= x) {
                 pos = k;
                 x -= v;
+                // Wraps before the first node passed over; reset there (a slot's own
+                // weight is at most its node's, so the final value is exact).
+                unchecked {
+                    leaf -= v;
+                }
+            } else {
+                leaf = v;
             }
         }
-        return (pos + 1, x);
+        return (pos + 1, x, leaf);
     }
 }
