@@ -405,12 +405,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
         uint256 i;
         uint256 e;
-        for (; i < MAX_COMMITTEE; ++i) {
+        for (; i < _attestorsPerJob; ++i) {
             e = _seat(words, i);
             if (e == 0 || address(uint160(e)) == msg.sender) break;
         }
         // INVARIANT: only the seed's stake-weighted committee attests, so sybils cannot crowd it.
-        if (e == 0 || i == MAX_COMMITTEE) revert NotInCommittee(msg.sender);
+        if (e == 0 || i == _attestorsPerJob) revert NotInCommittee(msg.sender);
         if (e & ATTESTED != 0) revert AlreadyAttested(msg.sender);
         uint256 bit = i * SEAT_BITS + 160;
         words[bit >> 8] |= uint256(1) << (bit & 255);
@@ -607,7 +607,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+        for (uint256 i; i < _attestorsPerJob; ++i) {
             uint256 e = _seat(words, i);
             if (e == 0) break;
             if (address(uint160(e)) == verifier) return e & ATTESTED != 0;
@@ -785,9 +785,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     /// @dev The current round's seats in seat order, and which attested (bit i: seat i).
     function _seatsOf(uint256 jobId) internal view returns (address[] memory seats, uint256 attested) {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        seats = new address[](MAX_COMMITTEE);
+        seats = new address[](_attestorsPerJob);
         uint256 m;
-        for (; m < MAX_COMMITTEE; ++m) {
+        for (; m < _attestorsPerJob; ++m) {
             uint256 e = _seat(words, m);
             if (e == 0) break;
             seats[m] = address(uint160(e));
@@ -813,6 +813,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     /// @dev Seat i of the bit stream (it may straddle two words); 0 past the last seat.
+    ///      Callers stop at `_attestorsPerJob` (a draw seats no more): probing the seat after
+    ///      a full committee would be a cold read of a word never written.
     function _seat(mapping(uint256 => uint256) storage words, uint256 i) internal view returns (uint256 e) {
         unchecked {
             uint256 bit = i * SEAT_BITS;
@@ -832,9 +834,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         returns (address[] memory out)
     {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        out = new address[](MAX_COMMITTEE);
+        out = new address[](_attestorsPerJob);
         uint256 m;
-        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+        for (uint256 i; i < _attestorsPerJob; ++i) {
             uint256 e = _seat(words, i);
             if (e == 0) break;
             if ((!attestedOnly || e & ATTESTED != 0) && (seatMask >> i) & 1 != 0) {
