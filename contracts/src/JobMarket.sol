@@ -346,8 +346,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             revert NoEvidence(uint32(atts), uint32(seats.length));
         }
         j.status = JobStatus.Finalized;
-        _escrowPlusOne -= j.reward + j.verificationBudget;
-        _credit(j.solver, j.reward);
+        // The whole escrow (reward + budget) becomes credits, split below: the totals' word
+        // moves once, the accounts by `_creditAccount`.
+        uint128 moved = j.reward + j.verificationBudget;
+        _escrowPlusOne -= moved;
+        _creditsTotalPlusOne += moved;
+        _creditAccount(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
         _closeSeats(jobId, seats, 0);
 
@@ -355,12 +359,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 count;
         for (uint256 i; i < seats.length; ++i) {
             if ((attested >> i) & 1 == 0) continue;
-            _credit(seats[i], per);
+            _creditAccount(seats[i], per);
             ++count;
         }
         uint256 paid = per * count;
         // Seats nobody filled or attested, and the division remainder, go back.
-        _credit(j.submitter, j.verificationBudget - paid);
+        _creditAccount(j.submitter, j.verificationBudget - paid);
         emit JobFinalized(jobId, j.solver, j.reward, count, per);
     }
 
@@ -681,11 +685,17 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function _credit(address account, uint256 amount) internal {
         if (amount == 0) return;
-        uint256 c = _creditsPlusOne[account];
-        _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
         uint256 total = _creditsTotalPlusOne + amount;
         if (total > type(uint128).max) revert AmountTooLarge(amount, type(uint128).max);
         _creditsTotalPlusOne = uint128(total);
+        _creditAccount(account, amount);
+    }
+
+    /// @dev `account`'s part of a credit whose total the caller has counted.
+    function _creditAccount(address account, uint256 amount) internal {
+        if (amount == 0) return;
+        uint256 c = _creditsPlusOne[account];
+        _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
         emit Credited(account, amount);
     }
 
