@@ -149,7 +149,8 @@ class LocalChain:
 
     def fill_dead_pool(self, n: int) -> None:
         """``n`` dead sortition-pool entries in two storage writes (NodeRegistry's
-        ``_pool`` length in slot 6 and ``_tree.meta`` in slot 8: size n, no snapshot yet):
+        ``_pool`` length in slot 6 and ``_poolSize`` in slot 1, beside the market's address
+        and the last snapshot block: size n, no snapshot yet):
         slots of weight 0, what the tree holds for addresses that staked the minimum
         once and unbonded, their addresses left 0 (a draw never reads the address of
         a slot it cannot land on). Only on a registry whose pool is empty, so every
@@ -157,8 +158,9 @@ class LocalChain:
         reg = self.reader.registry
         if int(reg.call("verifierCount")) != 0:
             raise ChainError("fill_dead_pool needs an empty pool")
-        for slot in (6, 8):
-            self.rpc("anvil_setStorageAt", reg.address, hex(slot), f"0x{n:064x}")
+        self.rpc("anvil_setStorageAt", reg.address, hex(6), f"0x{n:064x}")
+        market = int(reg.call("market"), 16)
+        self.rpc("anvil_setStorageAt", reg.address, hex(1), f"0x{market | n << 160:064x}")
         self.mine()
         if int(reg.call("verifierCount")) != n:
             raise ChainError("NodeRegistry's storage layout moved: update fill_dead_pool")

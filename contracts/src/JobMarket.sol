@@ -65,9 +65,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     ///      Cancelled; credited, not yet withdrawn): never zero, so the write after the last
     ///      job settled or the last credit was withdrawn rewrites a dirty word (2.9k gas)
     ///      instead of starting a fresh one (20k). `totalEscrow` / `totalCredits` return
-    ///      the real amounts.
-    uint256 internal _escrowPlusOne = 1;
-    uint256 internal _creditsTotalPlusOne = 1;
+    ///      the real amounts. One word for both: a finalize moves both (one cold read, one
+    ///      fresh write less); each stays below the tokens the market holds (< 2^128).
+    uint128 internal _escrowPlusOne = 1;
+    uint128 internal _creditsTotalPlusOne = 1;
     /// @dev Attestor slashes sent to BURN, ever (with the game's `totalBurned`: the burn
     ///      address's whole balance).
     uint256 public override totalBurned;
@@ -84,8 +85,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // posted
         JobStatus status;
         address submitter;
-        uint40 postedAt;
         uint32 sampleCount; // n (0 for a reserved job): in the posted word, no extra store
+        // In the status word: an attest then reads no other word for it, a claim writes it
+        // with the status.
+        uint32 round; // number of claims so far
         uint128 reward;
         uint128 verificationBudget;
         bytes32 specHash;
@@ -94,9 +97,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint64 solveDuration;
         uint32 segmentCount;
         uint32 stepsPerSegment;
-        uint32 round; // number of claims so far
         uint32 openDisputes; // live disputes of the current round
-        uint32 poolLen; // sortition pool length at commit
+        // The current round's `RoundInfo.condemned`, in the word finalize and challenge read
+        // anyway (set with it by `_condemn`, cleared by `_reopen`).
+        bool condemned;
+        uint40 postedAt;
         // claimed
         address solver;
         uint40 deadline;
@@ -104,8 +109,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // committed
         uint40 committedAt;
         uint40 windowEnd;
-        uint40 sampleBlock;
+        // The seed's block is snapshotBlock + _sampleLookahead (`_sampleBlock`), not stored:
+        // this word then has room for poolLen, so a commit writes no other word of the job.
         uint40 snapshotBlock; // commit block: the committee is drawn from stake as of then
+        uint32 poolLen; // sortition pool length at commit
         bytes32 traceRoot;
         bytes32 finalStateHash;
         bytes32 seed;
@@ -237,7 +244,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.stepsPerSegment = t.stepsPerSegment;
         j.initStateHash = t.initStateHash;
         uint256 escrow = t.reward + budget;
-        _escrowPlusOne += escrow;
+        _escrowPlusOne += uint128(escrow); // < 2^107 (checked above)
         _token.safeTransferFrom(msg.sender, address(this), escrow);
         emit JobPosted(jobId, msg.sender, t.specHash, t.datasetHash, t.reward, budget, t.solveDuration);
         emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
@@ -251,7 +258,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _requireStatus(jobId, j, JobStatus.Open);
         j.status = JobStatus.Cancelled;
         uint256 refund = j.reward + j.verificationBudget;
-        _escrowPlusOne -= refund;
+        _escrowPlusOne -= uint128(refund); // reward + budget, < 2^107
         _credit(j.submitter, refund);
         emit JobCancelled(jobId, refund);
     }
@@ -261,17 +268,16 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function claimJob(uint256 jobId) external nonReentrant {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
-        address reserved = _reservedSolver[jobId];
-        if (reserved != address(0) && reserved != msg.sender) revert NotReservedSolver(jobId, msg.sender);
-        if (!_registry.isSolver(msg.sender)) revert NotRegisteredSolver(msg.sender);
+        if (_isReserved(j) && _reservedSolver[jobId] != msg.sender) revert NotReservedSolver(jobId, msg.sender);
         uint256 bond = j.reward * _bondFactorBps / BPS;
+        // INVARIANT: a claimed job is always backed by the solver's locked bond (its role
+        // checked and the bond locked in one registry call).
+        if (!_registry.lockIfSolver(msg.sender, bond)) revert NotRegisteredSolver(msg.sender);
         j.status = JobStatus.Claimed;
         j.solver = msg.sender;
         j.bond = uint96(bond);
         j.deadline = uint40(block.timestamp + j.solveDuration);
         j.round += 1;
-        // INVARIANT: a claimed job is always backed by the solver's locked bond.
-        if (bond != 0) _registry.lock(msg.sender, bond);
         emit JobClaimed(jobId, msg.sender, j.round, bond, j.deadline);
     }
 
@@ -301,7 +307,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.committedAt = uint40(block.timestamp);
         j.windowEnd = uint40(block.timestamp + _verificationWindow);
         _arm(j);
-        emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, j.sampleBlock);
+        emit ResultCommitted(jobId, msg.sender, traceRoot, finalStateHash, segs, k, j.windowEnd, uint64(_sampleBlock(j)));
     }
 
     // --- anyone ---
@@ -311,13 +317,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         _requireStatus(jobId, j, JobStatus.Committed);
         if (j.seed != bytes32(0)) revert SeedAlreadyFixed();
         // INVARIANT: the seed comes from a block mined after the commit.
-        if (block.number <= j.sampleBlock) revert SampleBlockNotReached(j.sampleBlock);
+        uint256 sb = _sampleBlock(j);
+        if (block.number <= sb) revert SampleBlockNotReached(uint64(sb));
         seed = _tryFixSeed(jobId, j);
         if (seed == bytes32(0)) {
             // Nobody fixed it while blockhash(sampleBlock) was readable: re-arm on a future block.
-            uint64 old = j.sampleBlock;
+            uint64 old = uint64(sb);
             _arm(j); // a fresh tree snapshot too: the old one may be gone (`SnapshotLost`)
-            emit SeedRearmed(jobId, old, j.sampleBlock);
+            emit SeedRearmed(jobId, old, uint64(_sampleBlock(j)));
         }
     }
 
@@ -329,8 +336,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // INVARIANT: the bond is settled once, after every dispute of the round has ended.
         if (j.openDisputes != 0) revert DisputesOpen(j.openDisputes);
         uint32 round = j.round;
-        RoundInfo storage r = _rounds[jobId][round];
-        if (r.condemned) return _settleCondemned(jobId, j, round, r);
+        if (j.condemned) return _settleCondemned(jobId, j, round, _rounds[jobId][round]);
         (address[] memory seats, uint256 attested) = _seatsOf(jobId);
         uint256 atts;
         for (uint256 a = attested; a != 0; a &= a - 1) ++atts;
@@ -340,8 +346,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             revert NoEvidence(uint32(atts), uint32(seats.length));
         }
         j.status = JobStatus.Finalized;
-        _escrowPlusOne -= j.reward + j.verificationBudget;
-        _credit(j.solver, j.reward);
+        // The whole escrow (reward + budget) becomes credits, split below: the totals' word
+        // moves once, the accounts by `_creditAccount`.
+        uint128 moved = j.reward + j.verificationBudget;
+        _escrowPlusOne -= moved;
+        _creditsTotalPlusOne += moved;
+        _creditAccount(j.solver, j.reward);
         if (j.bond != 0) _registry.unlock(j.solver, j.bond);
         _closeSeats(jobId, seats, 0);
 
@@ -349,12 +359,12 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint32 count;
         for (uint256 i; i < seats.length; ++i) {
             if ((attested >> i) & 1 == 0) continue;
-            _credit(seats[i], per);
+            _creditAccount(seats[i], per);
             ++count;
         }
         uint256 paid = per * count;
         // Seats nobody filled or attested, and the division remainder, go back.
-        _credit(j.submitter, j.verificationBudget - paid);
+        _creditAccount(j.submitter, j.verificationBudget - paid);
         emit JobFinalized(jobId, j.solver, j.reward, count, per);
     }
 
@@ -379,7 +389,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         if (c <= 1) revert NothingToWithdraw();
         amount = c - 1;
         _creditsPlusOne[msg.sender] = 1;
-        _creditsTotalPlusOne -= amount;
+        _creditsTotalPlusOne -= uint128(amount); // <= the total
         _token.safeTransfer(msg.sender, amount);
         emit Withdrawn(msg.sender, amount);
     }
@@ -390,19 +400,21 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
-        if (j.seed == bytes32(0)) {
-            if (block.number <= j.sampleBlock || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
-        }
         uint32 round = j.round;
         mapping(uint256 => uint256) storage words = _seats[jobId][round];
+        // Seats are written only by the draw that fixes the seed: a drawn committee spares the
+        // seed's cold read (an empty one falls through to it, and the seed is then set).
+        if (words[0] == 0 && j.seed == bytes32(0)) {
+            if (block.number <= _sampleBlock(j) || _tryFixSeed(jobId, j) == bytes32(0)) revert SeedNotFixed();
+        }
         uint256 i;
         uint256 e;
-        for (; i < MAX_COMMITTEE; ++i) {
+        for (; i < _attestorsPerJob; ++i) {
             e = _seat(words, i);
             if (e == 0 || address(uint160(e)) == msg.sender) break;
         }
         // INVARIANT: only the seed's stake-weighted committee attests, so sybils cannot crowd it.
-        if (e == 0 || i == MAX_COMMITTEE) revert NotInCommittee(msg.sender);
+        if (e == 0 || i == _attestorsPerJob) revert NotInCommittee(msg.sender);
         if (e & ATTESTED != 0) revert AlreadyAttested(msg.sender);
         uint256 bit = i * SEAT_BITS + 160;
         words[bit >> 8] |= uint256(1) << (bit & 255);
@@ -450,14 +462,11 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
             emit ChallengerBarred(jobId, segment, challenger, round);
         } else if (verdict == Verdict.Invalid || verdict == Verdict.SolverTimedOut) {
             RoundInfo storage r = _rounds[jobId][round];
-            if (!r.condemned) {
-                r.condemned = true;
-                emit RoundCondemned(jobId, round);
-            }
+            _condemn(jobId, j, round, r);
             if (r.firstWinner == 0 || disputeId < r.firstWinner) r.firstWinner = uint64(disputeId);
             if (verdict == Verdict.Invalid) {
                 r.juryWins += 1;
-                uint256 at = j.seed == 0 ? SegmentSampler.ABSENT : _sampleIndexOf(jobId, j, segment);
+                uint256 at = j.seed == 0 ? SegmentSampler.ABSENT : _sampleIndexOf(j, segment);
                 if (at != SegmentSampler.ABSENT) {
                     r.sampledInvalid = true;
                     // INVARIANT: an attestor answers for its own share of the sample only
@@ -485,7 +494,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         RoundInfo storage r = _rounds[jobId][round];
         if (op == 0 || op == 3) {
             // A request, or unasked evidence: never on a condemned round (only delay).
-            if (r.condemned) revert AlreadyCondemned(jobId, round);
+            if (j.condemned) revert AlreadyCondemned(jobId, round);
             // A pending request holds the round like a dispute.
             if (op == 0) {
                 j.openDisputes += 1;
@@ -494,10 +503,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         } else {
             j.openDisputes -= 1;
             if (op == 2) {
-                if (!r.condemned) {
-                    r.condemned = true;
-                    emit RoundCondemned(jobId, round);
-                }
+                _condemn(jobId, j, round, r);
                 if (_availWinner[jobId][round] == address(0)) _availWinner[jobId][round] = challenger;
             }
         }
@@ -545,7 +551,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         v.finalStateHash = j.finalStateHash;
         v.segmentCount = j.segmentCount;
         v.stepsPerSegment = j.stepsPerSegment;
-        v.sampleBlock = j.sampleBlock;
+        v.sampleBlock = uint64(_sampleBlock(j));
         v.seed = j.seed;
         v.openDisputes = j.openDisputes;
         v.round = j.round;
@@ -577,19 +583,19 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function sampledSegments(uint256 jobId) external view returns (uint256[] memory) {
         JobRec storage j = _jobs[jobId];
         bytes32 seed = j.seed;
-        if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > j.sampleBlock) {
-            seed = blockhash(j.sampleBlock);
+        if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > _sampleBlock(j)) {
+            seed = blockhash(_sampleBlock(j));
         }
         if (seed == bytes32(0)) revert SeedNotFixed();
-        if (_reservedSolver[jobId] != address(0)) {
+        if (_isReserved(j)) {
             return SegmentSampler.sampleWithFinal(seed, j.segmentCount, _reservedSampleCount);
         }
         return SegmentSampler.sample(seed, j.segmentCount, j.sampleCount);
     }
 
     /// @dev `segment`'s position in the job's sample (`sampledSegments`), or ABSENT.
-    function _sampleIndexOf(uint256 jobId, JobRec storage j, uint256 segment) internal view returns (uint256) {
-        if (_reservedSolver[jobId] != address(0)) {
+    function _sampleIndexOf(JobRec storage j, uint256 segment) internal view returns (uint256) {
+        if (_isReserved(j)) {
             return SegmentSampler.indexOfWithFinal(j.seed, j.segmentCount, _reservedSampleCount, segment);
         }
         return SegmentSampler.indexOf(j.seed, j.segmentCount, j.sampleCount, segment);
@@ -605,7 +611,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+        for (uint256 i; i < _attestorsPerJob; ++i) {
             uint256 e = _seat(words, i);
             if (e == 0) break;
             if (address(uint160(e)) == verifier) return e & ATTESTED != 0;
@@ -664,7 +670,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     /// @dev A reserved job settles only through its submitter (who attributes the credits).
     function _onlySubmitterIfReserved(uint256 jobId, JobRec storage j) internal view {
-        if (_reservedSolver[jobId] != address(0) && msg.sender != j.submitter) revert OnlySubmitter(jobId, msg.sender);
+        if (_isReserved(j) && msg.sender != j.submitter) revert OnlySubmitter(jobId, msg.sender);
+    }
+
+    /// @dev Posted reserved: only such a job has no sample count (`_post`; the constructor
+    ///      bars a zero `sampleCount`), so the job's first word tells, not a cold mapping read.
+    function _isReserved(JobRec storage j) internal view returns (bool) {
+        return j.sampleCount == 0;
     }
 
     function _requireStatus(uint256 jobId, JobRec storage j, JobStatus s) internal view {
@@ -673,24 +685,39 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     function _credit(address account, uint256 amount) internal {
         if (amount == 0) return;
+        uint256 total = _creditsTotalPlusOne + amount;
+        if (total > type(uint128).max) revert AmountTooLarge(amount, type(uint128).max);
+        _creditsTotalPlusOne = uint128(total);
+        _creditAccount(account, amount);
+    }
+
+    /// @dev `account`'s part of a credit whose total the caller has counted.
+    function _creditAccount(address account, uint256 amount) internal {
+        if (amount == 0) return;
         uint256 c = _creditsPlusOne[account];
         _creditsPlusOne[account] = (c == 0 ? 1 : c) + amount;
-        _creditsTotalPlusOne += amount;
         emit Credited(account, amount);
     }
 
     /// @dev Seed block ahead, committee stake as of now (the registry's tree snapshot).
     function _arm(JobRec storage j) internal {
-        j.sampleBlock = uint40(block.number + _sampleLookahead);
         j.snapshotBlock = uint40(block.number);
         j.poolLen = uint32(_registry.snapshot());
     }
 
+    /// @dev The block whose hash seeds the sample: `_sampleLookahead` after the snapshot
+    ///      (`_arm` sets both); 0 while not armed.
+    function _sampleBlock(JobRec storage j) internal view returns (uint256) {
+        uint256 s = j.snapshotBlock;
+        return s == 0 ? 0 : s + _sampleLookahead;
+    }
+
     function _tryFixSeed(uint256 jobId, JobRec storage j) internal returns (bytes32 seed) {
-        seed = blockhash(j.sampleBlock);
+        uint256 sb = _sampleBlock(j);
+        seed = blockhash(sb);
         if (seed == bytes32(0)) return seed;
         j.seed = seed;
-        emit SeedFixed(jobId, j.sampleBlock, seed);
+        emit SeedFixed(jobId, uint64(sb), seed);
         // The committee: stake as of the commit block, drawn with a seed nobody knew then.
         address[] memory exclude = new address[](1);
         exclude[0] = j.solver;
@@ -768,9 +795,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     /// @dev The current round's seats in seat order, and which attested (bit i: seat i).
     function _seatsOf(uint256 jobId) internal view returns (address[] memory seats, uint256 attested) {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        seats = new address[](MAX_COMMITTEE);
+        seats = new address[](_attestorsPerJob);
         uint256 m;
-        for (; m < MAX_COMMITTEE; ++m) {
+        for (; m < _attestorsPerJob; ++m) {
             uint256 e = _seat(words, m);
             if (e == 0) break;
             seats[m] = address(uint160(e));
@@ -796,6 +823,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     /// @dev Seat i of the bit stream (it may straddle two words); 0 past the last seat.
+    ///      Callers stop at `_attestorsPerJob` (a draw seats no more): probing the seat after
+    ///      a full committee would be a cold read of a word never written.
     function _seat(mapping(uint256 => uint256) storage words, uint256 i) internal view returns (uint256 e) {
         unchecked {
             uint256 bit = i * SEAT_BITS;
@@ -815,9 +844,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         returns (address[] memory out)
     {
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
-        out = new address[](MAX_COMMITTEE);
+        out = new address[](_attestorsPerJob);
         uint256 m;
-        for (uint256 i; i < MAX_COMMITTEE; ++i) {
+        for (uint256 i; i < _attestorsPerJob; ++i) {
             uint256 e = _seat(words, i);
             if (e == 0) break;
             if ((!attestedOnly || e & ATTESTED != 0) && (seatMask >> i) & 1 != 0) {
@@ -852,7 +881,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // INVARIANT: a condemned round takes no new disputes: opened after the condemning
         // one, none could be paid, and chaining them (free: the solver has no reason to
         // answer) would hold the settlement off forever.
-        if (_rounds[jobId][j.round].condemned) revert AlreadyCondemned(jobId, j.round);
+        if (j.condemned) revert AlreadyCondemned(jobId, j.round);
     }
 
     function _checkLeaf(
@@ -899,6 +928,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
     }
 
+    function _condemn(uint256 jobId, JobRec storage j, uint32 round, RoundInfo storage r) internal {
+        if (r.condemned) return;
+        r.condemned = true;
+        j.condemned = true;
+        emit RoundCondemned(jobId, round);
+    }
+
     function _reopen(uint256 jobId, JobRec storage j) internal {
         address former = j.solver;
         uint32 round = j.round;
@@ -910,10 +946,10 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.windowEnd = 0;
         j.traceRoot = bytes32(0);
         j.finalStateHash = bytes32(0);
-        j.sampleBlock = 0;
         j.seed = bytes32(0);
         j.snapshotBlock = 0;
         j.poolLen = 0;
+        j.condemned = false;
         // INVARIANT: a job reopens only with no live dispute (finalize / reclaim check it).
         emit JobReopened(jobId, former, round);
     }

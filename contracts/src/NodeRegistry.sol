@@ -34,6 +34,11 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     uint256 internal constant MAX_DELAY = 10 * 365 days;
 
     address public override market;
+    /// @dev The sortition tree's size (= `_pool.length`) and the block of its latest
+    ///      snapshot, in the market's word: the snapshot, a draw and a verifier's weight move
+    ///      all read that word already (the authorization check), so no second cold read.
+    uint32 internal _poolSize;
+    uint64 internal _lastSnap;
     address public override dispute;
     address public override outerJury;
 
@@ -194,7 +199,16 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     // --- market / dispute only ---
 
     function lock(address node, uint256 amount) external onlyAuthorized {
-        Rec storage n = _nodes[node];
+        _lock(node, _nodes[node], amount);
+    }
+
+    function lockIfSolver(address node, uint256 amount) external onlyAuthorized returns (bool) {
+        if (!_hasRole(node, SOLVER, minSolverStake)) return false;
+        if (amount != 0) _lock(node, _nodes[node], amount);
+        return true;
+    }
+
+    function _lock(address node, Rec storage n, uint256 amount) internal {
         if (n.freeStake < amount) revert InsufficientFreeStake(node, n.freeStake, amount);
         n.freeStake -= uint96(amount);
         n.lockedStake += uint96(amount);
@@ -278,7 +292,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     /// @inheritdoc INodeRegistry
     function snapshot() external onlySlasher returns (uint256 poolLen) {
-        return _tree.snapshot();
+        _lastSnap = uint64(block.number);
+        return _poolSize;
     }
 
     function closeSeats(address[] calldata nodes, uint256 amount, uint256 slashMask, address to)
@@ -378,7 +393,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
 
     /// @inheritdoc INodeRegistry
     function weightsAt(uint256 poolLen, uint256 snapshotBlock) external view returns (uint256[] memory w) {
-        if (poolLen > _pool.length) poolLen = _pool.length;
+        if (poolLen > _poolSize) poolLen = _poolSize;
         w = new uint256[](poolLen);
         uint256 prev;
         for (uint256 j = 1; j <= poolLen; ++j) {
@@ -403,7 +418,7 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         address[] calldata exclude,
         uint256 seatLock
     ) internal view returns (address[] memory picked) {
-        if (poolLen > _pool.length) poolLen = _pool.length;
+        if (poolLen > _poolSize) poolLen = _poolSize;
         if (snapshotBlock > type(uint32).max) snapshotBlock = type(uint32).max; // the tree's tags
         picked = new address[](want < poolLen ? want : poolLen);
         // INVARIANT: the tree is read as of the snapshot, so no move after it shifts
@@ -447,8 +462,8 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
             x += uint128(c);
         }
         uint256 snap = uint64(ctx);
-        (uint256 slot, uint256 into) = _tree.find(uint64(ctx >> 64), snap, x);
-        uint256 e = ((x - into) << 128) | _tree.leafAt(slot, snap);
+        (uint256 slot, uint256 into, uint256 leaf) = _tree.find(uint64(ctx >> 64), snap, x);
+        uint256 e = ((x - into) << 128) | leaf;
         uint256 j = i;
         for (; j > 0 && cut[j - 1] > e; --j) {
             cut[j] = cut[j - 1];
@@ -498,10 +513,13 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
         if (w == old) return;
         n.weight = uint64(w);
         if (n.slot == 0) {
-            n.slot = uint32(_tree.append(w));
+            uint32 j = _poolSize + 1;
+            _poolSize = j;
+            n.slot = j;
+            _tree.append(j, w);
             _pool.push(node);
         } else {
-            _tree.update(n.slot, old, w);
+            _tree.update(n.slot, _poolSize, _lastSnap, old, w);
         }
     }
 

@@ -97,6 +97,9 @@ interface INodeRegistry {
 
     /// @notice free -> locked (a bond). Reverts `InsufficientFreeStake`.
     function lock(address node, uint256 amount) external;
+    /// @notice `isSolver(node)`, and if so `lock(node, amount)` (none for 0): a claim's check
+    ///         and bond in one call. False, nothing locked, when not a solver.
+    function lockIfSolver(address node, uint256 amount) external returns (bool);
 
     /// @notice locked -> free. Reverts `InsufficientLockedStake`.
     function unlock(address node, uint256 amount) external;

@@ -16,27 +16,18 @@ pragma solidity ^0.8.24;
 library SortitionTree {
     error SnapshotLost(uint256 snapshotBlock);
 
+    /// @dev The tree's size and the block of its latest snapshot are the caller's to keep
+    ///      (passed in): it packs them into a word it reads anyway (NodeRegistry: beside the
+    ///      market's address, which every authorized call reads).
     struct Tree {
         mapping(uint256 => uint256) node;
-        // size | lastSnap << 128: one word, read by every write and by `snapshot`
-        uint256 meta;
     }
 
     uint256 private constant V = (1 << 53) - 1;
     uint256 private constant B = (1 << 32) - 1;
 
-    /// @dev Record that a draw will read the tree as of this block; returns its size.
-    function snapshot(Tree storage t) internal returns (uint256) {
-        uint256 m = t.meta;
-        t.meta = uint128(m) | (block.number << 128);
-        return uint128(m);
-    }
-
-    /// @dev Add slot size + 1 with weight `w`; returns the slot.
-    function append(Tree storage t, uint256 w) internal returns (uint256 j) {
-        uint256 m = t.meta;
-        j = uint128(m) + 1;
-        t.meta = ((m >> 128) << 128) | j;
+    /// @dev Add slot `j` (the tree's size + 1; the caller counts it) with weight `w`.
+    function append(Tree storage t, uint256 j, uint256 w) internal {
         // A Fenwick node j sums slots (j - lowbit(j), j]: w plus the nodes below it.
         uint256 s = w;
         uint256 stop = j - (j & (~j + 1));
@@ -47,11 +38,9 @@ library SortitionTree {
         t.node[j] = s | (block.number << 159);
     }
 
-    /// @dev Slot `j`'s weight goes from `from` to `to`.
-    function update(Tree storage t, uint256 j, uint256 from, uint256 to) internal {
-        uint256 m = t.meta;
-        uint256 n = uint128(m);
-        uint256 snap = m >> 128;
+    /// @dev Slot `j`'s weight goes from `from` to `to`, in a tree of `n` slots whose latest
+    ///      snapshot was taken at block `snap`.
+    function update(Tree storage t, uint256 j, uint256 n, uint256 snap, uint256 from, uint256 to) internal {
         for (; j <= n; j += j & (~j + 1)) {
             uint256 w = t.node[j];
             uint256 v = (w & V) + to - from;
@@ -85,21 +74,15 @@ library SortitionTree {
         }
     }
 
-    /// @dev Slot `j`'s own weight as of `s` (its node less the nodes under it).
-    function leafAt(Tree storage t, uint256 j, uint256 s) internal view returns (uint256 v) {
-        v = at(t, j, s);
-        uint256 stop = j - (j & (~j + 1));
-        for (uint256 k = j - 1; k > stop; k -= k & (~k + 1)) {
-            v -= at(t, k, s);
-        }
-    }
-
     /// @dev The slot (1-based) holding point `x` < totalAt(len, s) as of `s` (the first slot
-    ///      whose prefix sum exceeds x), and x less the prefix sum before that slot.
+    ///      whose prefix sum exceeds x), x less the prefix sum before that slot, and the
+    ///      slot's own weight. The slot's node is the last the descent passes over, and the
+    ///      nodes it takes after it are exactly those under it: the weight is that node less
+    ///      them, with no read beyond the descent's own.
     function find(Tree storage t, uint256 len, uint256 s, uint256 x)
         internal
         view
-        returns (uint256 pos, uint256 into)
+        returns (uint256 pos, uint256 into, uint256 leaf)
     {
         uint256 step = 1;
         while (step << 1 <= len) step <<= 1;
@@ -110,8 +93,15 @@ library SortitionTree {
             if (v <= x) {
                 pos = k;
                 x -= v;
+                // Wraps before the first node passed over; reset there (a slot's own
+                // weight is at most its node's, so the final value is exact).
+                unchecked {
+                    leaf -= v;
+                }
+            } else {
+                leaf = v;
             }
         }
-        return (pos + 1, x);
+        return (pos + 1, x, leaf);
     }
 }
