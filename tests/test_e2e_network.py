@@ -144,12 +144,18 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
                                   id=int(challenged.args["disputeId"]))
         assert resolved.args["verdict"] == VALID
         net.wait_job(job, {3}, 120)
+        # The solver's daemon claims its delay compensation once the round is paid.
+        settled = net.wait_event("DelayCompensationSettled", 120, contract="DisputeGame",
+                                 jobId=job)
+        held = net.wait_event("DelayCompensationHeld", 5, contract="DisputeGame", jobId=job)
         time.sleep(3)
         gained = net.holdings(net.address(HONEST)) - solver_before
         reward = net.c.market.get_job(job).reward
-        # The reward, and nothing of the challenger's bond: a losing challenger's bond
-        # never reaches the solver (its jurors' share, the rest burned).
-        assert gained == reward
+        # The reward, plus the half of the losing challenger's bond (after its jurors'
+        # share) held for the delayed solver; the other half is burned.
+        assert settled.args["solver"] == net.address(HONEST)
+        assert settled.args["paid"] == held.args["amount"] > 0
+        assert gained == reward + settled.args["paid"]
         assert net.holdings(net.address(V1)) < bad_before
         assert net.c.dispute.total_burned() > 0
         assert net.conserved()
