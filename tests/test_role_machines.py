@@ -638,3 +638,31 @@ def test_submitter_serving_ends_with_what_another_party_settled(chain: LocalChai
 
     trio.run(main)
     assert out == {"gained": budget, "credits": 0}, out
+
+
+def test_verifier_events_are_read_by_their_contract(chain: LocalChain, tmp_path: Path) -> None:
+    """OuterJury's JuryDrawn names a caseId, DisputeGame's an id: the one verifier handler
+    sees both (one chain view), and an outer jury that seats this verifier once ended its
+    daemon with a KeyError. Each event is read by the contract that emitted it."""
+    from node.chain.events import ChainEvent  # noqa: PLC0415
+    from node.roles.runtime import Runtime  # noqa: PLC0415
+    from verifier.daemon import Verifier  # noqa: PLC0415
+
+    me = 4
+    settings = node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN)
+    addr = chain.addresses[me]
+
+    def event(contract: str, name: str, **args: Any) -> ChainEvent:
+        return ChainEvent(contract, name, args, 1, "0x" + "00" * 32, 0, "0x" + "11" * 20)
+
+    async def main() -> dict[int, vm.VerifierDispute]:
+        async with Runtime(settings, "verifier") as rt:
+            v = Verifier(rt)
+            v._on_event(event("OuterJury", "JuryDrawn", caseId=7, jury=[addr],
+                              commitEnd=1, revealEnd=2))
+            v._on_event(event("DisputeGame", "JuryDrawn", id=3, jurySeed=b"\0" * 32,
+                              jury=[addr], commitEnd=1, revealEnd=2))
+            return dict(v.state.data.disputes)
+
+    disputes = trio.run(main)
+    assert list(disputes) == [3] and disputes[3].role == vm.Role.JUROR

@@ -109,6 +109,9 @@ class Verifier:
                 # afresh only if it is a new round (a replayed event keeps the verdicts).
                 st.jobs.setdefault(jid, VerifierJob()).seen_commit = True
                 self._settled.discard(jid)
+            elif ev.contract != "DisputeGame":
+                # OuterJury's JuryDrawn names a caseId: its cases are CollabFollower's.
+                return
             elif ev.event == "DisputeOpened" and str(ev.args["challenger"]).lower() == me:
                 st.disputes.setdefault(int(ev.args["id"]), VerifierDispute(
                     role=Role.CHALLENGER, job=int(ev.args["jobId"])))
