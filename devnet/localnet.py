@@ -236,10 +236,12 @@ class LocalNet:
                           f"logs in {self.home}/logs")
 
     def wait_event(self, name: str, timeout: float, contract: str | None = None,
-                   **match: Any) -> ChainEvent:
+                   on_tick: Any = None, **match: Any) -> ChainEvent:
         """The first event ``name`` (of ``contract``, if given) whose args match."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
+            if on_tick is not None:
+                on_tick()
             for ev in self.events():
                 if ev.event == name and contract in (None, ev.contract) \
                         and all(_same(ev.args.get(k), v) for k, v in match.items()):

@@ -1,16 +1,21 @@
 """`polnet demo`: a whole network on one machine, run to settlement.
 
 A devnet; three verifiers; a cheating solver (lazy fraction) that takes an LM
-job on bundled text; an honest solver that takes a CNN job on digits. The
-verifiers replay sampled segments, catch the cheat, bisect it to one step, and
-the jury's verdict slashes the cheater; the LM job reopens and the honest
-solver finishes it too. Every node is its own OS process (see
-``devnet.localnet``); this process starts them and narrates the chain.
+job on bundled text; a withholding solver ("dark": commits a root, trains and
+serves nothing) that takes an MLP job on digits; an honest solver that takes a
+CNN job on digits. The verifiers replay sampled segments, catch the cheat,
+bisect it to one step, and the jury's verdict slashes the cheater; the
+committee member that cannot fetch the dark solver's data names a segment in an
+availability request, which expires unanswered and condemns that round without
+anyone replaying a step. Both jobs reopen and the honest solver finishes them.
+Every node is its own OS process (see ``devnet.localnet``); this process starts
+them and narrates the chain.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -23,13 +28,13 @@ from devnet.localnet import REPO, TOKEN, LocalNet
 from node.event_text import field_text
 
 # dev account indices
-SUBMITTER, HONEST, CHEATER, VERIFIERS = 1, 2, 3, (4, 5, 6)
+SUBMITTER, HONEST, CHEATER, VERIFIERS, DARK = 1, 2, 3, (4, 5, 6), 7
 NARRATED = {"JobPosted", "JobClaimed", "ResultCommitted", "SeedFixed", "CommitteeDrawn",
             "Attested", "Challenged", "MidsPosted", "RangeNarrowed", "JuryRequested",
             "JuryDrawn", "VoteRevealed", "TimedOut", "DisputeResolved", "RoundCondemned",
             "RoundSettled", "RewardPaid", "Burned", "JobReopened", "JobFinalized",
             "AttestorSlashed", "AttestorSlashesBurned", "Slashed", "JurorSlashed",
-            "JobReclaimed"}
+            "JobReclaimed", "Requested", "Answered", "Expired"}
 # CollabMarket events whose jobId is the collaborative job's, not a market job's.
 _COLLAB_EVENTS = frozenset({"CollabPosted", "SlotClaimed", "SlotReleased", "RoundStarted",
                             "RoundSettled", "RoundRetried", "OuterPosted", "OuterChallenged",
@@ -38,7 +43,7 @@ _COLLAB_EVENTS = frozenset({"CollabPosted", "SlotClaimed", "SlotReleased", "Roun
 GOOD = {"JobFinalized", "SubJobAccepted", "OuterAccepted", "CollabFinished"}
 ALARM = {"SubJobDropped", "OuterChallenged", "CollabFailed",
          "Challenged", "Slashed", "JobReopened", "JurorSlashed", "AttestorSlashed", "TimedOut",
-         "RoundCondemned", "Burned", "AttestorSlashesBurned"}
+         "RoundCondemned", "Burned", "AttestorSlashesBurned", "Requested", "Expired"}
 
 
 def demo_params() -> Any:
@@ -127,27 +132,47 @@ def run_demo(home: Path, timeout: float = 900.0) -> int:
         con.print(f"devnet up at {dep.rpc_url}: " +
                   ", ".join(f"{k} {v[:10]}…" for k, v in dep.contracts.items()))
         names = {net.address(SUBMITTER): "submitter", net.address(HONEST): "solver-honest",
-                 net.address(CHEATER): "solver-cheat",
+                 net.address(CHEATER): "solver-cheat", net.address(DARK): "solver-dark",
                  **{net.address(v): f"verifier-{i + 1}" for i, v in enumerate(VERIFIERS)}}
         narrate = Narrator(net, names, con)
         before = {n: net.holdings(a) for a, n in names.items()}
         inputs = pack_inputs(home / "data")
         for i, v in enumerate(VERIFIERS, start=1):
             net.start_verifier(f"verifier-{i}", v)
-        # The cheater starts first and takes the LM job; the honest solver takes the CNN
-        # job, and the LM job again once the cheater is slashed and it reopens.
+        # The cheater starts first and takes the LM job, the dark solver the MLP job, the
+        # honest solver the CNN job (one job at a time each, until it is paid or condemned);
+        # the honest one takes the other two as they reopen.
         net.start_solver("solver-cheat", CHEATER, "lazy:0.5")
         con.print("3 verifiers and a cheating solver ([red]lazy:0.5[/]) are up")
         lm_job = net.submit("submitter-1", SUBMITTER, inputs["lm"], inputs["text"])
         net.wait_job(lm_job, {1, 2, 3}, 180, narrate)
+        net.start_solver("solver-dark", DARK, "dark")
+        con.print("a withholding solver ([red]dark[/]: commits a root, serves nothing) is up")
+        mlp_job = net.submit("submitter-2", SUBMITTER, inputs["mlp"], inputs["digits"])
+        net.wait_job(mlp_job, {1, 2, 3}, 180, narrate)
         net.start_solver("solver-honest", HONEST)
         con.print("an honest solver is up")
-        cnn_job = net.submit("submitter-2", SUBMITTER, inputs["cnn"], inputs["digits"])
+        cnn_job = net.submit("submitter-3", SUBMITTER, inputs["cnn"], inputs["digits"])
         net.wait_job(cnn_job, {1, 2, 3}, 180, narrate)
         ok = True
         try:
-            for job in (cnn_job, lm_job):
+            # Condemned by evidence it could not give: it has lost its bond and leaves
+            # (left running it would claim the reopened job again, and lose again).
+            net.wait_event("Expired", timeout, contract="Availability", on_tick=narrate,
+                           jobId=mlp_job)
+            net.wait_event("RoundSettled", 300, contract="JobMarket", on_tick=narrate,
+                           jobId=mlp_job)
+            net.kill("solver-dark", signal.SIGTERM)
+            con.print("the withholding solver, condemned without a replayed step, leaves")
+            for job in (cnn_job, mlp_job, lm_job):
                 net.wait_job(job, {3}, timeout, narrate)
+            first = settled_at(net, mlp_job)
+            replayed = [e for e in net.events() if e.event in ("Challenged", "Attested")
+                        and e.args.get("jobId") == mlp_job and e.block_number <= first]
+            if replayed:
+                con.print(f"[red]the withholding solver's round saw {len(replayed)} "
+                          "replay-backed moves")
+                ok = False
         except Exception as exc:  # report, then still print balances
             con.print(f"[red]{exc}")
             ok = False
@@ -159,6 +184,13 @@ def run_demo(home: Path, timeout: float = 900.0) -> int:
     con.print("contracts' token balance equals what they owe: " +
               ("[green]every token accounted for" if conserved else "[red]MISMATCH"))
     return 0 if ok and paid and conserved else 1
+
+
+def settled_at(net: LocalNet, job: int) -> int:
+    """The block of the job's first round settlement (the withholder's)."""
+    return min(e.block_number for e in net.events()
+               if e.event == "RoundSettled" and e.contract == "JobMarket"
+               and e.args.get("jobId") == job)
 
 
 def holdings_table(before: dict[str, int], after: dict[str, int]) -> Table:
@@ -175,7 +207,9 @@ def holdings_table(before: dict[str, int], after: dict[str, int]) -> Table:
 def print_balances(before: dict[str, int], after: dict[str, int], con: Console) -> bool:
     con.print(holdings_table(before, after))
     ok = after["solver-honest"] > before["solver-honest"] and \
-        after["solver-cheat"] < before["solver-cheat"]
-    con.print("[green]the honest solver was paid and the cheater slashed" if ok else
+        after["solver-cheat"] < before["solver-cheat"] and \
+        after["solver-dark"] < before["solver-dark"]
+    con.print("[green]the honest solver was paid, the cheater slashed and the withholder's "
+              "bond split" if ok else
               "[red]settlement did not come out as expected")
     return ok

@@ -28,8 +28,9 @@ def demo(
              "seed), as DiLoCo starts from a pretrained model; the spec names the file "
              f"(default {DEFAULT_WARM_START}; 0: from the seeded initial weights)."),
 ) -> None:
-    """Start a devnet, 3 verifiers, an honest and a cheating solver and a submitter; post
-    two jobs (CNN on digits, LM on text) and run them to settlement. With --collab: one
+    """Start a devnet, 3 verifiers, an honest, a cheating and a withholding solver and a
+    submitter; post three jobs (LM on text, MLP and CNN on digits) and run them to
+    settlement: the cheater is caught by replay, the withholder without one. With --collab: one
     collaborative job trained by 4 workers, its byzantine worker slashed and excluded."""
     if warm_start is not None and not collab:
         raise typer.BadParameter("--warm-start applies to --collab only", param_hint="--warm-start")
