@@ -44,7 +44,7 @@ PASSES_PER_HOUR = 3600 / 0.5
 
 
 def old_pass(c: ChainClient, watcher: EventWatcher, jobs: list[int]) -> None:
-    """The reads of the verifier's pass before the chain view (verifier/daemon.py)."""
+    """The reads of the verifier's pass before the chain view (node/roles/verifier.py)."""
     watcher.poll()
     c.timestamp()
     for jid in jobs:

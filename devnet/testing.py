@@ -40,8 +40,6 @@ if TYPE_CHECKING:
     from libp2p.crypto.keys import KeyPair
 
     from node.p2p import PolnetNode
-    from node.roles.runtime import Runtime
-    from node.roles.solver import Solver
 
 TOKEN = 10**18
 FAKE_INIT = keccak(b"state0")  # S_0 of every fake trace below
@@ -327,31 +325,6 @@ def real_job_terms(spec_b: bytes, data: bytes, steps: int, k: int, reward: int =
     return JobTerms(spec_hash=bytes.fromhex(sha(spec_b)), dataset_hash=bytes.fromhex(sha(data)),
                     reward=reward, verification_budget=budget, solve_duration=duration,
                     total_steps=steps, steps_per_segment=k, init_state_hash=init)
-
-
-async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: JobTerms,
-                           spec_b: bytes, data: bytes, stake: int,
-                           behavior: str = "honest") -> tuple[Solver, int]:
-    """The solver daemon's own path on ``rt``: registered with ``stake``, holding the spec
-    and data (as if fetched from the submitter), it claims the job dev account
-    ``submitter`` posts with ``terms``, trains it with ``Solver._train_and_commit`` and
-    commits. Returns the solver and the job id."""
-    from node.chain.contracts import SOLVER  # noqa: PLC0415
-    from node.roles.solver import Solver  # noqa: PLC0415
-    from node.roles.solver_machine import SolverJob  # noqa: PLC0415
-
-    await rt.ensure_registered(SOLVER, stake)
-    rt.p2p.store.put_bytes(spec_b)
-    rt.p2p.store.put_bytes(data)
-    jid = await rt.chain(c[submitter].post_job, terms)
-    sc = rt.chain_client
-    await rt.chain(sc.market.claim_job, jid)
-    job = await rt.chain(sc.market.get_job, jid)
-    solver = Solver(rt, behavior=behavior)
-    with solver.state as st:
-        st.jobs[jid] = SolverJob(round=job.round, spec=sha(spec_b), dataset=sha(data))
-    await solver._train_and_commit(jid)
-    return solver, jid
 
 
 # --- the registry's sortition, re-done in Python ------------------------------------------

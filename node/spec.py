@@ -58,7 +58,7 @@ RECOMMENDED_MAX_CHECKPOINT_INTERVAL = 50
 MAX_STEPS = 10_000_000
 MAX_SPEC_BYTES = 64 * 1024  # a real spec is < 2 KiB of JSON
 #: The most memory a spec may declare (and so need): 256 GiB. A node compares a
-#: spec's needs with its own budget too (node.train.budget, node.train.probe).
+#: spec's needs with its own budget too (node.train.budget, node.data.probe).
 MAX_MEMORY_MB = 262_144
 MAX_VOCAB = 262_144
 

@@ -26,7 +26,6 @@ from devnet.testing import (
     real_job_terms,
     sha,
     tiny_mlp_spec,
-    train_and_commit,
 )
 from node.chain.contracts import VERIFIER, JobStatus
 from node.incentives import (
@@ -35,6 +34,7 @@ from node.incentives import (
     priced_budget,
     samples_to_catch_one_edit,
 )
+from tests.role_support import train_and_commit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -100,7 +100,7 @@ def test_full_replay_samples_every_segment_and_the_committee_replays_all(
     verifier daemon replays every segment with the real replay code, attests, and is paid
     the budget priced for 10 samples."""
     from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
-    from verifier.daemon import Verifier  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
 
     c = module_chain
     steps = segments = 10

@@ -24,11 +24,11 @@ from devnet.testing import (
     real_job_terms,
     sha,
     tiny_mlp_spec,
-    train_and_commit,
 )
 from node.chain.availability import RequestState
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus
 from node.proof import MerkleTree, TraceLeaf
+from tests.role_support import train_and_commit
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -88,8 +88,8 @@ def test_committee_member_requests_what_it_cannot_fetch_and_condemns(chain: Loca
     fetched does not attest; past half the window it requests a segment of its share, and
     the solver unable to answer, it expires the request: the round is condemned."""
     from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
-    from verifier.daemon import Verifier  # noqa: PLC0415
-    from verifier.machine import VerifierJob  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
+    from node.roles.verifier_machine import VerifierJob  # noqa: PLC0415
 
     verifiers = (4, 5, 6, 7, 8)
     for i in verifiers:

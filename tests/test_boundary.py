@@ -23,11 +23,11 @@ from node.boundary import MAX_DEPTH, check_fields, decode_json, json_depth
 from node.datasets import pack_digits, pack_text, parse_dataset, write_dataset
 from node.errors import CheckpointError, IntegrityError, MalformedInput, SpecError
 from node.roles.state import RoleState
+from node.roles.verifier_machine import Role, VerifierDisk, VerifierDispute
 from node.spec import JobSpec, load_spec, parse_spec, parse_spec_json
 from node.train.layout import expected_layout, max_file_bytes
 from node.train.step import TrainContext, init_state, state_tensors, train_step
 from node.train.trace import load_checkpoint, write_state_file
-from verifier.machine import Role, VerifierDisk, VerifierDispute
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -20,9 +20,9 @@ from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
 from node.chain.view import ChainView, EventFeed
+from node.roles import verifier_machine as vm
 from tests.test_dispute_game import CHAL, CHAL2, challenge, deploy_game, new_job
 from tests.test_dispute_game import PARAMS as GAME_PARAMS
-from verifier import machine as vm
 
 PARAMS = GAME_PARAMS
 
@@ -136,7 +136,7 @@ def test_verifier_pass_requests_do_not_grow_with_jobs(chain: LocalChain, tmp_pat
     pass over 3 followed jobs costs the requests a pass over 1 does (before the view,
     each followed job was one getJob per pass)."""
     from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
-    from verifier.daemon import Verifier  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
 
     chain.join(3, VERIFIER, 200 * TOKEN)
     solver = chain.join(2, SOLVER, 500 * TOKEN)

@@ -13,8 +13,8 @@ import trio
 
 from devnet.testing import tiny_mlp_spec
 from node.childenv import child_env
+from node.data.probe import ProbeResult, probe_job
 from node.datasets import pack_digits
-from node.train.probe import ProbeResult, probe_job
 
 SECRETS = {"POLNET_PRIVATE_KEY": "0x" + "ab" * 32, "POLNET_KEYSTORE_PASSWORD": "hunter2",
            "AWS_SECRET_ACCESS_KEY": "s3cr3t", "GITHUB_TOKEN": "ghp_x"}
@@ -77,7 +77,7 @@ def test_probe_child_gets_no_keys_and_no_descriptors(tmp_path: Path,
         async with trio.open_nursery() as nursery:
             nursery.start_soon(probe)
             while not result:
-                for pid in _children_running(b"node.train.probe"):
+                for pid in _children_running(b"node.data.probe"):
                     try:
                         seen.append(_seen(pid))
                     except OSError:  # it ended between the two reads

@@ -147,7 +147,7 @@ def test_hostile_outer_state_announcements_leave_the_follower_whole(
     bad sender is charged on disk, and a restarted follower skips them."""
     from node.roles.collab import CollabFollower  # noqa: PLC0415 - libp2p is heavy
     from node.roles.runtime import Runtime  # noqa: PLC0415
-    from verifier.evidence import Evidence  # noqa: PLC0415
+    from node.roles.verifier_evidence import Evidence  # noqa: PLC0415
 
     good = theta_1(spec)
     h1 = outer_hash(good)

@@ -98,9 +98,9 @@ def test_verifier_moves_its_dispute_while_a_collab_job_holds_the_pass(
     dispute move runs while that pass is still waiting on the collaborative job."""
     from node.chain.events import EventWatcher  # noqa: PLC0415 - web3 is heavy
     from node.roles.runtime import Runtime  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
     from tests.test_collab_market import Net, claim_all, post, terms, window, work  # noqa: PLC0415
     from tests.test_collab_market import solver as collab_solver  # noqa: PLC0415
-    from verifier.daemon import Verifier  # noqa: PLC0415
 
     verifiers = (4, 5, 6, 7, 8)
     for i in verifiers:

@@ -37,6 +37,7 @@ from node.p2p import wire
 from node.p2p.announce import AnnouncementVerifier, make_announcement
 from node.roles import announce_kinds  # noqa: F401 - registers outer_state
 from node.roles.runtime import AnnouncementBook
+from node.roles.verifier_evidence import parse_manifest
 from node.spec import (
     load_spec,
     parse_collaborative_spec,
@@ -49,7 +50,6 @@ from node.train.diloco import OuterState, initial_outer_state, outer_tensors
 from node.train.outer_file import read_outer_file
 from node.train.step import TrainContext, init_state, state_tensors
 from node.train.trace import TraceManifest, load_checkpoint, run_training, write_state_file
-from verifier.evidence import parse_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = 11

@@ -332,9 +332,9 @@ def test_solver_probe_runs_an_hf_job_and_refuses_another_version(tmp_path: Path)
 
     import trio
 
+    from node.data.probe import probe_job
     from node.datasets import pack_text
     from node.errors import JobRejected
-    from node.train.probe import probe_job
 
     data = pack_text()
     ds_hash = hashlib.sha256(data).hexdigest()

@@ -27,6 +27,7 @@ from devnet.testing import LocalChain
 from node.chain.contracts import JobStatus, JobTerms
 from node.chain.events import ChainEvent
 from node.config import NodeSettings, load_config
+from node.data.probe import probe_job
 from node.datasets import META_KEY, pack_digits, pack_text, parse_dataset
 from node.errors import JobRejected, SpecError
 from node.proof import canonical_json
@@ -34,7 +35,6 @@ from node.roles.runtime import Runtime
 from node.roles.solver import Solver
 from node.spec import parse_spec, parse_spec_json
 from node.train.budget import estimate
-from node.train.probe import probe_job
 from node.train.step import TrainContext, initial_state_hash
 
 pytestmark = pytest.mark.timeout(300)
@@ -148,7 +148,7 @@ def test_probe_child_hits_its_memory_limit_not_the_caller(tmp_path: Path) -> Non
     (tmp_path / "s").write_bytes(spec_b)
     (tmp_path / "d").write_bytes(digits)
     out = subprocess.run(
-        [sys.executable, "-m", "node.train.probe", str(tmp_path / "s"), str(tmp_path / "d"),
+        [sys.executable, "-m", "node.data.probe", str(tmp_path / "s"), str(tmp_path / "d"),
          "--spec-hash", sha(spec_b), "--dataset-hash", sha(digits), "--memory-mb", "100000",
          "--limit-mb", "900", "--max-seconds", "1000"],
         capture_output=True, cwd=REPO, timeout=120, check=False)
@@ -243,7 +243,7 @@ def test_solver_rejects_hostile_jobs_for_good_and_still_solves_a_good_one(
 
 
 def test_a_probe_that_dies_is_a_rejection_with_the_signal() -> None:
-    from node.train.probe import _verdict
+    from node.data.probe import _verdict
 
     out = _verdict(b"", b"Fatal Python error: Segmentation fault\n", -11)
     assert out["ok"] is False and "SIGSEGV" in out["reason"]

@@ -74,7 +74,6 @@ from devnet.testing import (
     real_job_terms,
     sha,
     tiny_mlp_spec,
-    train_and_commit,
     trickle_handler,
 )
 from node.chain.contracts import VERIFIER, JobStatus, Phase
@@ -85,8 +84,9 @@ from node.p2p import PolnetNode
 from node.p2p.identity import load_or_create_keypair, peer_id_of
 from node.p2p.wire import PROTOCOL_ID
 from node.roles.runtime import Runtime
+from node.roles.verifier import Verifier
 from node.train.trace import MANIFEST_NAME, merkle_proof, read_manifest
-from verifier.daemon import Verifier
+from tests.role_support import train_and_commit
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
 

@@ -17,9 +17,9 @@ from devnet.params import TOKEN
 from devnet.testing import LocalChain, node_settings, sha
 from node.chain.contracts import JobTerms
 from node.proof import state_hash
+from node.roles.verifier_evidence import judge_segment, posted_initial_problem
 from node.train.step import TrainContext, TrainState, init_state, initial_state_hash, state_tensors
 from node.train.trace import read_manifest, run_training
-from verifier.evidence import judge_segment, posted_initial_problem
 from verifier.jobs import job
 from verifier.replay import CommittedState, committed_from_trace, verify_trace_segment
 
@@ -108,8 +108,8 @@ def test_verifier_refuses_a_committed_job_whose_posted_s0_is_chosen(
     from node.roles.runtime import Runtime  # noqa: PLC0415
     from node.roles.solver import Solver  # noqa: PLC0415
     from node.roles.solver_machine import SolverJob  # noqa: PLC0415
+    from node.roles.verifier_evidence import Evidence  # noqa: PLC0415
     from node.spec import parse_spec_json  # noqa: PLC0415
-    from verifier.evidence import Evidence  # noqa: PLC0415
 
     digits = pack_digits()
     spec_b = tiny_mlp_spec(sha(digits), 4, 2)
@@ -127,7 +127,7 @@ def test_verifier_refuses_a_committed_job_whose_posted_s0_is_chosen(
     stake = 200 * TOKEN
 
     async def commit(rt: Runtime, terms: JobTerms, initial: Any) -> int:
-        """The solver daemon's own training and commit (devnet.testing.train_and_commit),
+        """The solver daemon's own training and commit (tests.role_support.train_and_commit),
         from ``initial`` when given."""
         rt.p2p.store.put_bytes(spec_b)
         rt.p2p.store.put_bytes(digits)

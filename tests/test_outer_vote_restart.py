@@ -36,7 +36,7 @@ def test_outer_juror_restarted_between_commit_and_reveal_reveals(net: Net,  # no
                                                                   tmp_path: Path) -> None:
     from node.roles.collab import CollabFollower  # noqa: PLC0415 - libp2p is heavy
     from node.roles.runtime import Runtime  # noqa: PLC0415
-    from verifier.evidence import Evidence  # noqa: PLC0415
+    from node.roles.verifier_evidence import Evidence  # noqa: PLC0415
 
     chain, c = net.chain, net.chain.reader
     jp = c.outer_jury.jury_params()

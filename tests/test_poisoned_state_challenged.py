@@ -43,15 +43,15 @@ from devnet.testing import (
     real_job_terms,
     sha,
     tiny_mlp_spec,
-    train_and_commit,
 )
 from node.chain.contracts import JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
 from node.config import NodeSettings
 from node.datasets import pack_digits
 from node.roles.runtime import Runtime
+from node.roles.verifier import Verifier
 from node.train.trace import read_manifest
-from verifier.daemon import Verifier
+from tests.role_support import train_and_commit
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,7 +7,7 @@ import pytest
 from node.chain.revert_names import errors, known_errors
 from node.errors import ConfigError
 from node.roles import solver
-from verifier import daemon
+from node.roles import verifier as daemon
 
 
 def test_benign_names_exist_in_the_abis() -> None:

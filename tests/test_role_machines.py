@@ -22,8 +22,8 @@ from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side
 from node.roles import solver_machine as sm
 from node.roles import submitter_machine as subm
+from node.roles import verifier_machine as vm
 from node.roles.state import RoleState
-from verifier import machine as vm
 
 S = JobStatus
 NOW, WINDOW_END = 1_000, 1_060
@@ -478,7 +478,7 @@ def test_verifier_recovers_an_attestation_it_did_not_record(chain: LocalChain,
     file (the old layout) says "checked", not attested. The next pass must not attest
     again; once the window is over it finalizes and withdraws its attestation pay."""
     from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
-    from verifier.daemon import Verifier  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
 
     jid, _, _, me = committed_job(chain)
     chain[me].market.attest(jid)  # mined; the daemon was killed before writing it down
@@ -522,7 +522,7 @@ def test_verifier_attests_for_its_share_once_that_share_passed(chain: LocalChain
     replays afterwards as a watchdog); a verifier holding no seat never attests."""
     from node.proof import sample_share  # noqa: PLC0415
     from node.roles.runtime import Runtime  # noqa: PLC0415 - libp2p is heavy
-    from verifier.daemon import Verifier  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
 
     jid, _, _, me = committed_job(chain)
     m = chain.reader.market
@@ -568,7 +568,7 @@ def test_verifier_recovers_a_challenge_it_did_not_record(chain: LocalChain,
     handler), the next pass must know the dispute as its own and not challenge again."""
     from node.chain.events import EventWatcher  # noqa: PLC0415
     from node.roles.runtime import Runtime  # noqa: PLC0415
-    from verifier.daemon import Verifier  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
 
     jid, leaves, tree, me = committed_job(chain)
     did = chain[me].market.challenge(jid, 3, leaves[3], tree.proof(3), leaves[4],
@@ -646,7 +646,7 @@ def test_verifier_events_are_read_by_their_contract(chain: LocalChain, tmp_path:
     daemon with a KeyError. Each event is read by the contract that emitted it."""
     from node.chain.events import ChainEvent  # noqa: PLC0415
     from node.roles.runtime import Runtime  # noqa: PLC0415
-    from verifier.daemon import Verifier  # noqa: PLC0415
+    from node.roles.verifier import Verifier  # noqa: PLC0415
 
     me = 4
     settings = node_settings(tmp_path, chain, "verifier", me, 200 * TOKEN)

@@ -345,8 +345,8 @@ def test_cli_packs_tokens_and_trains_on_them(corpus: Path, tmp_path: Path) -> No
 def test_probe_bounds_what_streaming_holds(packed: Packed, tmp_path: Path) -> None:
     """A manifest is small but may name 512 MiB shards: the solver's probe budgets the
     shards a StreamContext holds, so such a job is refused before a shard is fetched."""
+    from node.data.probe import run_probe  # noqa: PLC0415
     from node.errors import JobRejected  # noqa: PLC0415
-    from node.train.probe import run_probe  # noqa: PLC0415
 
     def probe(manifest_path: Path, digest: str) -> Any:
         spec = lm_spec(digest)

@@ -14,6 +14,7 @@ import trio
 from node.behaviors import make_behavior
 from node.errors import CheckpointError
 from node.proof import verify_proof
+from node.roles.verifier_evidence import Committed, judge_segment
 from node.train.behavior import HonestBehavior
 from node.train.step import TrainContext, TrainState
 from node.train.trace import (
@@ -24,7 +25,6 @@ from node.train.trace import (
     read_manifest,
     run_training,
 )
-from verifier.evidence import Committed, judge_segment
 from verifier.jobs import job
 from verifier.replay import CommittedState, committed_from_trace
 from verifier.verdict import Verdict

@@ -35,7 +35,7 @@ def run(
 ) -> None:
     """Register + stake, then replay sampled segments, attest, challenge, play disputes
     and serve on juries until Ctrl-C."""
-    from verifier.daemon import Verifier
+    from node.roles.verifier import Verifier
 
     settings = settings_from(config, name=name or "verifier", dev_account=dev_account,
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
@@ -56,7 +56,7 @@ def challenge(
     import trio
 
     from node.roles.runtime import Runtime
-    from verifier.evidence import Evidence
+    from node.roles.verifier_evidence import Evidence
 
     settings = settings_from(config, name=name or "verifier", dev_account=dev_account,
                              bootstrap=bootstrap)

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 
 class SubJobEvidence(Protocol):
-    """A sub-job's checked trace (verifier.evidence.JobEvidence)."""
+    """A sub-job's checked trace (node.roles.verifier_evidence.JobEvidence)."""
 
     manifest: TraceManifest
 
@@ -71,7 +71,7 @@ class SubJobEvidence(Protocol):
 
 
 class Evidence(Protocol):
-    """Where the follower gets a sub-job's evidence (verifier.evidence.Evidence, which
+    """Where the follower gets a sub-job's evidence (node.roles.verifier_evidence.Evidence, which
     holds a follower: a protocol, so neither module imports the other)."""
 
     async def for_job(self, job_id: int, job: Job | None = None) -> SubJobEvidence | None: ...
@@ -757,7 +757,7 @@ class CollabFollower:
     async def _claimed_rate_for(self, cid: int, job: Any) -> int | None:
         """The inner run's measured speed (milli-steps per second), from the solver's
         child-process probe of round 0's inner job: what the claim states."""
-        from node.train.probe import probe_job  # noqa: PLC0415
+        from node.data.probe import probe_job  # noqa: PLC0415
 
         if cid in self._claimed_rate:
             return self._claimed_rate[cid]

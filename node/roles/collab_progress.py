@@ -48,7 +48,7 @@ class CollabProgress:
     new. Only reads the chain (a submitter makes no collaborative moves)."""
 
     def __init__(self, rt: Runtime, cid: int) -> None:
-        from verifier.evidence import Evidence  # noqa: PLC0415 - torch is heavy
+        from node.roles.verifier_evidence import Evidence  # noqa: PLC0415 - torch is heavy
 
         self.rt = rt
         self.cid = cid

@@ -23,6 +23,7 @@ from node.chain.contracts import Job, JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.revert_names import errors
 from node.chain.rpc import RPC_FAILURES
+from node.data.probe import probe_job
 from node.errors import ConfigError, ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
 from node.p2p.announce import ResultCommitted
@@ -62,7 +63,6 @@ from node.roles.solver_machine import (
 )
 from node.roles.state import RoleState
 from node.train.budget import machine_memory_mb
-from node.train.probe import probe_job
 from node.units import wei_to_pol
 
 log = get_logger("polnet.solver")
@@ -96,7 +96,7 @@ class Solver:
                  probe_timeout_s: float = PROBE_TIMEOUT_S, collab_slots: int = 1,
                  world_size: int = 1, dist_mode: str = "ddp") -> None:
         from node.behaviors import make_behavior  # noqa: PLC0415 - torch is heavy
-        from verifier.evidence import Evidence  # noqa: PLC0415 - sub-jobs' final states
+        from node.roles.verifier_evidence import Evidence  # noqa: PLC0415 - sub-jobs' final states
 
         self.rt = rt
         self.behavior_name = behavior
@@ -398,10 +398,10 @@ class Solver:
     async def _fetch_probe_shards(self, spec_path: Path, ds_path: Path) -> None:
         """A sharded dataset: the shards the probe's steps read, beside the manifest."""
         from node.data.manifest import ShardManifest  # noqa: PLC0415
+        from node.data.probe import PROBE_STEPS  # noqa: PLC0415
         from node.data.stream import is_manifest_file, shards_for_steps  # noqa: PLC0415
         from node.roles.jobfiles import load_job_data  # noqa: PLC0415
         from node.spec import parse_spec_json  # noqa: PLC0415
-        from node.train.probe import PROBE_STEPS  # noqa: PLC0415
 
         if not await trio.to_thread.run_sync(is_manifest_file, ds_path):
             return
@@ -417,7 +417,7 @@ class Solver:
     async def _consider(self, jid: int, job: Job) -> bool:
         """Claim ``jid`` if this solver can finish it in time. Nothing a submitter posts
         can stop the daemon here: its inputs are tried in a child process
-        (node.train.probe), and any failure rejects the job for good (persisted)."""
+        (node.data.probe), and any failure rejects the job for good (persisted)."""
         rt = self.rt
         with self.state as st:
             tries = st.considering[jid] = st.considering.get(jid, 0) + 1

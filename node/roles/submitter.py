@@ -293,8 +293,8 @@ async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0,
     """Download the final checkpoint of a finalized job and write its model weights
     with the job's spec inside (node.train.models.load_model rebuilds the model);
     ``hf_dir``: also a transformers directory (node.train.hf_export) for hf_* jobs."""
+    from node.roles.verifier_evidence import Evidence  # noqa: PLC0415
     from node.train.models import save_model  # noqa: PLC0415
-    from verifier.evidence import Evidence  # noqa: PLC0415
 
     with submitter_state(rt) as st:  # a pending fetch: a restart finds it on disk
         rec = st.jobs.get(job_id)

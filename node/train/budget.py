@@ -1,7 +1,7 @@
 """What a job needs, estimated from its spec alone: nothing is built, no torch.
 
 A solver compares this with its own memory and time before it spends anything
-on a job (node.train.probe measures the jobs that pass, in a child process).
+on a job (node.data.probe measures the jobs that pass, in a child process).
 The figures are fp32 and deliberately generous: weights, gradients, optimizer
 state, forward and backward activations, one batch of inputs, the checkpoint
 copies the trace writer keeps in flight, the dataset as loaded, and the

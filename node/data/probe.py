@@ -3,7 +3,7 @@
 Everything about a posted job is the submitter's: the spec's bytes, the
 dataset's bytes, the model they describe. The solver parses, loads, builds and
 runs one warm-up and two timed steps of it in a child process (``python -m
-node.train.probe``) that sets its own address-space limit (``RLIMIT_AS``)
+node.data.probe``) that sets its own address-space limit (``RLIMIT_AS``)
 before anything else and runs under a wall-clock timeout. An allocator error,
 a C-stack overflow in a decoder, the OOM killer or a hang then ends the child,
 never the daemon; the daemon reads a one-line JSON verdict or a signal. The
@@ -165,7 +165,7 @@ def run_probe(spec_path: Path, dataset_path: Path, spec_hash: str, dataset_hash:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m node.train.probe")
+    ap = argparse.ArgumentParser(prog="python -m node.data.probe")
     ap.add_argument("spec", type=Path)
     ap.add_argument("dataset", type=Path)
     ap.add_argument("--spec-hash", required=True)
@@ -230,7 +230,7 @@ async def probe_job(spec_path: Path, dataset_path: Path, spec_hash: str, dataset
     env = child_env({"PYTHONPATH": os.pathsep.join(
         p for p in (repo, os.environ.get("PYTHONPATH", "")) if p),
         "MALLOC_ARENA_MAX": "2", "OMP_NUM_THREADS": str(threads)})
-    cmd = [sys.executable, "-m", "node.train.probe", str(spec_path), str(dataset_path),
+    cmd = [sys.executable, "-m", "node.data.probe", str(spec_path), str(dataset_path),
            "--spec-hash", spec_hash, "--dataset-hash", dataset_hash,
            "--memory-mb", str(memory_mb), "--limit-mb", str(memory_mb + VIRTUAL_SLACK_MB),
            "--max-seconds", str(max_seconds), "--gflops", str(gflops),

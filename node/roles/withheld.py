@@ -19,14 +19,14 @@ from node.errors import ContractRevert
 from node.logs import get_logger
 from node.roles.runtime import Runtime
 from node.roles.state import RoleState
-from verifier.machine import VerifierDisk
+from node.roles.verifier_machine import VerifierDisk
 
 if TYPE_CHECKING:
     from node.chain.contracts import Job
 
 
 class Verifier(Protocol):
-    """What these moves need of the verifier daemon (verifier.daemon.Verifier), which
+    """What these moves need of the verifier daemon (node.roles.verifier.Verifier), which
     calls them: a protocol, so this module does not import its caller."""
 
     rt: Runtime

@@ -5,7 +5,7 @@ binds only its own challenger), play bisection as challenger, draw and serve on
 juries, finalize, claim rewards and withdraw.
 
 Crash safety: each pass derives every job's and dispute's phase from the chain
-and the disk (:mod:`verifier.machine`) and does the one action it calls for;
+and the disk (:mod:`node.roles.verifier_machine`) and does the one action it calls for;
 event handlers only note ids. ``verifier.json`` keeps what the chain cannot
 say: verdicts, and each vote's salt, on disk before its commitment is sent, so
 a restarted verifier can still reveal.
@@ -32,9 +32,8 @@ from node.proof import sample_share
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
-from node.train.step import prepare_torch
-from verifier.evidence import Evidence, judge_segment
-from verifier.machine import (
+from node.roles.verifier_evidence import Evidence, judge_segment
+from node.roles.verifier_machine import (
     Attest,
     Challenge,
     Check,
@@ -62,7 +61,8 @@ from verifier.machine import (
     migrate,
     needs_attest_check,
 )
-from verifier.withheld import expire_requests, request_withheld
+from node.roles.withheld import expire_requests, request_withheld
+from node.train.step import prepare_torch
 
 log = get_logger("polnet.verifier")
 

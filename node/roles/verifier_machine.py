@@ -49,7 +49,7 @@ class VerifierJob(BaseModel):
     challenged: bool = False
     phase: VerifierPhase = VerifierPhase.PENDING  # the last derivation; never an input
     seen_commit: bool = False  # a ResultCommitted noted since: maybe a new round's
-    # segment -> our availability request (verifier.withheld): what we could not fetch
+    # segment -> our availability request (node.roles.withheld): what we could not fetch
     requests: dict[int, int] = Field(default_factory=dict)
 
 
