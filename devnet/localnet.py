@@ -86,11 +86,14 @@ class LocalNet:
 
     # --- processes -----------------------------------------------------------------------
 
-    def polnet(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        """Start `polnet ARGS` as node NAME (log in HOME/logs/NAME.log)."""
+    def polnet(self, name: str, *args: str, module: str = "node.cli.main"
+               ) -> subprocess.Popen[bytes]:
+        """Start `polnet ARGS` as node NAME (log in HOME/logs/NAME.log); ``module``: a
+        test's own entry point that takes the same arguments (a cheat is never a flag
+        of the production CLI)."""
         log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - lives with proc
         env = {**os.environ, "POLNET_HOME": str(self.home), "OMP_NUM_THREADS": "1"}
-        p = subprocess.Popen([sys.executable, "-m", "node.cli.main", *args], stdout=log,
+        p = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log,
                              stderr=subprocess.STDOUT, env=env, cwd=REPO,
                              start_new_session=True)
         self.procs[name] = p
@@ -107,8 +110,10 @@ class LocalNet:
         started before any daemon)."""
         self._boot = self.wait_node(name)["addrs"][0]
 
-    def start_verifier(self, name: str, dev_account: int, *extra: str) -> dict[str, Any]:
-        self.polnet(name, "verifier", "run", *self.node_args(name, dev_account), *extra)
+    def start_verifier(self, name: str, dev_account: int, *extra: str,
+                       module: str = "node.cli.main") -> dict[str, Any]:
+        self.polnet(name, "verifier", "run", *self.node_args(name, dev_account), *extra,
+                    module=module)
         info = self.wait_node(name)
         if self._boot is None:
             self._boot = info["addrs"][0]

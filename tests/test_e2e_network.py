@@ -128,7 +128,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
 def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> None:
     spec, dataset = small_job(tmp_path)
     with LocalNet(tmp_path / "net", short_network_params()) as net:
-        net.start_verifier("bad", V1, "--malicious")
+        net.start_verifier("bad", V1, module="tests.malicious_verifier")
         net.start_verifier("v2", V2)
         net.start_verifier("v3", V3)
         # The honest solver logs JSON and serves Prometheus metrics.

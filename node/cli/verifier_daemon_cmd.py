@@ -28,8 +28,6 @@ def run(
     bootstrap: BootstrapOpt = None,
     metrics_port: MetricsOpt = None,
     threads: ThreadsOpt = None,
-    malicious: bool = typer.Option(False, "--malicious",
-                                   help="Challenge honest work (dispute demos/tests only)."),
     duration: float | None = typer.Option(None, "--duration",
                                           help="Stop after this many seconds."),
 ) -> None:
@@ -40,7 +38,7 @@ def run(
     settings = settings_from(config, name=name or "verifier", dev_account=dev_account,
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
                              metrics_port=metrics_port, threads=threads)
-    run_daemon(settings, "verifier", lambda rt: Verifier(rt, malicious=malicious), duration)
+    run_daemon(settings, "verifier", Verifier, duration)
 
 
 def challenge(

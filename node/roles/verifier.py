@@ -82,12 +82,12 @@ VOTE_BENIGN = errors("AlreadyCommitted", "CommitClosed")
 
 
 class Verifier:
-    """``malicious=True`` challenges honest work and votes against the solver:
-    for demos and tests of the dispute game only."""
+    """The honest verifier daemon. Its three judgements (`reported_pass`, `chosen_part`,
+    `vote_value`) are methods so that a test cheat can override them in its own
+    subclass (tests/malicious_verifier.py): no cheat is a flag of the production CLI."""
 
-    def __init__(self, rt: Runtime, malicious: bool = False) -> None:
+    def __init__(self, rt: Runtime) -> None:
         self.rt = rt
-        self.malicious = malicious
         self.state = RoleState(rt.dir / "verifier.json", VerifierDisk, migrate)
         self.evidence = Evidence(rt)
         # Collaborative jobs: recompute outer states, post / challenge them, sit on their
@@ -129,7 +129,7 @@ class Verifier:
         # The process's chain view: one blockNumber per tick, one batch per new block;
         # jobs and disputes are read from its snapshot, not one call each per tick.
         feed = EventFeed(rt.view, cursor_path=cursor)
-        log.info("verifier_running", address=rt.address, malicious=self.malicious)
+        log.info("verifier_running", address=rt.address, conduct=type(self).__name__)
         async with trio.open_nursery() as nursery:
             # torch's deterministic set-up in the background: never delays a restarted
             # juror's vote, and the first replay does not pay it beside its deadlines
@@ -297,7 +297,7 @@ class Verifier:
                     unjudged.append(seg)
                     continue
                 rt.metrics.steps.inc(ev.ctx.spec.checkpoint_interval)
-                passed = verdict.passed and not (self.malicious and seg == segments[0])
+                passed = self.reported_pass(seg == segments[0], verdict.passed)
                 rt.metrics.verdicts.labels("pass" if passed else "fail").inc()
                 log.info("verdict", job=jid, segment=seg, passed=verdict.passed,
                          ratio=f"{verdict.ratio:.2e}", worst=verdict.worst_tensor,
@@ -539,12 +539,25 @@ class Verifier:
                 part, why = j, f"state {step} out of tolerance"
                 break
             cur = nxt
-        if self.malicious:
-            part = len(points) - 2  # walk to the last step and hope the jury errs
+        part = self.chosen_part(part, len(points) - 1)
         await self.rt.transact_ok(c.dispute.choose, d.id, part, hashes,
                                   benign=MOVE_BENIGN)
         log.info("part_chosen", dispute=d.id, range=[d.lo, d.hi],
                  disputed=[points[part], points[part + 1]], why=why)
+
+    # --- the judgements a test cheat overrides ----------------------------------------
+
+    def reported_pass(self, first_of_sample: bool, passed: bool) -> bool:
+        """What we act on for a replayed segment: its verdict."""
+        return passed
+
+    def chosen_part(self, part: int, parts: int) -> int:
+        """The part of a bisection round we dispute: the first that fails our replay."""
+        return part
+
+    def vote_value(self, valid: bool) -> bool:
+        """Our jury vote: what our replay of the step found."""
+        return valid
 
     async def _vote(self, d: Any) -> None:
         """One step, replayed: S_lo -> S_lo+1 against the solver's S_hi. A state
@@ -565,8 +578,7 @@ class Verifier:
                     if hi is not None:
                         valid = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo,
                                                               hi, d.hi, mine)
-        if self.malicious:
-            valid = False
+        valid = self.vote_value(valid)
         salt = os.urandom(32)
         with self.state as st:  # salt on disk before the commitment leaves
             st.disputes[d.id].valid, st.disputes[d.id].salt = valid, salt.hex()
