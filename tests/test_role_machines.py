@@ -20,6 +20,7 @@ import trio
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side
+from node.roles import juror_machine as jm
 from node.roles import solver_machine as sm
 from node.roles import submitter_machine as subm
 from node.roles import verifier_machine as vm
@@ -666,3 +667,50 @@ def test_verifier_events_are_read_by_their_contract(chain: LocalChain, tmp_path:
 
     disputes = trio.run(main)
     assert list(disputes) == [3] and disputes[3].role == vm.Role.JUROR
+
+
+# --- the one juror machine (DisputeGame's juries and OuterJury's) ------------------------
+
+JUROR_TABLE = [
+    # (case, stage, seated, saved, committed, revealed, action)
+    ("seated, commit stage, nothing yet", jm.JuryStage.COMMIT, True, False, False, False,
+     jm.CommitVote),
+    ("vote on disk, commitment not landed", jm.JuryStage.COMMIT, True, True, False, False,
+     jm.ResendVote),
+    ("committed: wait for the reveal stage", jm.JuryStage.COMMIT, True, True, True, False,
+     vm.Wait),
+    ("not seated", jm.JuryStage.COMMIT, False, False, False, False, vm.Wait),
+    ("reveal", jm.JuryStage.REVEAL, True, True, True, False, jm.RevealVote),
+    ("revealed", jm.JuryStage.REVEAL, True, True, True, True, vm.Wait),
+    ("salt lost: nothing to reveal", jm.JuryStage.REVEAL, True, False, True, False, vm.Wait),
+    ("missed the commit: nothing to reveal", jm.JuryStage.REVEAL, True, True, False, False,
+     vm.Wait),
+    ("over: anyone resolves", jm.JuryStage.OVER, False, False, False, False, jm.Resolve),
+    ("over, seated and silent: resolve", jm.JuryStage.OVER, True, True, True, False,
+     jm.Resolve),
+    ("not a voting stage", jm.JuryStage.OTHER, True, False, False, False, vm.Wait),
+]
+
+
+@pytest.mark.parametrize(("case", "stage", "seated", "saved", "committed", "revealed",
+                          "action"), JUROR_TABLE, ids=[row[0] for row in JUROR_TABLE])
+def test_juror_decision(case: str, stage: jm.JuryStage, seated: bool, saved: bool,
+                        committed: bool, revealed: bool, action: type) -> None:
+    got = jm.decide_juror(jm.JurorView(stage, seated, saved, committed, revealed))
+    assert isinstance(got, action), f"{case}: {got}"
+
+
+def test_both_juries_decide_through_the_one_juror_machine() -> None:
+    """A dispute's jury (told by the game's phase) and an outer jury (told by its
+    clocks) in the same situation get the same action: the verifier and the
+    collaborative follower both call decide_juror."""
+    salted = vm.VerifierDispute(role=vm.Role.JUROR, valid=True, salt="00" * 32)
+    for phase, now, stage in ((Phase.COMMIT, 5, jm.JuryStage.COMMIT),
+                              (Phase.REVEAL, WINDOW_END, jm.JuryStage.REVEAL),
+                              (Phase.REVEAL, WINDOW_END + 1, jm.JuryStage.OVER)):
+        for mine in (vm.NO_VOTE, COMMIT):
+            game = vm.decide_dispute(vdispute(phase, now=now, mine=mine), salted)
+            outer = jm.decide_juror(jm.JurorView(
+                jm.clocked_stage(now, 10 if stage == jm.JuryStage.COMMIT else 0,
+                                 WINDOW_END + 1), True, True, mine != vm.NO_VOTE, False))
+            assert type(game) is type(outer), (phase, now, mine, game, outer)

@@ -51,6 +51,15 @@ from node.errors import (
 )
 from node.logs import get_logger
 from node.roles.bans import BanList
+from node.roles.juror_machine import (
+    CommitVote,
+    JurorView,
+    ResendVote,
+    Resolve,
+    RevealVote,
+    clocked_stage,
+    decide_juror,
+)
 from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
@@ -667,30 +676,32 @@ class CollabFollower:
         """Vote on an outer jury we sit on (valid iff the post is our recomputation: a
         silent or minority juror loses stake), and resolve the case once reveals are over."""
         rt, c = self.rt, self.rt.chain_client
-        me = rt.address.lower()
-        if me in (str(a).lower() for a in case.jury):
-            vote = self._votes.get(case_id)
-            if now < case.commit_end and (vote is None or not vote.committed):
-                if vote is None:  # the salt on disk before the commitment leaves
-                    vote = self._votes[case_id] = _Vote(agrees, secrets.token_bytes(32))
-                    save_votes(self._votes_path, self._votes)
-                # a saved vote whose commit did not come back: the same salt again
-                await rt.transact_ok(c.outer_jury.commit_vote, case_id, vote.valid, vote.salt,
-                                     benign=VOTE_BENIGN)
-                vote.committed = True
+        vote = self._votes.get(case_id)
+        seated = rt.address.lower() in (str(a).lower() for a in case.jury)
+        act = decide_juror(JurorView(
+            clocked_stage(now, case.commit_end, case.reveal_end), seated=seated,
+            saved=vote is not None, committed=vote is not None and vote.committed,
+            revealed=vote is not None and vote.revealed))
+        if isinstance(act, CommitVote | ResendVote):
+            if vote is None:  # the salt on disk before the commitment leaves
+                vote = self._votes[case_id] = _Vote(agrees, secrets.token_bytes(32))
                 save_votes(self._votes_path, self._votes)
-                log.info("collab_outer_vote_committed", job=cid, round=r, case=case_id,
-                         valid=vote.valid)
-            elif vote is not None and not vote.revealed \
-                    and case.commit_end <= now < case.reveal_end:
-                # Marked only once the reveal came back: a failed one is sent next pass.
-                await rt.transact_ok(c.outer_jury.reveal_vote, case_id, vote.valid, vote.salt,
-                                     benign=VOTE_BENIGN)
-                vote.revealed = True
-                save_votes(self._votes_path, self._votes)
-                log.info("collab_outer_vote_revealed", job=cid, round=r, case=case_id,
-                         valid=vote.valid)
-        if now >= case.reveal_end:
+            # a saved vote whose commit did not come back: the same salt again
+            await rt.transact_ok(c.outer_jury.commit_vote, case_id, vote.valid, vote.salt,
+                                 benign=VOTE_BENIGN)
+            vote.committed = True
+            save_votes(self._votes_path, self._votes)
+            log.info("collab_outer_vote_committed", job=cid, round=r, case=case_id,
+                     valid=vote.valid)
+        elif isinstance(act, RevealVote):
+            assert vote is not None
+            await rt.transact_ok(c.outer_jury.reveal_vote, case_id, vote.valid, vote.salt,
+                                 benign=VOTE_BENIGN)
+            vote.revealed = True  # only once the reveal came back: a failed one is resent
+            save_votes(self._votes_path, self._votes)
+            log.info("collab_outer_vote_revealed", job=cid, round=r, case=case_id,
+                     valid=vote.valid)
+        elif isinstance(act, Resolve):
             await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
 
     async def _jury_params(self) -> OuterJuryParamsView:

@@ -20,6 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus, Phase, Side
 from node.roles.actions import Done, DrawJury, Finalize, Wait, Withdraw
+from node.roles.juror_machine import (
+    CommitVote,
+    JurorView,
+    JuryStage,
+    ResendVote,
+    Resolve,
+    RevealVote,
+    decide_juror,
+)
 
 NO_VOTE = bytes(32)
 
@@ -127,26 +136,6 @@ class Choose:
     pass
 
 
-@dataclass(frozen=True)
-class CommitVote:
-    """Judge the step, put the salt on disk, send the commitment."""
-
-
-@dataclass(frozen=True)
-class ResendVote:
-    """The salt is on disk but no commitment on chain (killed, or a lost receipt)."""
-
-
-@dataclass(frozen=True)
-class RevealVote:
-    pass
-
-
-@dataclass(frozen=True)
-class Resolve:
-    pass
-
-
 JobAction = Check | Attest | Challenge | Finalize | Withdraw | Wait | Done
 DisputeAction = (SettleRound | DrawJury | Timeout | Choose | CommitVote | ResendVote
                  | RevealVote | Resolve | Withdraw | Wait | Done)
@@ -240,12 +229,10 @@ def decide_dispute(d: DisputeView, disk: VerifierDispute) -> DisputeAction:
         if d.turn == Side.CHALLENGER and disk.role == Role.CHALLENGER:
             return Choose()
         return Wait()
-    if d.phase == Phase.COMMIT and juror and d.my_commitment == NO_VOTE:
-        return ResendVote() if disk.salt is not None else CommitVote()
-    if d.phase == Phase.REVEAL:
-        if d.now > d.reveal_end:
-            return Resolve()
-        if juror and disk.salt is not None and d.my_commitment not in (None, NO_VOTE) \
-                and not d.my_revealed:
-            return RevealVote()
-    return Wait()
+    # The jury: the one juror machine both juries share (node.roles.juror_machine).
+    stage = (JuryStage.COMMIT if d.phase == Phase.COMMIT
+             else JuryStage.OTHER if d.phase != Phase.REVEAL
+             else JuryStage.OVER if d.now > d.reveal_end else JuryStage.REVEAL)
+    return decide_juror(JurorView(
+        stage, seated=juror and d.my_commitment is not None, saved=disk.salt is not None,
+        committed=d.my_commitment not in (None, NO_VOTE), revealed=d.my_revealed))
