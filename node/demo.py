@@ -166,9 +166,7 @@ def run_demo(home: Path, timeout: float = 900.0) -> int:
             con.print("the withholding solver, condemned without a replayed step, leaves")
             for job in (cnn_job, mlp_job, lm_job):
                 net.wait_job(job, {3}, timeout, narrate)
-            first = settled_at(net, mlp_job)
-            replayed = [e for e in net.events() if e.event in ("Challenged", "Attested")
-                        and e.args.get("jobId") == mlp_job and e.block_number <= first]
+            replayed = replayed_before_settlement(net.events(), mlp_job)
             if replayed:
                 con.print(f"[red]the withholding solver's round saw {len(replayed)} "
                           "replay-backed moves")
@@ -186,11 +184,13 @@ def run_demo(home: Path, timeout: float = 900.0) -> int:
     return 0 if ok and paid and conserved else 1
 
 
-def settled_at(net: LocalNet, job: int) -> int:
-    """The block of the job's first round settlement (the withholder's)."""
-    return min(e.block_number for e in net.events()
-               if e.event == "RoundSettled" and e.contract == "JobMarket"
-               and e.args.get("jobId") == job)
+def replayed_before_settlement(events: list[Any], job: int) -> list[Any]:
+    """The replay-backed moves (a challenge, an attestation) on the job before its first
+    round settled: none for a withholder condemned by an availability request."""
+    mine = [e for e in events if e.args.get("jobId") == job]
+    first = min(e.block_number for e in mine
+                if e.event == "RoundSettled" and e.contract == "JobMarket")
+    return [e for e in mine if e.event in ("Challenged", "Attested") and e.block_number <= first]
 
 
 def holdings_table(before: dict[str, int], after: dict[str, int]) -> Table:
