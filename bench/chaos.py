@@ -451,10 +451,12 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
                         for a in honest_addrs}
         locked_left = {honest_addrs[a]: net.c.registry.locked_stake(a) for a in honest_addrs}
         conserved_gap = net.contracts_gap()
+        bond = net.c.availability.availability_params().bond \
+            if "Availability" in net.deployment.contracts else 0  # type: ignore[union-attr]
         crashes = {n.name: n.crashes for n in ch.nodes.values() if n.crashes}
 
     # --- verdicts -----------------------------------------------------------------------
-    expected = {a: before[a] + owed_delta(evs, a) for a in accounts}
+    expected = {a: before[a] + owed_delta(evs, a, bond) for a in accounts}
     mismatch = {accounts[a]: after[a] - expected[a] for a in accounts if after[a] != expected[a]}
     honest_slashes = slashes_of(evs, set(honest_addrs))
     names = {a.lower(): n for a, n in honest_addrs.items()}
@@ -520,14 +522,31 @@ def solver_views(net: LocalNet, job: int) -> dict[str, Any]:
     return out
 
 
-def owed_delta(evs: list[ChainEvent], addr: str) -> int:
+def owed_delta(evs: list[ChainEvent], addr: str, request_bond: int = 0) -> int:
     """How an account's holdings should have changed by the chain's own record: credits
     in, slashed stake and posted escrow out (stake, locks and withdrawals move tokens
-    between its own pockets)."""
+    between its own pockets), and availability bonds: out when a request is made, back on
+    expiry, split between the solver and the requester when answered (transfers, not
+    credits: no ``Credited`` event names them)."""
     a = addr.lower()
     d = 0
+    solver_of: dict[int, str] = {}  # the job's solver as of each event, from the claims
+    requester: dict[int, str] = {}
     for e in evs:
-        if e.event == "Credited" and str(e.args["account"]).lower() == a:
+        if e.event == "JobClaimed":
+            solver_of[int(e.args["jobId"])] = str(e.args["solver"]).lower()
+        elif e.event == "Requested" and "challenger" in e.args:
+            requester[int(e.args["requestId"])] = str(e.args["challenger"]).lower()
+            if requester[int(e.args["requestId"])] == a:
+                d -= request_bond
+        elif e.event == "Answered":
+            if solver_of.get(int(e.args["jobId"])) == a:
+                d += int(e.args["toSolver"])
+            if requester.get(int(e.args["requestId"])) == a:
+                d += int(e.args["toChallenger"])
+        elif e.event == "Expired" and str(e.args["challenger"]).lower() == a:
+            d += int(e.args["refund"])
+        elif e.event == "Credited" and str(e.args["account"]).lower() == a:
             d += int(e.args["amount"])
         elif e.event == "Slashed" and str(e.args["node"]).lower() == a:
             d -= int(e.args["amount"])
