@@ -28,7 +28,7 @@ class NatSettings(BaseModel):
     reach_check: bool = Field(default=True, description="Ask peers to dial us back.")
     reach_interval_s: float = Field(default=120.0, ge=1,
                                     description="Seconds between checks once known.")
-    dial_back_timeout_s: float = Field(default=3.0, gt=0)
+    dial_back_timeout_s: float = Field(default=5.0, gt=0)
     relay_service: Literal["auto", "on", "off"] = Field(
         default="auto", description="Serve as a circuit relay (auto: when this node has no "
                                     "bootstrap peers, i.e. it is a bootstrap node).")

@@ -51,6 +51,7 @@ from node.p2p.wire import PROTOCOL_ID as ARTIFACT_PROTOCOL
 from node.store import ArtifactStore
 
 log = get_logger(__name__)
+PRIVATE_DIAL_S = 4.0  # a direct dial of private-only addresses before relays are tried
 PeerSpec = tuple[str, Sequence[str]]  # (peer id base58, multiaddrs) as the registry holds them
 
 
@@ -264,7 +265,9 @@ class PolnetNode:
                 if unblock is not None:
                     unblock(info.peer_id)
             self.host.get_peerstore().add_addrs(info.peer_id, direct, 3600)
-            with trio.fail_after(15):
+            # A home node's private address answers at once on its own network or
+            # never (the swarm retries unreachable routes): relays are tried sooner.
+            with trio.fail_after(PRIVATE_DIAL_S if is_private_only(direct) else 15):
                 await self.host.connect(PeerInfo(info.peer_id, direct))
         except Exception as exc:
             via_relay = given or self.nat.known_circuits.get(info.peer_id) \

@@ -162,6 +162,35 @@ class _PacedRelay(CircuitV2Protocol):
             self.relayed_bytes += len(data)
         return data
 
+    async def _relay_data(self, src_stream: INetStream, dst_stream: INetStream, peer_id: ID,
+                          deadline: float | None = None,
+                          circuit_data_limit: list[int] | None = None) -> None:
+        """One direction of one circuit. py-libp2p's own version cleans up through a
+        table keyed by peer id, so a circuit ending closed the streams of another
+        circuit to the same peer (two verifiers fetching from one solver): here each
+        circuit closes only its own two streams."""
+        try:
+            for _ in range(10**12):  # ends with the stream, its deadline or its byte cap
+                if deadline is not None and time.monotonic() > deadline:
+                    log.info("relay_circuit_expired", peer=peer_id.to_base58())
+                    break
+                data = await self._read_stream_with_retry(src_stream)
+                if not data:
+                    break
+                if circuit_data_limit is not None:
+                    if len(data) > circuit_data_limit[0]:
+                        log.info("relay_circuit_data_cap", peer=peer_id.to_base58())
+                        break
+                    circuit_data_limit[0] -= len(data)
+                with trio.fail_after(self.write_timeout):
+                    await dst_stream.write(data)
+        except Exception as exc:  # the circuit ends; the relay goes on
+            log.debug("relay_circuit_ended", peer=peer_id.to_base58(), error=repr(exc))
+        finally:
+            self._active_relays.pop(peer_id, None)
+            await self._close_stream(dst_stream)
+            await self._close_stream(src_stream)
+
 
 @dataclass
 class Reachability:
@@ -261,6 +290,11 @@ class NatManager:
                 req = await read_frame(stream)
             ports = req.get("ports")
             ip = _observed_ip(stream)
+            if ip is not None and is_private_only([f"/ip4/{ip}/tcp/1"]):
+                # A neighbour on the asker's own private network: reaching it here says
+                # nothing about the internet. (Loopback is answered: a devnet.)
+                await stream.write(encode_frame({"ok": False, "error": "same_private_network"}))
+                return
             last = self._asked.get(peer)
             now = trio.current_time()
             if not isinstance(ports, list) or not 1 <= len(ports) <= 4 \
@@ -359,14 +393,15 @@ class NatManager:
         delay = 0.5
         for _ in range(10**9):  # bounded by the node's life: each pass sleeps
             await trio.sleep(delay)
+            status: Status = "unknown"
             try:
                 status = await self.check_once()
             except Exception as exc:  # checked again later; never fatal
                 log.info("reachability_check_failed", error=repr(exc))
-                status = "unknown"
-            # Unknown: ask again soon (peers may not be connected yet), backing off.
-            delay = self.settings.reach_interval_s if status != "unknown" \
-                else min(self.settings.reach_interval_s, max(1.0, delay * 2))
+            # Ask again soon, backing off to reach_interval_s: one busy peer (or one busy
+            # start of ours) is no verdict. Without one (no peer connected yet): every 10 s.
+            cap = 10.0 if status == "unknown" else self.settings.reach_interval_s
+            delay = min(cap, max(2.0, delay * 2))
 
     # --- relay client -------------------------------------------------------------------
 
@@ -423,6 +458,9 @@ class NatManager:
 
     async def _reserve_pass(self) -> None:
         if not self._wants_relay():
+            if self.reservations:  # found public after all: let the slots lapse
+                self.reservations.clear()
+                log.info("relay_addrs", addrs=[])
             return
         now = time.time()
         before = set(self.circuit_addrs)
