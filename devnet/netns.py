@@ -7,9 +7,11 @@ Topology (every address belongs to a namespace created here; no namespace has a
 default route, so nothing leaves them):
 
 - ``pub``: the public segment 198.51.100.0/24 (a documentation range) on a bridge;
-  public hosts are addresses on it (``PUBLIC_HOSTS``). The test's own root namespace
-  is attached at 198.51.100.254 (only that connected route: nothing forwards
-  beyond), so the test can serve anvil's JSON-RPC on the public side.
+  each public host (``public_hosts``, .10 to .13 by default) is a namespace of its
+  own on it (``p10``...: ``public_ns(ip)``), so its connections come from its
+  address. The test's own root namespace is attached at 198.51.100.254 (only that
+  connected route: nothing forwards beyond), so the test can serve anvil's
+  JSON-RPC on the public side.
 - one router namespace per home (``r<home>``): ``wan`` on the public segment,
   ``lan`` on the home's private range, nftables masquerade out of ``wan`` and a
   forward/input policy that drops every unsolicited inbound packet.
@@ -68,7 +70,7 @@ def _sh(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[
 class NatLab:
     prefix: str                                   # unique per run, <= 6 chars
     public_hosts: list[str] = field(default_factory=lambda: [f"{PUBLIC_NET}.{i}"
-                                                             for i in range(10, 20)])
+                                                             for i in range(10, 14)])
     homes: list[Home] = field(default_factory=lambda: [
         Home("a", 1, f"{PUBLIC_NET}.2"), Home("b", 2, f"{PUBLIC_NET}.3")])
     _made: list[str] = field(default_factory=list)
@@ -135,8 +137,13 @@ class NatLab:
         pub = self._netns("pub")
         _sh(["ip", "-n", pub, "link", "add", "br0", "type", "bridge"])
         _sh(["ip", "-n", pub, "link", "set", "br0", "up"])
-        for ip in self.public_hosts:
-            _sh(["ip", "-n", pub, "addr", "add", f"{ip}/24", "dev", "br0"])
+        for ip in self.public_hosts:  # one namespace each: its own source address
+            host = self._netns(self.public_ns(ip))
+            port = f"to{ip.rsplit('.', 1)[1]}"
+            self._veth(host, "eth0", pub, port)
+            _sh(["ip", "-n", pub, "link", "set", port, "master", "br0", "up"])
+            _sh(["ip", "-n", host, "addr", "add", f"{ip}/24", "dev", "eth0"])
+            _sh(["ip", "-n", host, "link", "set", "eth0", "up"])
         # the test's root namespace on the public segment (anvil's RPC is served there)
         root_dev = f"{self.prefix}root"[:15]
         self._veth(None, root_dev, pub, "toroot")
@@ -173,6 +180,11 @@ table inet fw {{
                                capture_output=True, text=True, timeout=30)
             if p.returncode != 0:
                 raise NetnsError(f"nft in {r}: {p.stderr.strip()}")
+
+    @staticmethod
+    def public_ns(ip: str) -> str:
+        """The namespace of public host `ip` (e.g. "p11" for 198.51.100.11)."""
+        return f"p{ip.rsplit('.', 1)[1]}"
 
     def home_ip(self, home: str) -> str:
         return next(h.host_ip for h in self.homes if h.name == home)

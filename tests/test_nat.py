@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from devnet.localnet import REPO, LocalNet
-from devnet.netns import ROOT_IP, NatLab
+from devnet.netns import PUBLIC_NET, ROOT_IP, Home, NatLab
 from devnet.params import short_network_params
 from node.demo import pack_inputs, spec_for
 from node.errors import PolnetError
@@ -79,11 +79,17 @@ class NatNet(LocalNet):
         return data
 
 
-@pytest.fixture
-def lab() -> Iterator[NatLab]:
+@pytest.fixture(params=["cone", "symmetric"])
+def lab(request: pytest.FixtureRequest) -> Iterator[NatLab]:
+    """The namespaces; both homes behind port-preserving masquerade ("cone"), or
+    behind symmetric NAT (a random source port per connection: no hole punch could
+    cross it, the job must settle through the relay alone)."""
     if WHY_NOT is not None:
         pytest.skip(f"real-NAT test needs network namespaces and nftables: {WHY_NOT}")
-    with NatLab(f"pn{os.getpid() % 10000}") as lab_:
+    symmetric = request.param == "symmetric"
+    homes = [Home("a", 1, f"{PUBLIC_NET}.2", symmetric), Home("b", 2, f"{PUBLIC_NET}.3",
+                                                              symmetric)]
+    with NatLab(f"pn{os.getpid() % 10000}", homes=homes) as lab_:
         try:
             yield lab_
         finally:
@@ -115,8 +121,8 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
     params.market.attestors_per_job = 3  # every verifier sits: both NATed ones fetch
     t0 = time.monotonic()
     net = NatNet(tmp_path / "net", params, lab=lab)
-    net.where = {"relay": ("pub", "198.51.100.11"), "vpub": ("pub", "198.51.100.12"),
-                 "sub": ("pub", "198.51.100.13"), "solver": ("ha", lab.home_ip("a")),
+    net.where = {"relay": ("p11", "198.51.100.11"), "vpub": ("p12", "198.51.100.12"),
+                 "sub": ("p13", "198.51.100.13"), "solver": ("ha", lab.home_ip("a")),
                  "vb1": ("hb", lab.home_ip("b")), "vb2": ("hb", lab.home_ip("b"))}
     with net:
         assert net.deployment is not None

@@ -54,6 +54,7 @@ log = get_logger(__name__)
 
 REACH_PROTOCOL = TProtocol("/polnet/reach/1.0.0")
 MULTISTREAM = b"/multistream/1.0.0\n"
+RELAY_READ = 1024 * 1024  # bytes a relay reads from one side of a circuit at a time
 Status = Literal["unknown", "public", "private"]
 STATUS_VALUE: dict[str, int] = {"unknown": -1, "private": 0, "public": 1}
 
@@ -151,7 +152,13 @@ class _PacedRelay(CircuitV2Protocol):
 
     async def _read_stream_with_retry(self, stream: INetStream,
                                       max_retries: int = 3) -> bytes | None:
-        data = await super()._read_stream_with_retry(stream, max_retries)
+        # py-libp2p reads 64 KiB at a time and retries errors three times with sleeps;
+        # yamux hands over whatever has arrived, so a bigger read costs nothing when
+        # little is there and saves round trips through the loop when much is.
+        try:
+            data = await stream.read(RELAY_READ)
+        except Exception:  # EOF, reset: the circuit is over
+            return None
         if data:
             bucket = self._per_stream.get(stream)
             if bucket is None:
