@@ -110,8 +110,10 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
                                                               lab: NatLab) -> None:
     """The solver at home A and two verifiers at home B are found private by the
     dial-back check, reserve slots on the public relay and announce their relayed
-    addresses; the job settles with home B's verifiers fetching the solver's trace and
-    states through the relay (their connection to the solver stays relayed)."""
+    addresses; they reach each other through the relay, the job settles with home
+    B's verifiers fetching the solver's trace and states. Behind port-preserving
+    NAT, DCUtR hole punching turns the solver's relayed connections into direct
+    ones; behind symmetric NAT they stay relayed and the relay carries the job."""
     inputs = pack_inputs(tmp_path / "data")
     import hashlib  # noqa: PLC0415
 
@@ -154,9 +156,19 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
 
         solver_id = net.info("solver")["peer_id"]
         fetched_from_solver: dict[str, int] = {}
+        kinds: dict[str, str] = {}
+        symmetric = any(h.symmetric for h in lab.homes)
+        punched = reach("solver").get("hole_punched") or []
         for v in ("vb1", "vb2"):
             conns = net.info(v).get("connections") or {}
-            assert conns.get(solver_id) == "relayed", (v, conns)
+            vid = net.info(v)["peer_id"]
+            if symmetric:  # no hole punch crosses it: the relay carried everything
+                assert conns.get(solver_id) == "relayed", (v, conns)
+            else:  # DCUtR turned the relayed connection into a direct one through NAT
+                assert conns.get(solver_id) == "direct", (v, conns)
+                assert vid in punched or solver_id in (reach(v).get("hole_punched") or []), \
+                    (v, punched)
+            kinds[v] = str(conns.get(solver_id))
             text = (net.home / "logs" / f"{v}.log").read_text(errors="replace")
             # fetched from the solver (its per-peer chunk counts name it), whose only
             # connection to this verifier is the relayed one (whichever side dialed it)
@@ -166,6 +178,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
             fetched_from_solver[v] = len(fetched)
         net.check_alive()
         assert net.conserved()
-        print(json.dumps({"fetched_from_solver": fetched_from_solver,
+        print(json.dumps({"symmetric": symmetric, "solver_connection": kinds,
+                          "fetched_from_solver": fetched_from_solver,
                           "reachable_after_s": round(reachable_after, 1),
                           "settled_after_s": round(time.monotonic() - t0, 1)}))

@@ -37,6 +37,8 @@ class NatSettings(BaseModel):
     relays: list[str] = Field(default_factory=list,
                               description="Relay multiaddrs tried before bootstrap peers.")
     max_relays: int = Field(default=2, ge=1, le=8)
+    hole_punch: bool = Field(default=True, description="Try DCUtR hole punching over "
+                                                       "relayed connections.")
     circuit_open_timeout_s: float = Field(default=10.0, gt=0)
     # served as a relay
     max_reservations: int = Field(default=64, ge=1)

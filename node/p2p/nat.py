@@ -246,6 +246,7 @@ class NatManager:
         self._asked: OrderedDict[ID, float] = OrderedDict()  # dial-back askers, last time
         self._serving = trio.Semaphore(2)
         self._changed = trio.Event()
+        self.hole_punched: OrderedDict[str, None] = OrderedDict()  # relayed, then direct
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -260,6 +261,19 @@ class NatManager:
                 await trio.sleep_forever()
 
         nursery.start_soon(service)
+        if self.settings.hole_punch:
+            from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol  # noqa: PLC0415
+
+            dcutr = DCUtRProtocol(self.host)
+
+            async def punch() -> None:
+                # py-libp2p's DCUtR drives itself: every 2 s it tries to upgrade each
+                # relayed connection (3 attempts per peer), dialing from our listen port
+                async with background_trio_service(dcutr):
+                    await trio.sleep_forever()
+
+            nursery.start_soon(punch)
+            nursery.start_soon(self._watch_upgrades)
         if self.settings.reach_check:
             nursery.start_soon(self._check_loop)
         if self.settings.relay_client != "off":
@@ -280,10 +294,28 @@ class NatManager:
         out = self.reach.as_dict()
         out["relay_serving"] = self.relay_serving
         out["relay_addrs"] = self.circuit_addrs
+        out["hole_punched"] = list(self.hole_punched)
         out["relayed_bytes"] = self.relay.relayed_bytes if self.relay else 0
         out["reservations_held"] = (len(self.relay.resource_manager._reservations)
                                     if self.relay else 0)
         return out
+
+    async def _watch_upgrades(self) -> None:
+        """Log (and count) peers whose relayed connection became a direct one."""
+        relayed: OrderedDict[str, None] = OrderedDict()
+        for _ in range(10**9):  # bounded by the node's life: each pass sleeps
+            await trio.sleep(1.0)
+            for pid, kind in connection_kinds(self.host).items():
+                if kind == "relayed":
+                    relayed[pid] = None
+                    while len(relayed) > 4096:
+                        relayed.popitem(last=False)
+                elif pid in relayed:
+                    del relayed[pid]
+                    self.hole_punched[pid] = None
+                    while len(self.hole_punched) > 64:
+                        self.hole_punched.popitem(last=False)
+                    log.info("hole_punched", peer=pid)
 
     # --- dial-back: server ------------------------------------------------------------
 
