@@ -136,7 +136,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
         net.start_verifier("vpub", V_PUB)
         net.start_verifier("vb1", V_B1)
         net.start_verifier("vb2", V_B2)
-        net.start_solver("solver", SOLVER)
+        net.start_solver("solver", SOLVER, "honest", "--metrics-port", "0")
 
         def reach(name: str) -> dict[str, Any]:
             r: dict[str, Any] = net.info(name).get("reachability") or {}
@@ -151,6 +151,21 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
         for n in homes:
             [addr] = reach(n)["relay_addrs"]
             assert addr.startswith(relay + "/p2p-circuit/p2p/")
+        # the operator's view: `polnet node status` and /metrics, inside home A
+        env = {**os.environ, "POLNET_HOME": str(net.home), "POLNET_RPC_URL": net.rpc_url,
+               "PYTHONPATH": str(REPO)}
+        st = subprocess.run(lab.wrap("ha", [sys.executable, "-m", "node.cli.main", "node",
+                                            "status", "--name", "solver", "--dev-account",
+                                            str(SOLVER), "--json"]),
+                            capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+        assert st.returncode == 0, st.stderr[-2000:]
+        assert json.loads(st.stdout.strip().splitlines()[-1])["reachability"]["status"] \
+            == "private"
+        port = net.info("solver")["metrics_port"]
+        code = ("import urllib.request; print(urllib.request.urlopen("
+                f"'http://127.0.0.1:{port}/metrics', timeout=10).read().decode())")
+        metrics = lab.run("ha", [sys.executable, "-c", code]).stdout
+        assert "polnet_reachable 0.0" in metrics and "polnet_relay_addrs 1.0" in metrics
         job = net.submit("sub", SUBMITTER, spec, inputs["digits"])
         net.wait_job(job, {FINALIZED}, 360)
 
