@@ -6,7 +6,7 @@ VENV     := .venv
 BIN      := $(VENV)/bin
 PYTEST_ARGS ?= --durations=12
 
-.PHONY: demo demo-collab test setup browser lint typecheck contracts bench clean devnet-up devnet-down
+.PHONY: demo demo-collab test setup browser nat-tools lint typecheck contracts bench clean devnet-up devnet-down
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -35,7 +35,7 @@ demo-collab: setup
 # are tight against the wall clock (marker `serial`: the chaos run, a collaborative
 # e2e's rounds, a juror's vote window beside a slow provider) one at a time.
 # Exit 5 (nothing selected, e.g. under -k) is not a failure unless every part says it.
-test: setup browser
+test: setup browser nat-tools
 	@$(BIN)/python -m pytest -m parallel -n 3 --dist worksteal $(PYTEST_ARGS); a=$$?; \
 	$(BIN)/python -m pytest -m "not parallel and not serial" -n 2 --dist worksteal $(PYTEST_ARGS); b=$$?; \
 	$(BIN)/python -m pytest -m serial $(PYTEST_ARGS); c=$$?; \
@@ -50,6 +50,15 @@ browser:
 	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium)) || \
 	  (echo "make test needs Chromium for tests/test_explorer.py: install Debian's" \
 	        "package chromium (as root: apt-get install chromium)" >&2; exit 1)
+
+# tests/test_nat.py runs daemons in network namespaces behind nftables NAT (as root);
+# it skips, saying why, where it cannot, so `make test` installs nftables or fails.
+nat-tools:
+	@command -v nft >/dev/null 2>&1 || \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null || \
+	   (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables)) || \
+	  (echo "make test needs nftables for tests/test_nat.py: install Debian's" \
+	        "package nftables (as root: apt-get install nftables)" >&2; exit 1)
 
 lint: setup
 	$(BIN)/ruff check .

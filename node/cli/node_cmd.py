@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import typer
 
-from node.cli.common import ConfigOpt, DevAccountOpt, KeystoreOpt
+from node.cli.common import ConfigOpt, DevAccountOpt, KeystoreOpt, NameOpt
 
 app = typer.Typer(help="Your node as the chain sees it: roles, stake, seats.",
                   no_args_is_help=True)
@@ -25,10 +27,13 @@ def status(
     config: ConfigOpt = None,
     dev_account: DevAccountOpt = None,
     keystore: KeystoreOpt = None,
+    name: NameOpt = None,
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Roles, free / seat-locked / bonded / unbonding stake, when unbonding can be
-    withdrawn, and whether the node has a collaborative delivered record."""
+    withdrawn, and whether the node has a collaborative delivered record. With the
+    running node's --name (or its config), also its reachability: public, private
+    (behind NAT) or unknown, its relayed addresses and its peers by connection kind."""
     from node.chain.client import ChainClient
     from node.chain.contracts import SOLVER, VERIFIER
     from node.chain.deployment import Deployment
@@ -36,7 +41,7 @@ def status(
     from node.errors import ConfigError
     from node.units import wei_to_pol
 
-    s = settings_from(config, dev_account=dev_account, keystore=keystore)
+    s = settings_from(config, dev_account=dev_account, keystore=keystore, name=name)
     key = s.load_private_key() if address is None else None
     if address is None and key is None:
         raise ConfigError("which node? give an ADDRESS, --keystore FILE or --dev-account N")
@@ -56,6 +61,10 @@ def status(
             "bonded_stake": n.locked_stake, "unbonding_stake": n.unbonding_stake,
             "unbond_available_at": n.unbond_available_at or None,
             "collab_delivered_record": bool(delivered) if delivered is not None else None}
+    local = _local_node(s.node_dir, n.peer_id)
+    if local is not None:
+        data["reachability"] = local.get("reachability")
+        data["connections"] = local.get("connections")
     if as_json:
         typer.echo(json.dumps(data))
         return
@@ -75,7 +84,31 @@ def status(
     if delivered is not None:
         t.add_row("collab record", "delivered (may hold several slots)" if delivered else
                   "none yet (one slot per collaborative job)")
+    reach = data.get("reachability")
+    if isinstance(reach, dict):
+        relays = reach.get("relay_addrs") or []
+        t.add_row("reachability", str(reach.get("status")) + (
+            f" (confirmed by {len(reach.get('confirmed_by') or [])} peers)"
+            if reach.get("status") == "public" else ""))
+        t.add_row("relayed addrs", "\n".join(relays) or "-")
+        t.add_row("relay service", "on" if reach.get("relay_serving") else "off")
+        conns = data.get("connections")
+        kinds = list(conns.values()) if isinstance(conns, dict) else []
+        t.add_row("peers", ", ".join(f"{kinds.count(kind)} {kind}"
+                                     for kind in ("direct", "relayed")))
     Console().print(t)
+
+
+def _local_node(node_dir: Path, peer_id: str) -> dict[str, Any] | None:
+    """The running daemon's node.json in `node_dir`, if it is this node's and alive."""
+    import os
+
+    try:
+        info = json.loads((node_dir / "node.json").read_text())
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info if isinstance(info, dict) and info.get("peer_id") == peer_id else None
 
 
 def register(root: typer.Typer) -> None:

@@ -57,11 +57,18 @@ class ArtifactAvailable(_Strict):
     note: str = Field(default="", max_length=256)
 
 
+class PeerAddrs(_Strict):
+    """A node's relayed addresses (/p2p-circuit, each ending in its own peer id)."""
+
+    addrs: list[Annotated[str, Field(max_length=400)]] = Field(min_length=1, max_length=8)
+
+
 # kind -> (payload model, topic). Topics are per kind so each gets its own pace.
 KINDS: dict[str, tuple[type[_Strict], str]] = {
     "job_posted": (JobPosted, "polnet/jobs/1"),
     "result_committed": (ResultCommitted, "polnet/results/1"),
     "artifact_available": (ArtifactAvailable, "polnet/artifacts/1"),
+    "peer_addrs": (PeerAddrs, "polnet/peers/1"),
 }
 
 

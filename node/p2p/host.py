@@ -45,11 +45,13 @@ from node.p2p.config import DEFAULT_LISTEN, P2PSettings
 from node.p2p.identity import load_or_create_keypair
 from node.p2p.identity_lock import hold_identity
 from node.p2p.limits import TokenBucket
+from node.p2p.nat import NatManager, is_circuit, is_private_only
 from node.p2p.transfer import ArtifactServer, Downloader, FetchStats, Progress
 from node.p2p.wire import PROTOCOL_ID as ARTIFACT_PROTOCOL
 from node.store import ArtifactStore
 
 log = get_logger(__name__)
+PRIVATE_DIAL_S = 4.0  # a direct dial of private-only addresses before relays are tried
 PeerSpec = tuple[str, Sequence[str]]  # (peer id base58, multiaddrs) as the registry holds them
 
 
@@ -139,6 +141,8 @@ class PolnetNode:
         self.verifier = AnnouncementVerifier()
         self.replay = ReplayGuard()
         self.banned = BanList(config.ban_s)
+        self.nat = NatManager(self.host, config.nat, config.bootstrap,
+                              on_change=self._announce_circuits)
         self._fetching: dict[str, _CountedLock] = {}
         self._buckets: dict[str, TokenBucket] = {}
         self._seq = 0
@@ -161,6 +165,8 @@ class PolnetNode:
             await stack.enter_async_context(background_trio_service(self.dht))
             self.host.set_stream_handler(ARTIFACT_PROTOCOL, self.server.handle)
             stack.push_async_callback(self._cancel_nursery)
+            await self.nat.run(self.nursery)
+            self.nursery.start_soon(self._learn_circuits)
             for addr in self.config.bootstrap:
                 await self._try_connect(addr)
         except BaseException:
@@ -190,10 +196,44 @@ class PolnetNode:
 
     @property
     def addrs(self) -> list[str]:
-        """Our listen multiaddrs including /p2p/<peer id>, ready to give to others."""
+        """Our listen multiaddrs including /p2p/<peer id>, ready to give to others, then
+        our relayed (/p2p-circuit) addresses while we hold relay reservations."""
         pid = self.peer_id.to_base58()
         return [f"{a}/p2p/{pid}" if "/p2p/" not in str(a) else str(a)
-                for a in self.host.get_addrs()]
+                for a in self.host.get_addrs()] + self.nat.circuit_addrs
+
+    # --- NAT: relayed addresses -----------------------------------------------------
+
+    async def _announce_circuits(self) -> None:
+        """Tell the network how to reach us through our relays (on every change)."""
+        addrs = self.nat.circuit_addrs
+        if not addrs:
+            return
+        try:
+            await self.announce("peer_addrs", {"addrs": addrs})
+        except Exception as exc:  # announced again on the next change or round
+            log.info("peer_addrs_announce_failed", error=repr(exc))
+
+    async def _learn_circuits(self) -> None:
+        """Keep the relayed addresses other nodes announce; re-announce ours now and
+        then so that nodes joining later learn them too."""
+        chan = await self.subscribe("peer_addrs")
+
+        async def reannounce() -> None:
+            for _ in range(10**9):  # bounded by the node's life: each pass sleeps
+                await trio.sleep(30.0)
+                await self._announce_circuits()
+
+        assert self.nursery is not None
+        self.nursery.start_soon(reannounce)
+        async for ann in chan:
+            try:
+                sender = ID.from_base58(ann.sender)
+            except Exception:
+                continue
+            if sender != self.peer_id and self.nat.learn_circuits(
+                    sender, list(ann.payload.get("addrs", []))):
+                log.debug("peer_circuits_learned", peer=ann.sender)
 
     # --- discovery ------------------------------------------------------------------
 
@@ -204,18 +244,40 @@ class PolnetNode:
         return info.peer_id
 
     async def _dial(self, info: PeerInfo) -> None:
+        """Connect to a peer: directly, else through a relay. Relays are tried when the
+        direct dial fails and the peer announced relayed addresses (or was given one),
+        or when all it gives are private (RFC 1918 / CGNAT) addresses: a node at home."""
         if info.peer_id == self.peer_id:
             return
-        if info.addrs and info.peer_id not in self.host.get_connected_peers():
-            # Fresh addresses replace stale ones (a restarted peer has a new port),
-            # and lift the swarm's "recently failed" block on the peer.
-            self.host.get_peerstore().clear_addrs(info.peer_id)
-            unblock = getattr(self.host.get_network(), "unblock_peer", None)
-            if unblock is not None:
-                unblock(info.peer_id)
-        self.host.get_peerstore().add_addrs(info.peer_id, info.addrs, 3600)
-        with trio.fail_after(15):
-            await self.host.connect(info)
+        direct = [a for a in info.addrs if not is_circuit(a)]
+        pid = info.peer_id.to_base58()
+        given = [str(a) if str(a).endswith(f"/p2p/{pid}") else f"{a}/p2p/{pid}"
+                 for a in info.addrs if is_circuit(a)]
+        connected = info.peer_id in self.host.get_connected_peers()
+        try:
+            if not direct and not connected:
+                raise PeerUnavailable(f"no direct address for {info.peer_id}")
+            if direct and not connected:
+                # Fresh addresses replace stale ones (a restarted peer has a new port),
+                # and lift the swarm's "recently failed" block on the peer.
+                self.host.get_peerstore().clear_addrs(info.peer_id)
+                unblock = getattr(self.host.get_network(), "unblock_peer", None)
+                if unblock is not None:
+                    unblock(info.peer_id)
+            self.host.get_peerstore().add_addrs(info.peer_id, direct, 3600)
+            # A home node's private address answers at once on its own network or
+            # never (the swarm retries unreachable routes): relays are tried sooner.
+            with trio.fail_after(PRIVATE_DIAL_S if is_private_only(direct) else 15):
+                await self.host.connect(PeerInfo(info.peer_id, direct))
+        except Exception as exc:
+            via_relay = given or self.nat.known_circuits.get(info.peer_id) \
+                or is_private_only(direct)
+            circuits = self.nat.circuits_for(info.peer_id, given) if via_relay else []
+            if not circuits:
+                raise
+            log.info("direct_dial_failed", peer=info.peer_id.to_base58(), error=repr(exc)[:200],
+                     trying_relays=len(circuits))
+            await self.nat.dial_circuit(info.peer_id, circuits)
         await self.dht.add_peer(info.peer_id, skip_server_mode_check=True)
 
     async def _try_connect(self, maddr: str) -> bool:

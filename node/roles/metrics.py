@@ -17,6 +17,10 @@ class Metrics:
     bytes_served: Gauge
     stake: Gauge
     credits_withdrawn: Counter
+    reachable: Gauge
+    relay_addrs: Gauge
+    peers: Gauge
+    relayed_bytes: Gauge
 
     @classmethod
     def create(cls) -> Metrics:
@@ -37,6 +41,14 @@ class Metrics:
                         registry=reg),
             credits_withdrawn=Counter("polnet_credits_withdrawn",
                                       "Token wei withdrawn from the contracts", registry=reg),
+            reachable=Gauge("polnet_reachable", "Dial-back verdict: 1 public, 0 private "
+                            "(behind NAT), -1 unknown", registry=reg),
+            relay_addrs=Gauge("polnet_relay_addrs", "Relayed (/p2p-circuit) addresses held "
+                              "(one per relay reservation)", registry=reg),
+            peers=Gauge("polnet_peers", "Connected peers, by connection kind", ["kind"],
+                        registry=reg),
+            relayed_bytes=Gauge("polnet_relayed_bytes", "Bytes this node relayed for others "
+                                "(as a circuit relay)", registry=reg),
         )
 
     def serve(self, port: int) -> int:

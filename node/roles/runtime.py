@@ -31,6 +31,7 @@ from node.logs import get_logger
 from node.p2p import PolnetNode
 from node.p2p.announce import Announcement
 from node.p2p.announce_policy import EntitledSenders
+from node.p2p.nat import STATUS_VALUE, connection_kinds
 from node.roles import announce_kinds  # noqa: F401 - registers the dispute kinds
 from node.roles.metrics import Metrics
 from node.roles.registry_view import RegistryView
@@ -220,6 +221,7 @@ class Runtime:
             self._p2p.nursery.start_soon(self._pump, chan)
         self._p2p.nursery.start_soon(self._registry_peers_loop)
         self._p2p.nursery.start_soon(self._gc_loop)
+        self._p2p.nursery.start_soon(self._nat_loop)
         if self.settings.metrics_port is not None:
             self.metrics_port = self.metrics.serve(self.settings.metrics_port)
         self._write_info()
@@ -236,7 +238,8 @@ class Runtime:
         """node.json: how other local processes (the demo, tests) reach this node."""
         info = {"role": self.role, "address": self.address, "pid": os.getpid(),
                 "peer_id": self.p2p.peer_id.to_base58(), "addrs": self.p2p.addrs,
-                "metrics_port": self.metrics_port}
+                "metrics_port": self.metrics_port, "reachability": self.p2p.nat.status(),
+                "connections": connection_kinds(self.p2p.host)}
         tmp = self.dir / "node.json.tmp"
         tmp.write_text(json.dumps(info, indent=2))
         os.replace(tmp, self.dir / "node.json")
@@ -269,6 +272,28 @@ class Runtime:
             except Exception as exc:  # discovery is retried; never fatal
                 log.warning("registry_peers_failed", error=repr(exc))
             await trio.sleep(5.0)
+
+    async def _nat_loop(self) -> None:
+        """Reachability and relays into /metrics and node.json (read by `polnet node
+        status`), every few seconds."""
+        last: Any = None
+        for _ in range(10**9):  # bounded by the node's life: each pass sleeps
+            await trio.sleep(2.0)
+            try:
+                st = self.p2p.nat.status()
+                kinds = connection_kinds(self.p2p.host)
+                m = self.metrics
+                m.reachable.set(STATUS_VALUE[st["status"]])
+                m.relay_addrs.set(len(st["relay_addrs"]))
+                m.relayed_bytes.set(st["relayed_bytes"])
+                for kind in ("direct", "relayed"):
+                    m.peers.labels(kind).set(sum(1 for k in kinds.values() if k == kind))
+                now = (st["status"], tuple(st["relay_addrs"]), tuple(sorted(kinds.items())))
+                if now != last:
+                    last = now
+                    self._write_info()
+            except Exception as exc:  # reported again on the next pass
+                log.info("nat_report_failed", error=repr(exc))
 
     async def _pump(self, chan: trio.MemoryReceiveChannel[Announcement]) -> None:
         async for ann in chan:
