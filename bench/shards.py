@@ -9,9 +9,15 @@ confidence), and fetches the manifest plus the sampled segments' shards from a
 second real libp2p host on 127.0.0.1, counting the bytes off the wire.
 
     PYTHONPATH=. python bench/shards.py [--mb 4] [--seq-len 65] [--shard-sequences 32] [--k 8]
+        [--exact-shards]
+
+``--exact-shards``: shards of exactly ``--shard-sequences`` (default there: k x
+batch_size, one segment's sequences) with the tail dropped, so each segment reads one
+shard. Without it, shards of ~32 sequences and segments of 64 straddle 2-3 shards.
 
 Last line: JSON with fetched_bytes, dataset_bytes (shards + manifest), their ratio,
-the sampled share of segments and of steps, and the shard counts.
+the sampled share of segments, the target (sampled share + the manifest's share of
+the dataset's bytes) and whether the fetch stayed within it, and the shard counts.
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=65)
     ap.add_argument("--mb", type=float, default=4.0)
-    ap.add_argument("--shard-sequences", type=int, default=32)
+    ap.add_argument("--shard-sequences", type=int, default=None)
+    ap.add_argument("--exact-shards", action="store_true")
     ap.add_argument("--vocab-size", type=int, default=2048)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--k", type=int, default=8)
@@ -57,8 +64,11 @@ def main() -> None:
             (corpus / f"{i:04d}-{py.stem}.txt").write_text(text)
             budget -= len(text)
         t0 = time.perf_counter()
+        per_shard = args.shard_sequences or (args.k * args.batch_size if args.exact_shards
+                                             else 32)
         packed = pack_tokens(corpus, tmp / "ds", seq_len=args.seq_len,
-                             shard_sequences=args.shard_sequences, vocab_size=args.vocab_size)
+                             shard_sequences=per_shard, vocab_size=args.vocab_size,
+                             exact_shards=args.exact_shards)
         pack_s = time.perf_counter() - t0
         m = packed.manifest
         per_epoch = m.total_sequences // args.batch_size
@@ -101,6 +111,11 @@ def main() -> None:
         "fetched_bytes": fetched,
         "fetched_share": round(fetched / dataset_bytes, 4),
         "sampled_share": round(len(sampled) / spec.segment_count, 4),
+        "target_share": round(len(sampled) / spec.segment_count
+                              + manifest_bytes / dataset_bytes, 4),
+        "within_target": fetched <= (len(sampled) / spec.segment_count * m.total_bytes
+                                     + manifest_bytes),
+        "exact_shards": args.exact_shards, "shard_sequences": per_shard,
         "pack_s": round(pack_s, 2), "fetch_s": round(fetch_s, 2),
     }
     print(json.dumps(out))

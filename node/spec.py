@@ -329,6 +329,14 @@ class JobSpec(_Strict):
     def segment_count(self) -> int:
         return self.total_steps // self.checkpoint_interval
 
+    @property
+    def tokens_per_step(self) -> int | None:
+        """Input tokens a step trains on (a language model's batch x context); None for
+        the vision families, whose samples are not tokens."""
+        if isinstance(self.model, TEXT_CONFIGS):
+            return self.batch_size * self.model.context
+        return None
+
     def estimated_memory_mb(self) -> int:
         """Weights + grads + optimizer state + activations (fwd and bwd), fp32."""
         p = self.model.param_count()

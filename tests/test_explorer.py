@@ -86,7 +86,7 @@ def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
                                   init=bytes.fromhex(man.state_hashes[0]),
                                   spec=spec.spec_hash())) == honest
     h = spec.spec_hash_hex()  # the spec, as the solver's store holds it (named by its hash)
-    held = home / "nodes" / "solver" / "store" / "objects" / h[:2] / h
+    held = home / "nodes" / "solver" / "p2p" / "store" / "objects" / h[:2] / h
     held.parent.mkdir(parents=True)
     held.write_bytes(spec.canonical_json())
     solver.market.claim_job(honest)
@@ -232,6 +232,49 @@ def test_loss_chart_has_titles_and_covers_every_value(scene: Scene) -> None:
     assert "alice" in title.group(1) and "mlp-digits" in title.group(1)  # solver, spec
     ys = [float(p.split(",")[1]) for p in svg.split('points="', 1)[1].split('"', 1)[0].split()]
     assert all(28 <= y <= 216 for y in ys)  # inside the plot area (pad_t .. pad_t + h)
+    # beside the chart, a row per segment: its last step, tokens seen (an MLP has none)
+    rows = re.findall(r"<tr><td>(\d+)</td><td>(\d+)</td><td>([^<]*)</td><td>([^<]*)</td></tr>",
+                      body.split('<table class="segments">', 1)[1].split("</table>", 1)[0])
+    assert [(int(a), int(b), c) for a, b, c, _ in rows] == [
+        (i, (i + 1) * 10, "-") for i in range(len(scene.losses))]
+    assert [float(d) for *_, d in rows] == pytest.approx(scene.losses, abs=1e-4)
+
+
+def test_tokens_seen_per_segment_of_a_language_model(tmp_path: Path) -> None:
+    """A language model's segments count the tokens trained on by their end (batch x
+    context a step), read from the committed trace and the spec a node here holds."""
+    from eth_typing import ChecksumAddress, HexAddress, HexStr
+
+    from node.chain.contracts import Job
+    from node.explorer.index import find_loss_curve
+    from verifier.jobs import dataset
+
+    text = dataset("text", tmp_path / "data")
+    spec = parse_spec({"seed": 1, "dataset_hash": text.hash_hex, "batch_size": 4,
+                       "model": {"family": "transformer_lm", "vocab_size": 128, "context": 16,
+                                 "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32},
+                       "optimizer": {"name": "adamw", "lr": 1e-3}, "total_steps": 6,
+                       "checkpoint_interval": 2})
+    home = tmp_path / "home"
+    man = run_training(TrainContext.create(spec, text),
+                       home / "nodes" / "solver" / "jobs" / "3-r1" / "trace", job_id=3)
+    zero = ChecksumAddress(HexAddress(HexStr("0x" + "00" * 20)))
+    job = Job(JobStatus.COMMITTED, zero, zero, spec.spec_hash(), bytes(32), 0, 0, 0, 0, 0, 0,
+              0, 0, bytes.fromhex(man.root.removeprefix("0x")), bytes(32), 3, 2, 0, bytes(32),
+              0, 1, 0, 6, bytes(32), 0, 0)
+    curve = find_loss_curve(home, 3, job)
+    assert curve is not None and curve.tokens_per_step is None  # no node here holds the spec
+    h = spec.spec_hash_hex().removeprefix("0x")
+    held = home / "nodes" / "solver" / "p2p" / "store" / "objects" / h[:2] / h
+    held.parent.mkdir(parents=True)
+    held.write_bytes(spec.canonical_json())
+    curve = find_loss_curve(home, 3, job)
+    assert curve is not None
+    assert [(r["segment"], r["step"], r["tokens_seen"]) for r in curve.rows()] == [
+        (0, 2, 2 * 4 * 16), (1, 4, 4 * 4 * 16), (2, 6, 6 * 4 * 16)]
+    assert [r["loss"] for r in curve.rows()] == list(man.losses)
+    other = Job(**{**job.__dict__, "trace_root": bytes(31) + b"\x01"})
+    assert find_loss_curve(home, 3, other) is None  # not the root on chain: not shown
 
 
 def test_slash_rows_link_to_their_job_and_dispute(scene: Scene) -> None:

@@ -54,8 +54,8 @@ def documents() -> list[str]:
 
 
 def pack(src: Path, out: Path, **kw: Any) -> Packed:
-    return pack_tokens(src, out, seq_len=SEQ, shard_sequences=PER_SHARD, vocab_size=VOCAB,
-                       **kw)
+    return pack_tokens(src, out, seq_len=SEQ, vocab_size=VOCAB,
+                       **{"shard_sequences": PER_SHARD, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -387,3 +387,153 @@ def test_training_prefetches_the_next_steps_shards(packed: Packed) -> None:
                                                             spec.batch_size, range(1, 9))
     assert len(seen) == len({i for i, _ in seen})  # each loaded once
     assert all(name.startswith("shard-prefetch") for _, name in seen)  # off the step's thread
+
+
+def test_exact_shards_of_one_segment_each_fetch_the_sampled_share(corpus: Path,
+                                                                   tmp_path: Path) -> None:
+    """Shards of exactly k x batch_size sequences: every segment reads one shard, no two
+    segments the same one, so a verifier's sampled segments are the sampled share of
+    the bytes (plus the manifest); the sequences that fill no shard are dropped."""
+    per = K * 8
+    exact = pack(corpus / "c.jsonl", tmp_path / "x", shard_sequences=per, exact_shards=True)
+    m = exact.manifest
+    assert {s.sequences for s in m.shards} == {per}
+    loose = pack(corpus / "c.jsonl", tmp_path / "l", shard_sequences=per)
+    assert m.total_sequences == loose.manifest.total_sequences // per * per
+    spec = lm_spec(exact.hash_hex, total_steps=m.total_sequences // 8)  # one epoch
+    assert spec.segment_count == len(m.shards)
+    read = [segment_shards(m, spec, [s]) for s in range(spec.segment_count)]
+    assert all(len(r) == 1 for r in read)
+    assert sorted(r[0] for r in read) == list(range(len(m.shards)))
+    sampled = [0, 2, 5]
+    fetched = sum(m.shards[i].size for i in segment_shards(m, spec, sampled))
+    shard_bytes = sum(s.size for s in m.shards)
+    assert fetched * spec.segment_count == shard_bytes * len(sampled)
+    with pytest.raises(DatasetError, match="do not fill one shard"):
+        pack(corpus / "c.jsonl", tmp_path / "big", shard_sequences=10**6, exact_shards=True)
+
+
+def hf_spec(dataset_hash: str, model: dict[str, Any]) -> JobSpec:
+    from node.spec_hf import installed_transformers_version  # noqa: PLC0415
+
+    return lm_spec(dataset_hash, model={"transformers_version": installed_transformers_version(),
+                                        "context": SEQ - 1, "num_attention_heads": 2,
+                                        "hidden_size": 16, "intermediate_size": 32,
+                                        "num_hidden_layers": 1, **model})
+
+
+@pytest.mark.parametrize("model", [
+    {"family": "hf_llama", "vocab_size": VOCAB},
+    {"family": "hf_albert", "vocab_size": VOCAB + 1, "mask_token_id": VOCAB,
+     "embedding_size": 8},
+], ids=["llama", "albert"])
+def test_hf_families_train_on_shards_and_export_the_tokenizer(
+        packed: Packed, tmp_path: Path, model: dict[str, Any]) -> None:
+    """An HF family on BPE token shards: every segment replays from only the shards it
+    reads; the fetched model exports with the manifest's tokenizer, which
+    AutoTokenizer loads with the job's ids and whose logits are the final state's."""
+    import transformers  # noqa: PLC0415
+
+    from node.train.hf_export import export_hf  # noqa: PLC0415
+    from node.train.models import load_model, save_model  # noqa: PLC0415
+
+    m = packed.manifest
+    spec = hf_spec(packed.hash_hex, model)
+    ctx = StreamContext.open(spec, m, dir_source(packed.manifest_path.parent))
+    try:
+        manifest = run_training(ctx, tmp_path / "t", job_id=JOB)
+    finally:
+        ctx.close()
+    root = bytes.fromhex(manifest.root)
+    for seg in range(spec.segment_count):
+        vctx = StreamContext.open(spec, m, only(packed, set(segment_shards(m, spec, [seg]))))
+        v = verify_segment(vctx, root=root, job_id=JOB, segment=seg,
+                           start=committed_from_trace(tmp_path / "t", seg),
+                           end=committed_from_trace(tmp_path / "t", seg + 1))
+        vctx.close()
+        assert v.passed, (seg, v.reason)
+    final = committed_from_trace(tmp_path / "t", spec.segment_count).tensors
+    path = save_model(tmp_path / "model.safetensors", final, spec)
+    out = export_hf(path, tmp_path / "hf", tokenizer_json=packed.tokenizer_path.read_bytes())
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    text = "def f(x):\n    return x"
+    ids = tok(text, return_tensors="pt").input_ids
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    raw = Tokenizer.from_file(str(packed.tokenizer_path))
+    assert ids[0].tolist() == raw.encode(text).ids  # the ids the shards hold
+    assert tok.decode(ids[0]) == text
+    auto = (transformers.AutoModelForMaskedLM if model["family"] == "hf_albert"
+            else transformers.AutoModelForCausalLM)
+    hf = auto.from_pretrained(out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert torch.equal(hf(ids).logits, load_model(path)(ids))
+    if model["family"] == "hf_albert":
+        assert tok.mask_token == "[MASK]" and tok.mask_token_id == VOCAB
+
+
+@pytest.mark.parallel  # real daemons and anvil: mostly waiting
+@pytest.mark.timeout(600)
+def test_an_hf_llama_job_on_shards_runs_through_the_daemons_and_fetches_as_hf(
+        packed: Packed, tmp_path: Path) -> None:
+    """End to end on the devnet: BPE token shards packed from a corpus, an hf_llama job
+    submitted, streamed and trained by the ordinary solver, verified by the ordinary
+    verifiers, finalized; `polnet job fetch --format hf DIR` writes a directory that
+    transformers loads as it is, with the dataset's tokenizer (the submitter serves it)."""
+    import math  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import transformers  # noqa: PLC0415
+    from tokenizers import Tokenizer  # noqa: PLC0415
+
+    from devnet.localnet import LocalNet  # noqa: PLC0415
+    from devnet.params import short_network_params  # noqa: PLC0415
+    from node.train.models import load_model  # noqa: PLC0415
+
+    spec = hf_spec(packed.hash_hex, {"family": "hf_llama", "vocab_size": VOCAB})
+    spec = parse_spec({**spec.model_dump(mode="json"), "total_steps": 12,
+                       "detection": {"fraction": 0.5, "confidence": 0.9}})
+    spec_path = tmp_path / "job.json"
+    spec_path.write_bytes(spec.canonical_json())
+    model, hf_dir = tmp_path / "model.safetensors", tmp_path / "hf"
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
+        for name, acct in (("v1", 4), ("v2", 5), ("v3", 6)):
+            net.start_verifier(name, acct)
+        net.start_solver("solver", 2)
+        job = net.submit("sub", 1, spec_path, packed.manifest_path)
+        net.wait_job(job, {3}, 420)  # Finalized
+        assert net.conserved()
+        # the submitter's node (its store holds the tokenizer it published), its
+        # `job submit` done once the job was final
+        fetch = net.polnet("sub", "job", "fetch", str(job), "--out", str(model),
+                           "--format", "hf", str(hf_dir), *net.node_args("sub", 1))
+        assert fetch.wait(180) == 0, (net.home / "logs" / "sub.log").read_text()[-2000:]
+        # `job status` shows tokens seen and loss per segment (the solver's trace here)
+        status = subprocess.run([sys.executable, "-m", "node.cli.main", "job", "status",
+                                 str(job), "--json"], capture_output=True, text=True,
+                                 timeout=120, env={**os.environ, "POLNET_HOME": str(net.home)})
+        assert status.returncode == 0, status.stderr[-2000:]
+        rows = json.loads(status.stdout)["segments"]
+        assert [(r["segment"], r["step"], r["tokens_seen"]) for r in rows] == [
+            (i, (i + 1) * K, (i + 1) * K * spec.batch_size * (SEQ - 1))
+            for i in range(spec.segment_count)]
+        assert all(math.isfinite(r["loss"]) for r in rows)
+        table = subprocess.run([sys.executable, "-m", "node.cli.main", "job", "status",
+                                str(job)], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "POLNET_HOME": str(net.home),
+                                    "COLUMNS": "200"})
+        assert "loss per segment" in table.stdout and "tokens seen" in table.stdout
+        assert f"{spec.total_steps * spec.batch_size * (SEQ - 1):,}" in table.stdout
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    text = "import os\nprint(os.sep)"
+    ids = tok(text, return_tensors="pt").input_ids
+    assert ids[0].tolist() == Tokenizer.from_file(str(packed.tokenizer_path)).encode(text).ids
+    lm = transformers.AutoModelForCausalLM.from_pretrained(hf_dir,
+                                                           attn_implementation="eager").eval()
+    with torch.no_grad():
+        assert torch.equal(lm(ids).logits, load_model(model)(ids))
+        out = lm.generate(ids, max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, ids.shape[1] + 4)
+    assert isinstance(tok.decode(out[0]), str)

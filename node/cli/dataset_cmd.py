@@ -48,6 +48,11 @@ def register(app: typer.Typer) -> None:
         shard_sequences: Annotated[int, typer.Option(
             "--shard-sequences", help="tokens: sequences per shard (>= the batch size).")
         ] = 1024,
+        exact_shards: Annotated[bool, typer.Option(
+            "--exact-shards", help="tokens: every shard holds exactly --shard-sequences (the "
+                                   "rest is dropped); with k x batch_size, each segment reads "
+                                   "one shard and a verifier fetches only the sampled share.")
+        ] = False,
         vocab_size: Annotated[int, typer.Option(
             "--vocab-size", help="tokens: size of the BPE tokenizer trained on the corpus.")
         ] = 8192,
@@ -72,13 +77,13 @@ def register(app: typer.Typer) -> None:
             if source is None:
                 raise DatasetError("`polnet dataset pack tokens OUT_DIR` needs --source PATH")
             packed = pack_tokens(source, out, seq_len, shard_sequences, vocab_size, tokenizer,
-                                 tokenizer_hash, text_field)
+                                 tokenizer_hash, text_field, exact_shards=exact_shards)
             m = packed.manifest
             typer.echo(f"{packed.hash_hex}  {packed.manifest_path} ({len(m.shards)} shards, "
                        f"{m.total_sequences:,} sequences of {m.seq_len} tokens, "
                        f"{m.total_bytes:,} bytes; tokenizer {m.tokenizer})")
             typer.echo(f"spec: dataset_hash = \"{packed.hash_hex}\"; model: family = "
-                       f"transformer_lm, vocab_size >= {m.vocab_size}, context <= "
+                       f"transformer_lm or hf_*, vocab_size >= {m.vocab_size}, context <= "
                        f"{m.seq_len - 1}; batch_size <= "
                        f"{min(e.sequences for e in m.shards)}")
             return

@@ -306,10 +306,12 @@ def status(
     if not 1 <= job_id <= count:
         raise ConfigError(f"no job {job_id}: the market has {count} job(s) "
                           "(`polnet job list` shows them)")
+    home = settings_from(config).home
     last = None
     try:
         while True:
             rep = job_report(c, job_id)
+            rep["segments"] = _segments(c, job_id, home)
             if rep != last:
                 if last is None or as_json:
                     _print_report(job_id, rep, as_json, watch, exact, c)
@@ -321,6 +323,16 @@ def status(
             time.sleep(interval)
     except KeyboardInterrupt:  # stopping a watch is not an error
         return
+
+
+def _segments(c: Any, job_id: int, home: Path) -> list[dict[str, Any]]:
+    """Tokens seen and mean loss per segment of the committed round, from a trace
+    manifest of a node under HOME whose root is the one on chain (the explorer's rule);
+    [] when no node here holds that trace."""
+    from node.explorer.index import find_loss_curve
+
+    curve = find_loss_curve(home, job_id, c.market.get_job(job_id))
+    return [] if curve is None else curve.rows()
 
 
 def _collab_status(c: Any, cid: int, as_json: bool,
@@ -368,9 +380,19 @@ def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool,
     t.add_column("field")
     t.add_column("value", overflow="fold")
     for k, v in rep.items():
-        if k not in ("events", "payouts"):
+        if k not in ("events", "payouts", "segments"):
             t.add_row(k, escape(_human(k, v, rep["status"], exact, names)))
     Console().print(t)
+    seg = Table(title="loss per segment (the committed trace, as a node here holds it)")
+    for col in ("segment", "to step", "tokens seen", "loss"):
+        seg.add_column(col, justify="right")
+    for r in rep.get("segments") or ():
+        seg.add_row(str(r["segment"]), str(r["step"]),
+                    "-" if r["tokens_seen"] is None else f"{r['tokens_seen']:,}",
+                    f"{r['loss']:.4f}")
+    Console().print(seg if rep.get("segments") else
+                    "loss per segment: no trace of this round on a node here (a solver's "
+                    "node shows it)")
     pay = Table(title="payouts (credited; each account pulls with withdraw)")
     for col in ("to", "POL", "why"):
         pay.add_column(col, overflow="fold")
@@ -393,9 +415,13 @@ def _print_changes(old: dict[str, Any], new: dict[str, Any], exact: bool, c: Any
 
     names = _party_names(new, c)
     for k, v in new.items():
-        if k not in ("events", "payouts") and old.get(k) != v:
+        if k not in ("events", "payouts", "segments") and old.get(k) != v:
             typer.echo(f"{k}: {_human(k, old.get(k), old['status'], exact, names)} -> "
                        f"{_human(k, v, new['status'], exact, names)}")
+    for r in new.get("segments", [])[len(old.get("segments") or ()):]:
+        typer.echo(f"segment {r['segment']} (to step {r['step']}"
+                   + ("" if r["tokens_seen"] is None else f", {r['tokens_seen']:,} tokens")
+                   + f"): loss {r['loss']:.4f}")
     for e in new["events"][len(old["events"]):]:
         args = {k: v for k, v in e.items() if k not in ("event", "block")}
         typer.echo(f"#{e['block']} {e['event']} "

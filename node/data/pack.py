@@ -8,7 +8,10 @@ deterministic, measured across runs and thread counts) or supplied as a
 ``tokenizers`` JSON file named by its sha256. Each document's ids, then the end
 of text id, are concatenated and cut into sequences of ``seq_len`` ids (the tail
 that does not fill one is dropped), which are dealt into shards whose sizes differ
-by at most one sequence.
+by at most one sequence, or (``exact_shards``) into shards of exactly
+``shard_sequences`` each, the sequences that fill no shard dropped: with
+``shard_sequences = k * batch_size`` each segment of a job reads exactly one shard,
+so a verifier fetches the sampled share of the bytes (plus the manifest).
 
 Public API::
 
@@ -193,9 +196,10 @@ def _encode_all(tok_json: bytes, documents: Iterable[str], eos_id: int) -> np.nd
 def pack_tokens(source: str | Path, out_dir: str | Path, seq_len: int,
                 shard_sequences: int = 1024, vocab_size: int = 8192,
                 tokenizer: str | Path | None = None, tokenizer_hash: str | None = None,
-                text_field: str = "text", name: str = "") -> Packed:
+                text_field: str = "text", name: str = "", exact_shards: bool = False) -> Packed:
     """Tokenize ``source`` into ``out_dir``: ``manifest.json`` (its sha256 is the
-    dataset hash), ``tokenizer.json`` and ``shards/<sha256>.safetensors``."""
+    dataset hash), ``tokenizer.json`` and ``shards/<sha256>.safetensors``.
+    ``exact_shards``: every shard holds ``shard_sequences`` (the rest is dropped)."""
     if not 2 <= seq_len <= MAX_SEQ_LEN:
         raise DatasetError(f"seq_len {seq_len} must lie in 2..{MAX_SEQ_LEN}")
     if shard_sequences < 1:
@@ -217,6 +221,11 @@ def pack_tokens(source: str | Path, out_dir: str | Path, seq_len: int,
     if n_seq < 1:
         raise DatasetError(f"{source}: {ids.size} tokens do not fill one {seq_len}-token "
                            "sequence")
+    if exact_shards:
+        if n_seq < shard_sequences:
+            raise DatasetError(f"{source}: {n_seq} sequences do not fill one shard of "
+                               f"{shard_sequences}")
+        n_seq -= n_seq % shard_sequences
     seqs = ids[:n_seq * seq_len].reshape(n_seq, seq_len)
     n_shards = -(-n_seq // shard_sequences)
     if n_shards > MAX_SHARDS:

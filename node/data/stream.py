@@ -48,7 +48,7 @@ from node.data.manifest import (
 )
 from node.datasets import Dataset
 from node.errors import IntegrityError, SpecError, TrainingError
-from node.spec import JobSpec, TransformerLMConfig
+from node.spec import TEXT_CONFIGS, JobSpec
 from node.train.step import OptimizerImpl, TrainContext, derive_seed, prepare_torch
 
 if TYPE_CHECKING:
@@ -167,8 +167,9 @@ class StreamContext(TrainContext):
             raise SpecError(f"dataset {manifest.hash_hex} is not the spec's "
                             f"{spec.dataset_hash}", field="dataset_hash")
         m = spec.model
-        if not isinstance(m, TransformerLMConfig):
-            raise SpecError(f"{m.family} cannot train on token shards (transformer_lm can)",
+        if not isinstance(m, TEXT_CONFIGS):  # transformer_lm and the hf_* families
+            raise SpecError(f"{m.family} cannot train on token shards (a language model "
+                            "can: transformer_lm, hf_llama, hf_gpt2, hf_albert)",
                             field="model.family")
         if manifest.vocab_size > m.vocab_size:
             raise SpecError(f"the dataset's tokenizer has {manifest.vocab_size} ids > "

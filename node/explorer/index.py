@@ -17,13 +17,16 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.chain.client import ChainClient
 from node.chain.contracts import DisputeState, Job, NodeInfo
 from node.chain.events import ChainEvent, EventWatcher
 from node.chain.payouts import job_payouts
 from node.errors import CheckpointError, MalformedInput, PolnetError, TrainingError
+
+if TYPE_CHECKING:
+    from node.spec import JobSpec
 
 MAX_JOBS = 500  # the newest; older ones are still reachable by id
 LOG_RANGE = 5_000  # blocks per eth_getLogs
@@ -36,6 +39,54 @@ class LossCurve:
     steps_per_segment: int
     source: str  # the file it was read from
     round: int
+    tokens_per_step: int | None = None  # a language model's batch x context (the spec's)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Per segment: its index, last step, tokens seen by its end (a language model
+        whose spec a node here holds; else None) and its mean loss."""
+        k, per = self.steps_per_segment, self.tokens_per_step
+        return [{"segment": i, "step": (i + 1) * k,
+                 "tokens_seen": None if per is None else (i + 1) * k * per, "loss": loss}
+                for i, loss in enumerate(self.losses)]
+
+
+def find_loss_curve(home: Path, job_id: int, job: Job) -> LossCurve | None:
+    """The committed round's segment losses from a trace manifest under ``home``'s node
+    folders whose root is the one on chain; tokens per step from the job's spec when a
+    node here holds it."""
+    from node.train.trace import read_manifest  # noqa: PLC0415  (torch: only when asked)
+
+    if job.trace_root == bytes(32):
+        return None
+    root = job.trace_root.hex()
+    dirs = sorted((home / "nodes").glob(f"*/jobs/{job_id}-r{job.round}/trace"))
+    for d in dirs[:MAX_TRACE_DIRS]:
+        try:
+            m = read_manifest(d)
+        except (OSError, MalformedInput, CheckpointError, TrainingError):
+            continue  # someone else's half-written or corrupt file: not evidence
+        if m.job_id == job_id and m.root.removeprefix("0x") == root:
+            spec = find_spec(home, job.spec_hash)
+            return LossCurve(list(m.losses), m.k, str(d / "trace.json"), job.round,
+                             None if spec is None else spec.tokens_per_step)
+    return None
+
+
+def find_spec(home: Path, spec_hash: bytes) -> JobSpec | None:
+    """The job's spec (a JobSpec), if a node under ``home`` holds it in its store
+    (``nodes/NAME/p2p/store``; the artifact id is the hash on chain, so the store
+    checked it); None otherwise."""
+    from node.spec import MAX_SPEC_BYTES, parse_spec_json  # noqa: PLC0415
+
+    h = spec_hash.hex()
+    for p in sorted((home / "nodes").glob(f"*/p2p/store/objects/{h[:2]}/{h}"))[:8]:
+        try:
+            if p.stat().st_size > MAX_SPEC_BYTES:
+                continue
+            return parse_spec_json(p.read_bytes())
+        except (OSError, ValueError, PolnetError):
+            continue  # not evidence of anything: the page shows the hash alone
+    return None
 
 
 @dataclass
@@ -183,34 +234,10 @@ class ChainIndex:
 
     def loss_curve(self, job_id: int, job: Job) -> LossCurve | None:
         """The committed round's segment losses, if a manifest here has that root."""
-        from node.train.trace import read_manifest  # noqa: PLC0415  (torch: only when asked)
-
-        if self.home is None or job.trace_root == bytes(32):
-            return None
-        root = job.trace_root.hex()
-        dirs = sorted((self.home / "nodes").glob(f"*/jobs/{job_id}-r{job.round}/trace"))
-        for d in dirs[:MAX_TRACE_DIRS]:
-            try:
-                m = read_manifest(d)
-            except (OSError, MalformedInput, CheckpointError, TrainingError):
-                continue  # someone else's half-written or corrupt file: not evidence
-            if m.job_id == job_id and m.root.removeprefix("0x") == root:
-                return LossCurve(list(m.losses), m.k, str(d / "trace.json"), job.round)
-        return None
+        return None if self.home is None else find_loss_curve(self.home, job_id, job)
 
     def spec_name(self, spec_hash: bytes) -> str:
         """The name in the job's spec, if a node here holds the spec (its artifact id is
         the hash on chain, so the store checked it); "" otherwise."""
-        from node.spec import MAX_SPEC_BYTES, parse_spec_json  # noqa: PLC0415
-
-        if self.home is None:
-            return ""
-        h = spec_hash.hex()
-        for p in sorted((self.home / "nodes").glob(f"*/store/objects/{h[:2]}/{h}"))[:8]:
-            try:
-                if p.stat().st_size > MAX_SPEC_BYTES:
-                    continue
-                return parse_spec_json(p.read_bytes()).name
-            except (OSError, ValueError, PolnetError):
-                continue  # not evidence of anything: the page shows the hash alone
-        return ""
+        spec = None if self.home is None else find_spec(self.home, spec_hash)
+        return "" if spec is None else spec.name

@@ -217,6 +217,10 @@ def job_page(snap: Snapshot, jid: int, curve: LossCurve | None,
         title = (f"job {jid}" + (f" · {spec_name}" if spec_name else "")
                  + f" · round {curve.round} · solver {who}")
         body.append(loss_svg(curve.losses, curve.steps_per_segment, title=title))
+        body.append(table(["segment", "to step", "tokens seen", "loss"], (
+            [esc(r["segment"]), esc(r["step"]),
+             "-" if r["tokens_seen"] is None else esc(f"{r['tokens_seen']:,}"),
+             esc(f"{r['loss']:.4f}")] for r in curve.rows()), "segments"))
         body.append(f'<p class="muted">from {esc(curve.source)}, round {curve.round}; its root '
                     "is the one committed on chain</p>")
     body.append("<h2>Sampled segments</h2>")

@@ -7,6 +7,7 @@ What it posted is kept in ``submitter.json``; serving until final is driven by
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from node.chain.contracts import JobStatus, JobTerms
 from node.chain.events import EventWatcher
 from node.chain.payouts import job_payouts
 from node.datasets import dataset_hash
-from node.errors import ConfigError, IntegrityError, SpecError
+from node.errors import ConfigError, IntegrityError, PolnetError, SpecError
 from node.incentives import (
     MAX_JOB_SAMPLES,
     catch_one_edit,
@@ -177,8 +178,11 @@ async def publish_and_approve(rt: Runtime, spec: JobSpec | CollaborativeSpec,
 
 
 async def publish_shards(rt: Runtime, dataset_path: Path) -> None:
-    """A shard manifest's shards (`pack tokens` wrote them beside it), each checked."""
+    """A shard manifest's shards (`pack tokens` wrote them beside it), each checked, and
+    its tokenizer when ``tokenizer.json`` beside it is the one the manifest names (a
+    fetched model's ``--format hf`` directory carries it)."""
     from node.data.manifest import parse_manifest, parse_shard  # noqa: PLC0415
+    from node.data.pack import MAX_TOKENIZER_BYTES  # noqa: PLC0415
     from node.data.stream import is_manifest_file, sibling_source  # noqa: PLC0415
 
     if not await trio.to_thread.run_sync(is_manifest_file, dataset_path):
@@ -190,6 +194,11 @@ async def publish_shards(rt: Runtime, dataset_path: Path) -> None:
         raw = await trio.to_thread.run_sync(source, i, entry)
         await trio.to_thread.run_sync(parse_shard, raw, manifest, i)
         assert await rt.p2p.publish_bytes(raw) == entry.hash
+    tok = dataset_path.parent / "tokenizer.json"
+    if tok.is_file() and tok.stat().st_size <= MAX_TOKENIZER_BYTES:
+        raw = await trio.to_thread.run_sync(tok.read_bytes)
+        if hashlib.sha256(raw).hexdigest() == manifest.tokenizer:
+            await rt.p2p.publish_bytes(raw)
 
 
 async def post(rt: Runtime, req: JobRequest) -> int:
@@ -321,5 +330,28 @@ async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0,
     if hf_dir is not None:
         from node.train.hf_export import export_hf  # noqa: PLC0415
 
-        await trio.to_thread.run_sync(export_hf, path, hf_dir, ev.ctx.dataset.vocab)
+        tok = await _job_tokenizer(rt, ev.ctx, (job.submitter, job.solver))
+        await trio.to_thread.run_sync(export_hf, path, hf_dir, ev.ctx.dataset.vocab, tok)
     return path
+
+
+async def _job_tokenizer(rt: Runtime, ctx: Any, parties: tuple[str, ...]) -> bytes | None:
+    """A sharded job's tokenizer (the manifest names it by sha256), from this node's
+    store or its submitter; None for a char-level dataset. A tokenizer no peer serves
+    is an IntegrityError naming the hash (the model file is written already)."""
+    from node.data.pack import MAX_TOKENIZER_BYTES  # noqa: PLC0415
+    from node.data.stream import StreamContext  # noqa: PLC0415
+
+    if not isinstance(ctx, StreamContext):
+        return None
+    digest = ctx.manifest.tokenizer
+    try:
+        path = await rt.fetch(digest, parties, timeout=60.0,
+                              expected_size=MAX_TOKENIZER_BYTES)
+    except PolnetError as exc:
+        raise IntegrityError(f"the dataset's tokenizer {digest} could not be fetched "
+                             f"({str(exc)[:300]}); the model file is written, the hf "
+                             "directory is not: fetch as the node that submitted the job "
+                             "(--name; its store holds the tokenizer) or while a node "
+                             "serving it is up") from None
+    return await trio.to_thread.run_sync(path.read_bytes)

@@ -6,12 +6,15 @@ fetch``: weights + the job's spec) into ``config.json`` + ``model.safetensors``
 ``AutoModelForMaskedLM`` for ``hf_albert``) gives the solver's final weights. With
 the dataset's character vocabulary it also writes a ``tokenizers`` character-level
 tokenizer, so ``AutoTokenizer.from_pretrained(out_dir)`` encodes and decodes text
-in the job's token ids.
+in the job's token ids. With a sharded dataset's tokenizer (the ``tokenizers`` JSON
+file its manifest names by sha256, ``tokenizer_json``) it writes that tokenizer
+instead, its ids unchanged.
 
 Public API::
 
-    export_hf(model_file, out_dir, vocab=None) -> Path
+    export_hf(model_file, out_dir, vocab=None, tokenizer_json=None) -> Path
     char_tokenizer(vocab) -> PreTrainedTokenizerFast   # one token per character
+    bpe_tokenizer(tokenizer_json, mask_token_id=None) -> PreTrainedTokenizerFast
 """
 
 from __future__ import annotations
@@ -46,8 +49,31 @@ def char_tokenizer(vocab: Sequence[str], mask_token_id: int | None = None) -> An
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=unk, **specials)
 
 
+EOS = "<|endoftext|>"  # node.data.pack's document separator
+
+
+def bpe_tokenizer(tokenizer_json: bytes, mask_token_id: int | None = None) -> Any:
+    """The packing's own tokenizer (node.data.pack: byte-level BPE, or a supplied
+    file), as a fast tokenizer with ``<|endoftext|>`` as its end of text. An ALBERT
+    mask id one past the tokenizer's ids becomes ``[MASK]``."""
+    from tokenizers import Tokenizer  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    try:
+        tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
+    except Exception as exc:  # noqa: BLE001 - whatever the library says about the file
+        raise ConfigError(f"not a tokenizers JSON file ({str(exc)[:200]})") from None
+    specials: dict[str, str] = {}
+    if tok.token_to_id(EOS) is not None:
+        specials.update(eos_token=EOS, bos_token=EOS, unk_token=EOS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **specials)
+    if mask_token_id is not None and mask_token_id == tok.get_vocab_size(with_added_tokens=True):
+        fast.add_special_tokens({"mask_token": "[MASK]"})
+    return fast
+
+
 def export_hf(model_file: str | Path, out_dir: str | Path,
-              vocab: Sequence[str] | None = None) -> Path:
+              vocab: Sequence[str] | None = None, tokenizer_json: bytes | None = None) -> Path:
     spec = model_spec(model_file)
     cfg = spec.model
     if not isinstance(cfg, HFConfig):
@@ -60,8 +86,10 @@ def export_hf(model_file: str | Path, out_dir: str | Path,
     hf = hf_module(model)
     hf.config.use_cache = True  # generation wants the cache; training ran without
     hf.save_pretrained(out)
-    if vocab:
-        mask = cfg.mask_token_id if isinstance(cfg, HFAlbertConfig) else None
+    mask = cfg.mask_token_id if isinstance(cfg, HFAlbertConfig) else None
+    if tokenizer_json is not None:
+        bpe_tokenizer(tokenizer_json, mask).save_pretrained(out)
+    elif vocab:
         char_tokenizer(vocab, mask).save_pretrained(out)
     (out / "polnet_spec.json").write_bytes(spec.canonical_json())
     meta = {"family": cfg.family, "spec_hash": spec.spec_hash_hex(),
