@@ -64,10 +64,14 @@ def spec_of(ds: Dataset, model: dict[str, Any], **over: Any) -> JobSpec:
     return parse_spec({**d, **over})
 
 
+# The existing suite's cheats: skipped steps (skip, fewer_steps), a subset of the data
+# (half_batch), stale gradients (stale: an old state claimed as new), an lr change.
+CHEATS = ("skip", "fewer_steps", "half_batch", "stale", "low_lr")
+
+
 @pytest.mark.parametrize(("family", "cheats"), [
-    (llama, ("fewer_steps", "low_lr")),
-    (albert, ("fewer_steps", "low_lr", "half_batch", "stale")),  # the cheaper model
-])
+    (llama, CHEATS), (gpt2, CHEATS), (albert, CHEATS),
+], ids=["llama", "gpt2", "albert"])
 def test_trains_traces_replays_and_flags_a_cheat(text: Dataset, tmp_path: Path,
                                                  family: Any, cheats: tuple[str, ...]) -> None:
     ctx = TrainContext.create(spec_of(text, family(len(text.vocab))), text)
@@ -82,6 +86,47 @@ def test_trains_traces_replays_and_flags_a_cheat(text: Dataset, tmp_path: Path,
         run_training(ctx, tmp_path / cheat, job_id=1, behavior=make_behavior(cheat))
         v = verify_trace_segment(ctx, tmp_path / cheat, 1)
         assert not v.passed, cheat
+
+
+DETERMINISM = """
+import json, sys
+from pathlib import Path
+from node.spec import parse_spec_json
+from node.train.step import TrainContext, initial_state_hash
+from node.train.trace import run_training
+from verifier.jobs import dataset
+spec = parse_spec_json(Path(sys.argv[1]).read_bytes())
+tmp = Path(sys.argv[2])
+ctx = TrainContext.create(spec, dataset("text", tmp / "data"), threads=int(sys.argv[3]))
+m = run_training(ctx, tmp / "trace", job_id=1)
+print(json.dumps({"s0": initial_state_hash(ctx).hex(), "root": m.root}))
+"""
+
+
+@pytest.mark.parallel  # waits on two child processes
+@pytest.mark.parametrize("family", [llama, gpt2, albert], ids=["llama", "gpt2", "albert"])
+def test_same_s0_and_trace_root_in_two_processes_with_other_thread_counts(
+        text: Dataset, tmp_path: Path, family: Any) -> None:
+    """Two fresh processes, 1 and 2 threads: the same S_0 hash and the same trace root
+    (dropout and MLM masking on)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    spec = spec_of(text, family(len(text.vocab)))
+    (tmp_path / "spec.json").write_bytes(spec.canonical_json())
+    root = Path(__file__).resolve().parents[1]
+    runs = []
+    for threads in (1, 2):
+        out = subprocess.run([sys.executable, "-c", DETERMINISM, str(tmp_path / "spec.json"),
+                              str(tmp_path / f"t{threads}"), str(threads)],
+                             capture_output=True, text=True, timeout=600, cwd=root,
+                             env={**os.environ, "PYTHONPATH": str(root)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]
+    assert initial_state_hash(TrainContext.create(spec, text)).hex() == runs[0]["s0"]
 
 
 def test_gpt2_dropout_from_the_step_generator(text: Dataset) -> None:

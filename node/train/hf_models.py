@@ -9,6 +9,10 @@ what the verifier relies on put back in polnet's hands:
   norms 1, biases 0, matrices N(0, initializer_range) from the job seed);
 * attention: the eager implementation (SDPA's kernels differ by backend) with
   attention dropout 0 (its mask would come from the global RNG);
+* layer norms: the affine part runs as separate ops (``_SplitLayerNorm``): the fused
+  CPU kernel sums the weight and bias gradients over rows in per-thread buffers, so
+  the thread count changed their rounding (ALBERT's trace root differed between 1
+  and 2 threads); a broadcast multiply-add's gradients reduce over rows in one order;
 * every other dropout module is replaced by one drawing from the step's
   generator (``StepRandomness``), as the built-in families do;
 * masked LM: which tokens are masked, and how, is drawn from the same generator at
@@ -93,6 +97,25 @@ def _replace_dropouts(module: nn.Module, slot: _RngSlot) -> None:
             _replace_dropouts(child, slot)
 
 
+class _SplitLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` with the same parameters, its affine part as separate ops (see
+    the module docstring: gradients that do not depend on the thread count)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        if self.weight is not None:
+            y = y * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y
+
+
+def _split_layer_norms(module: nn.Module) -> None:
+    for m in module.modules():
+        if type(m) is nn.LayerNorm:
+            m.__class__ = _SplitLayerNorm  # same state: names, shapes, init untouched
+
+
 def _check_no_global_dropout(model: nn.Module) -> None:
     left = [n for n, m in model.named_modules() if isinstance(m, nn.Dropout) and m.p > 0.0]
     if left:  # would draw from the global RNG: not replayable
@@ -118,6 +141,7 @@ class HFCausalLM(PolnetModel):
         self._slot = _RngSlot()
         _replace_dropouts(self.hf, self._slot)
         _check_no_global_dropout(self.hf)
+        _split_layer_norms(self.hf)
 
     def forward(self, x: torch.Tensor, rng: Randomness = None) -> torch.Tensor:
         self._slot.rng = rng
