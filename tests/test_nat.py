@@ -8,12 +8,17 @@ submitter (.13); home A (10.0.1.0/24, behind its own NAT) with the solver; home 
 unsolicited inbound packet and no namespace has a route out. The test creates and
 removes the namespaces itself (also when it fails) and skips, saying why, where it
 cannot (not root, no `ip` / `nft`: `make test` installs nftables).
+
+CI keeps no logs: a failing test prints the daemons' relevant lines.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,6 +112,55 @@ def _wait(pred: Any, timeout: float, what: str, net: LocalNet) -> None:
     raise PolnetError(f"{what} not within {timeout:.0f}s; logs in {net.home}/logs")
 
 
+# What a failure shows of each daemon's log (CI keeps none): its problems, its NAT
+# and dispute milestones, and its last lines.
+_RELEVANT = re.compile(r"warn|error|exception|traceback|reachab|relay|hole|punch|dcutr|"
+                       r"challeng|dispute|mids_|part_chosen|vote_|jury|artifact_fetched|"
+                       r"fetch_failed|not_served|job_claimed|result_committed", re.I)
+
+
+def relevant_logs(net: LocalNet, per_log: int = 60, tail: int = 15) -> str:
+    out = []
+    for log in sorted((net.home / "logs").glob("*.log")):
+        lines = log.read_text(errors="replace").splitlines()
+        hits = [ln for ln in lines[:-tail] if _RELEVANT.search(ln)][-per_log:]
+        out.append(f"===== {log.name}: {len(lines)} lines; relevant, then the last {tail}")
+        out += [ln[:400] for ln in hits + ["-----"] + lines[-tail:]]
+    return "\n".join(out)
+
+
+@contextlib.contextmanager
+def logs_on_failure(net: LocalNet) -> Iterator[None]:
+    """On any failure inside, print the daemons' relevant log lines (pytest shows them
+    with the failure) before the namespaces and their logs go."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            print(relevant_logs(net), file=sys.stderr)
+        raise
+
+
+def _serve_chain(net: NatNet, lab: NatLab) -> None:
+    """Anvil's JSON-RPC on the public segment (ROOT_IP), for the daemons' RPC URL."""
+    assert net.deployment is not None
+    anvil_port = int(net.deployment.rpc_url.rsplit(":", 1)[1])
+    lab.forward_tcp(anvil_port, anvil_port)
+    net.rpc_url = f"http://{ROOT_IP}:{anvil_port}"
+
+
+def _reach(net: NatNet, name: str) -> dict[str, Any]:
+    r: dict[str, Any] = net.info(name).get("reachability") or {}
+    return r
+
+
+def _digits_job(tmp_path: Path) -> tuple[Path, Path]:
+    inputs = pack_inputs(tmp_path / "data")
+    spec = spec_for("mlp_digits.toml", hashlib.sha256(inputs["digits"].read_bytes()).hexdigest(),
+                    tmp_path / "data" / "job.toml", total_steps=40)
+    return spec, inputs["digits"]
+
+
 def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
                                                               lab: NatLab) -> None:
     """The solver at home A and two verifiers at home B are found private by the
@@ -115,11 +169,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
     B's verifiers fetching the solver's trace and states. Behind port-preserving
     NAT, DCUtR hole punching turns the solver's relayed connections into direct
     ones; behind symmetric NAT they stay relayed and the relay carries the job."""
-    inputs = pack_inputs(tmp_path / "data")
-    import hashlib  # noqa: PLC0415
-
-    spec = spec_for("mlp_digits.toml", hashlib.sha256(inputs["digits"].read_bytes()).hexdigest(),
-                    tmp_path / "data" / "job.toml", total_steps=40)
+    spec, dataset = _digits_job(tmp_path)
     params = short_network_params()
     params.market.attestors_per_job = 3  # every verifier sits: both NATed ones fetch
     t0 = time.monotonic()
@@ -127,11 +177,8 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
     net.where = {"relay": ("p11", "198.51.100.11"), "vpub": ("p12", "198.51.100.12"),
                  "sub": ("p13", "198.51.100.13"), "solver": ("ha", lab.home_ip("a")),
                  "vb1": ("hb", lab.home_ip("b")), "vb2": ("hb", lab.home_ip("b"))}
-    with net:
-        assert net.deployment is not None
-        anvil_port = int(net.deployment.rpc_url.rsplit(":", 1)[1])
-        lab.forward_tcp(anvil_port, anvil_port)
-        net.rpc_url = f"http://{ROOT_IP}:{anvil_port}"
+    with net, logs_on_failure(net):
+        _serve_chain(net, lab)
         relay = net.start_relay("relay")
         assert "/ip4/198.51.100.11/" in relay
         net.start_verifier("vpub", V_PUB)
@@ -140,8 +187,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
         net.start_solver("solver", SOLVER, "honest", "--metrics-port", "0")
 
         def reach(name: str) -> dict[str, Any]:
-            r: dict[str, Any] = net.info(name).get("reachability") or {}
-            return r
+            return _reach(net, name)
 
         homes = ("solver", "vb1", "vb2")
         _wait(lambda: all(reach(n).get("status") == "private" and reach(n).get("relay_addrs")
@@ -167,7 +213,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
                 f"'http://127.0.0.1:{port}/metrics', timeout=10).read().decode())")
         metrics = lab.run("ha", [sys.executable, "-c", code]).stdout
         assert "polnet_reachable 0.0" in metrics and "polnet_relay_addrs 1.0" in metrics
-        job = net.submit("sub", SUBMITTER, spec, inputs["digits"])
+        job = net.submit("sub", SUBMITTER, spec, dataset)
         net.wait_job(job, {FINALIZED}, 360)
 
         solver_id = net.info("solver")["peer_id"]
@@ -198,3 +244,4 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
                           "fetched_from_solver": fetched_from_solver,
                           "reachable_after_s": round(reachable_after, 1),
                           "settled_after_s": round(time.monotonic() - t0, 1)}))
+
