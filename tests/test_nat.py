@@ -9,7 +9,10 @@ unsolicited inbound packet and no namespace has a route out. The test creates an
 removes the namespaces itself (also when it fails) and skips, saying why, where it
 cannot (not root, no `ip` / `nft`: `make test` installs nftables).
 
-CI keeps no logs: a failing test prints the daemons' relevant lines.
+The dispute test puts a cheating solver at home A and three verifiers at home B
+(one more on the public segment): the cheat is challenged, bisected to one step and
+judged by a jury drawn from them, NATed jurors fetching the disputed states from the
+NATed solver. CI keeps no logs: a failing test prints the daemons' relevant lines.
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from node.errors import PolnetError
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.parallel]
 
-SUBMITTER, SOLVER, V_PUB, V_B1, V_B2 = 1, 2, 3, 4, 5
+SUBMITTER, SOLVER, V_PUB, V_B1, V_B2, CHEATER, V_B3 = 1, 2, 3, 4, 5, 6, 7
 FINALIZED = 3
+INVALID = 2  # IJobMarket.Verdict
 WHY_NOT = NatLab.unavailable()
 
 
@@ -245,3 +249,106 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
                           "reachable_after_s": round(reachable_after, 1),
                           "settled_after_s": round(time.monotonic() - t0, 1)}))
 
+
+def _served(net: NatNet, solver: str, job: int) -> dict[int, str]:
+    """Step -> artifact id of the states `solver` served for `job` (its bisection mids)."""
+    data = json.loads((net.home / "nodes" / solver / "solver.json").read_text())
+    return {int(s["step"]): str(s["artifact_id"]) for s in data.get("served", [])
+            if int(s["job_id"]) == job}
+
+
+@pytest.mark.parametrize("lab", ["cone"], indirect=True)
+def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Path,
+                                                                   lab: NatLab) -> None:
+    """A solver at home A with one wrong step per segment (bad_step:5) takes the job;
+    three verifiers at home B and one on the public segment replay it. One challenges,
+    the cheater defends its own trajectory through the bisection, which ends on the bad
+    step; the jury is drawn from the verifiers that neither challenged nor attested
+    (so at least two of home B's), and its NATed jurors fetch the disputed states
+    from the NATed solver, replay the step and vote it invalid. The dispute resolves
+    against the cheater and its bond is slashed when the round settles."""
+    spec, dataset = _digits_job(tmp_path)
+    # The network's own short parameters: one committee seat, a jury of 3, quorum 1.
+    params = short_network_params()
+    t0 = time.monotonic()
+    net = NatNet(tmp_path / "net", params, lab=lab)
+    hb = ("hb", lab.home_ip("b"))
+    net.where = {"relay": ("p11", "198.51.100.11"), "vpub": ("p12", "198.51.100.12"),
+                 "sub": ("p13", "198.51.100.13"), "cheat": ("ha", lab.home_ip("a")),
+                 "vb1": hb, "vb2": hb, "vb3": hb}
+    home_b = {"vb1": V_B1, "vb2": V_B2, "vb3": V_B3}
+    with net, logs_on_failure(net):
+        _serve_chain(net, lab)
+        net.start_relay("relay")
+        net.start_verifier("vpub", V_PUB)
+        for name, acct in home_b.items():
+            net.start_verifier(name, acct)
+        net.start_solver("cheat", CHEATER, "bad_step:5")
+        homes = ("cheat", *home_b)
+        _wait(lambda: all(_reach(net, n).get("status") == "private"
+                          and _reach(net, n).get("relay_addrs") for n in homes)
+              and _reach(net, "vpub").get("status") == "public",
+              120, "home nodes private with relay addresses, the public verifier public", net)
+        reachable_after = time.monotonic() - t0
+        cheat = net.address(CHEATER)
+        cheat_before = net.holdings(cheat)
+        job = net.submit("sub", SUBMITTER, spec, dataset)
+        resolved = net.wait_event("DisputeResolved", 360, contract="DisputeGame", jobId=job)
+        resolved_after = time.monotonic() - t0
+        did = int(resolved.args["id"])
+        evs: dict[str, list[dict[str, Any]]] = {}
+        for ev in net.events():
+            if ev.contract == "DisputeGame" and ev.args.get("id") == did:
+                evs.setdefault(ev.event, []).append(dict(ev.args))
+        # against the cheater, by the jury's votes (no clock ran out)
+        assert resolved.args["verdict"] == INVALID, resolved.args
+        assert int(resolved.args["validVotes"]) == 0 < int(resolved.args["invalidVotes"])
+        assert "TimedOut" not in evs, evs.get("TimedOut")
+        # bisected: the cheater posted mids each round, the range ends on one step
+        opened = evs["DisputeOpened"][0]
+        start = int(opened["startStep"])
+        narrowed = [(int(e["lo"]) - start, int(e["hi"]) - start) for e in evs["RangeNarrowed"]]
+        assert len(evs["MidsPosted"]) == len(narrowed) >= 1, evs.get("MidsPosted")
+        assert narrowed[-1] == (4, 5), narrowed  # the 5th step of the segment, the bad one
+        lo, hi = start + 4, start + 5
+        # the jury: drawn from neither party, its NATed members voted invalid
+        challenger = next(str(e.args["challenger"]) for e in net.events()
+                          if e.event == "Challenged" and e.args["disputeId"] == did)
+        jury = [str(a) for a in evs["JuryDrawn"][0]["jury"]]
+        assert jury and cheat not in jury and challenger not in jury, (jury, challenger)
+        votes = {str(v["juror"]): bool(v["valid"]) for v in evs.get("VoteRevealed", [])}
+        assert votes and not any(votes.values()), votes
+        nated = {net.address(a): n for n, a in home_b.items()}
+        nated_voters = [nated[j] for j in votes if j in nated]
+        assert nated_voters, f"no NATed juror revealed a vote: jury {jury}, votes {votes}"
+        # each NATed juror that voted fetched the disputed step's states (mids the
+        # cheater served during the dispute, not checkpoints) from the NATed solver
+        served = _served(net, "cheat", job)
+        assert lo in served and hi in served, sorted(served)
+        cheat_id = net.info("cheat")["peer_id"]
+        conns: dict[str, str] = {}
+        for v in nated_voters:
+            text = (net.home / "logs" / f"{v}.log").read_text(errors="replace")
+            for step in (lo, hi):
+                got = [ln for ln in text.splitlines() if "artifact_fetched" in ln
+                       and served[step] in ln and cheat_id in ln]
+                assert got, f"juror {v} did not fetch S_{step} ({served[step][:12]}) " \
+                            "from the solver"
+            assert re.search(rf"vote_committed.*dispute\W+{did}\b.*valid\W+False", text, re.I), \
+                f"juror {v} logged no invalid vote on dispute {did}"
+            conns[v] = str((net.info(v).get("connections") or {}).get(cheat_id))
+        # the round settles: the cheater's bond is slashed, the challenger paid
+        settled = net.wait_event("RoundSettled", 180, contract="JobMarket", jobId=job)
+        assert int(settled.args["slashedBond"]) > 0, settled.args
+        assert any(e.event == "Slashed" and str(e.args["node"]) == cheat
+                   for e in net.events()), "no Slashed event names the cheater"
+        assert net.holdings(cheat) < cheat_before
+        net.check_alive()
+        assert net.conserved()
+        names = {net.address(V_PUB): "vpub", **nated}
+        print(json.dumps({"challenger": names.get(challenger, challenger),
+                          "jury": [names.get(j, j) for j in jury],
+                          "nated_voters": nated_voters, "juror_connection_to_solver": conns,
+                          "narrowed": narrowed, "reachable_after_s": round(reachable_after, 1),
+                          "resolved_after_s": round(resolved_after, 1),
+                          "settled_after_s": round(time.monotonic() - t0, 1)}))
