@@ -121,13 +121,21 @@ def _wait(pred: Any, timeout: float, what: str, net: LocalNet) -> None:
 _RELEVANT = re.compile(r"warn|error|exception|traceback|reachab|relay|hole|punch|dcutr|"
                        r"challeng|dispute|mids_|part_chosen|vote_|jury|artifact_fetched|"
                        r"fetch_failed|not_served|job_claimed|result_committed", re.I)
+# py-libp2p's own unstructured lines ("Error sending ADD_PROVIDER ...") are many and
+# rarely the cause: of those only tracebacks and exception messages count.
+_RAISED = re.compile(r"Traceback|\w(Error|Exception): ")
+
+
+def _relevant(line: str) -> bool:
+    structured = line[:4].isdigit()  # a daemon's own line starts with its timestamp
+    return bool((_RELEVANT if structured else _RAISED).search(line))
 
 
 def relevant_logs(net: LocalNet, per_log: int = 60, tail: int = 15) -> str:
     out = []
     for log in sorted((net.home / "logs").glob("*.log")):
         lines = log.read_text(errors="replace").splitlines()
-        hits = [ln for ln in lines[:-tail] if _RELEVANT.search(ln)][-per_log:]
+        hits = [ln for ln in lines[:-tail] if _relevant(ln)][-per_log:]
         out.append(f"===== {log.name}: {len(lines)} lines; relevant, then the last {tail}")
         out += [ln[:400] for ln in hits + ["-----"] + lines[-tail:]]
     return "\n".join(out)
@@ -135,13 +143,17 @@ def relevant_logs(net: LocalNet, per_log: int = 60, tail: int = 15) -> str:
 
 @contextlib.contextmanager
 def logs_on_failure(net: LocalNet) -> Iterator[None]:
-    """On any failure inside, print the daemons' relevant log lines (pytest shows them
-    with the failure) before the namespaces and their logs go."""
+    """On any failure inside, print the daemons' relevant log lines and the chain's
+    events (pytest shows them with the failure) before the namespaces and logs go."""
     try:
         yield
     except BaseException:
         with contextlib.suppress(Exception):
             print(relevant_logs(net), file=sys.stderr)
+        with contextlib.suppress(Exception):  # and what the chain saw
+            evs = [f"#{e.block_number} {e.contract}.{e.event} {dict(e.args)}"[:300]
+                   for e in net.events()]
+            print("===== chain events (last 80)", *evs[-80:], sep="\n", file=sys.stderr)
         raise
 
 
@@ -257,7 +269,6 @@ def _served(net: NatNet, solver: str, job: int) -> dict[int, str]:
             if int(s["job_id"]) == job}
 
 
-@pytest.mark.parametrize("lab", ["cone"], indirect=True)
 def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Path,
                                                                    lab: NatLab) -> None:
     """A solver at home A with one wrong step per segment (bad_step:5) takes the job;
@@ -266,7 +277,8 @@ def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Pat
     step; the jury is drawn from the verifiers that neither challenged nor attested
     (so at least two of home B's), and its NATed jurors fetch the disputed states
     from the NATed solver, replay the step and vote it invalid. The dispute resolves
-    against the cheater and its bond is slashed when the round settles."""
+    against the cheater and its bond is slashed when the round settles. Behind
+    symmetric NAT no hole punch crosses: the jurors fetch through the relay."""
     spec, dataset = _digits_job(tmp_path)
     # The network's own short parameters: one committee seat, a jury of 3, quorum 1.
     params = short_network_params()
@@ -321,22 +333,32 @@ def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Pat
         nated = {net.address(a): n for n, a in home_b.items()}
         nated_voters = [nated[j] for j in votes if j in nated]
         assert nated_voters, f"no NATed juror revealed a vote: jury {jury}, votes {votes}"
-        # each NATed juror that voted fetched the disputed step's states (mids the
-        # cheater served during the dispute, not checkpoints) from the NATed solver
+        # Each NATed juror that voted fetched the bad step's end state S_hi from the
+        # NATed solver: a mid served only during the dispute, which no honest replay
+        # reproduces. Its start S_lo it fetched too, or holds from its own replay of
+        # the segment (bit for bit the solver's honest state, then no fetch is needed:
+        # a juror that challenged the same segment got there by replay).
         served = _served(net, "cheat", job)
         assert lo in served and hi in served, sorted(served)
         cheat_id = net.info("cheat")["peer_id"]
         conns: dict[str, str] = {}
+        fetched_lo: dict[str, bool] = {}
         for v in nated_voters:
             text = (net.home / "logs" / f"{v}.log").read_text(errors="replace")
-            for step in (lo, hi):
-                got = [ln for ln in text.splitlines() if "artifact_fetched" in ln
-                       and served[step] in ln and cheat_id in ln]
-                assert got, f"juror {v} did not fetch S_{step} ({served[step][:12]}) " \
-                            "from the solver"
+
+            def fetched(step: int, text: str = text) -> bool:
+                return any("artifact_fetched" in ln and served[step] in ln and cheat_id in ln
+                           for ln in text.splitlines())
+
+            assert fetched(hi), f"juror {v} did not fetch S_{hi} ({served[hi][:12]}) " \
+                                "from the solver"
+            fetched_lo[v] = fetched(lo)
             assert re.search(rf"vote_committed.*dispute\W+{did}\b.*valid\W+False", text, re.I), \
                 f"juror {v} logged no invalid vote on dispute {did}"
             conns[v] = str((net.info(v).get("connections") or {}).get(cheat_id))
+        symmetric = any(h.symmetric for h in lab.homes)
+        want = "relayed" if symmetric else "direct"  # as the honest test finds
+        assert all(k == want for k in conns.values()), conns
         # the round settles: the cheater's bond is slashed, the challenger paid
         settled = net.wait_event("RoundSettled", 180, contract="JobMarket", jobId=job)
         assert int(settled.args["slashedBond"]) > 0, settled.args
@@ -346,9 +368,11 @@ def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Pat
         net.check_alive()
         assert net.conserved()
         names = {net.address(V_PUB): "vpub", **nated}
-        print(json.dumps({"challenger": names.get(challenger, challenger),
+        print(json.dumps({"symmetric": symmetric,
+                          "challenger": names.get(challenger, challenger),
                           "jury": [names.get(j, j) for j in jury],
                           "nated_voters": nated_voters, "juror_connection_to_solver": conns,
+                          "juror_fetched_s_lo": fetched_lo,
                           "narrowed": narrowed, "reachable_after_s": round(reachable_after, 1),
                           "resolved_after_s": round(resolved_after, 1),
                           "settled_after_s": round(time.monotonic() - t0, 1)}))
