@@ -205,19 +205,24 @@ def collab_rounds(events: Iterable[ChainEvent]) -> list[CollabRound]:
     """A collaborative job's round attempts, in order, from its CollabMarket events."""
     out: list[CollabRound] = []
     cur: dict[int, int] = {}  # round -> index in out of its latest attempt
+    posted: dict[int, str] = {}  # market job -> worker: SubJobPosted precedes RoundStarted
     for e in events:
         a = e.args
+        if e.event == "SubJobPosted":
+            posted[int(a["marketJobId"])] = str(a["worker"])
         if e.event == "RoundStarted":
             r = int(a["round"])
             cur[r] = len(out)
+            subs = tuple(int(j) for j in a["subJobs"])
             out.append(CollabRound(r, int(a["attempt"]), e.block_number, int(a["deadline"]),
-                                   tuple(int(j) for j in a["subJobs"]), {}))
+                                   subs, {i: posted[j] for i, j in enumerate(subs)
+                                          if j in posted}))
             continue
         if "round" not in a or int(a["round"]) not in cur:
             continue
         i = cur[int(a["round"])]
         rd = out[i]
-        if e.event == "SubJobPosted":
+        if e.event == "SubJobPosted" and int(a["marketJobId"]) in rd.sub_jobs:
             rd = replace(rd, workers={**rd.workers, int(a["slot"]): str(a["worker"])})
         elif e.event == "SubJobAccepted":
             rd = replace(rd, accepted=(*rd.accepted, int(a["slot"])))
