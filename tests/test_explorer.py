@@ -576,3 +576,164 @@ def test_a_node_name_cannot_pass_for_a_contract_or_another_node(chain: LocalChai
         assert "\u202e" not in body
     finally:
         srv.stop()
+
+
+# --- the index over the chain view (issue 31) ----------------------------------------
+
+
+def test_requests_per_block_do_not_grow_with_the_jobs_on_chain(chain: LocalChain,
+                                                               tmp_path: Path) -> None:
+    """Before, every new head re-read up to 500 jobs (``getJob``), every dispute and three
+    calls per node, one request each: 5 jobs cost about 50 requests a block, 30 jobs about
+    75. Now the index rides the daemons' ChainView: an idle block costs the view's
+    ``eth_blockNumber`` and one batch (headers + logs); a block with one new job adds one
+    batch of ``eth_call`` (and one of node reads when its events name a registered node).
+    Counted as HTTP requests at an RPC proxy, at 5 and at 30 jobs: the same."""
+    from devnet.rpcproxy import RpcProxy
+    from node.chain.client import ChainClient
+
+    chain.join(1, SOLVER, 500 * TOKEN)
+    sub = chain[5]
+    proxy = RpcProxy(chain.url).start()
+    try:
+        index = ChainIndex(ChainClient(proxy.url, None, chain.deployment), tmp_path,
+                           min_age_s=0.0)
+
+        def cost(action: object = None) -> int:
+            if callable(action):
+                action()
+            n = proxy.counts["total"]
+            index.snapshot()
+            return proxy.counts["total"] - n
+
+        figures: dict[int, tuple[int, int, int]] = {}
+        for n in (5, 30):
+            while chain.reader.market.job_count() < n:
+                sub.post_job(job_terms())
+            cost()  # catch up
+            idle = cost(chain.mine)  # a new block, no event of ours
+            busy = cost(lambda: sub.post_job(job_terms()))  # a block with a new job
+            same = cost()  # no new block at all
+            figures[n] = (idle, busy, same)
+            snap = index.snapshot()
+            assert snap.job_count == chain.reader.market.job_count() == len(snap.jobs)
+        assert figures[5] == figures[30], figures
+        idle, busy, same = figures[30]
+        assert idle <= 2 and busy <= 3 and same == 1, figures
+        # and what it reads is what a full re-read gives
+        fresh = ChainIndex(chain.reader, tmp_path, min_age_s=0.0).snapshot()
+        snap = index.snapshot()
+        assert dict(snap.jobs) == dict(fresh.jobs) and snap.nodes == fresh.nodes
+    finally:
+        proxy.stop()
+
+
+def test_a_reorg_rebuilds_the_index(chain: LocalChain, tmp_path: Path) -> None:
+    """The chain view starts a new epoch when the chain it saw is replaced (here anvil
+    reverting to a snapshot and mining on): the index forgets the replaced blocks'
+    events, jobs and node figures and derives them again from the new chain."""
+    index = ChainIndex(chain.reader, tmp_path, min_age_s=0.0)
+    solver = chain.join(1, SOLVER, 500 * TOKEN)
+    before = index.snapshot()
+    mark = chain.snapshot()
+    jid = chain[5].post_job(job_terms())
+    solver.market.claim_job(jid)
+    snap = index.snapshot()
+    assert jid in snap.jobs and {"JobPosted", "JobClaimed"} <= \
+        {e.event for e in snap.job_events[jid]}
+    assert snap.nodes[solver.address].info.locked_stake > 0
+    chain.revert(mark)
+    chain.mine(5)  # a longer chain without the job
+    snap = index.snapshot()
+    assert index.view.snapshot is not None and index.view.snapshot.epoch == 1
+    assert jid not in snap.jobs and jid not in snap.job_events
+    assert snap.job_count == before.job_count
+    assert snap.nodes[solver.address].info.locked_stake == 0
+
+
+def test_collaborative_jobs_rounds_sub_jobs_and_outer_juries(chain: LocalChain,
+                                                             tmp_path: Path) -> None:
+    """Before, the explorer did not watch the CollabMarket or the OuterJury. Now: a page of
+    collaborative jobs; each job's page shows its slots and, per round, the sub-jobs (linked
+    to their job pages, which link back), what was accepted, the outer state posted,
+    challenged and accepted; each outer jury case has a page with its jurors' votes and the
+    verdict. The index follows the actions block by block and ends where a fresh one does."""
+    import json
+
+    import tests.test_collab_market as cm
+
+    index = ChainIndex(chain.reader, tmp_path, min_age_s=0.0)
+    index.snapshot()  # built before the jobs: what follows is taken in block by block
+    net = cm.Net(chain, submitter=chain[5], workers=[cm.solver(chain, i) for i in (1, 2, 3)],
+                 verifiers=[chain.join(i, VERIFIER, cm.VSTAKE) for i in (4, 6, 7, 8)],
+                 outsider=chain[9])
+    two = cm.post(net, cm.terms(rounds=2))
+    cm.claim_all(net, two)
+    for r in range(2):
+        cm.honest_round(net, two, r)
+        index.snapshot()
+    # A one-round job whose first outer state is wrong: challenged, judged by a jury.
+    one = cm.settled_one_round_job(net)
+    cheat, sub = net.outsider, net.submitter
+    chain.set_balance(cheat.address, 10**20)
+    sub.token.transfer(cheat.address, 10 * cm.bond_of(net))
+    cm.post_outer(net, cheat, one, 0, keccak(b"wrong"))
+    index.snapshot()
+    jury, _ = cm._jury_round(net, one, 0, sub, vote=False)
+    c = chain.reader.collab
+    case = c.get_round(one, 0).last_verdict and c.get_round(one, 0).jury_case
+    assert case
+
+    srv = ExplorerServer(index).start()
+    try:
+        u = srv.url
+        status, body, _ = _get(u + "/collabs")
+        assert status == 200 and "outer juries</a>" in body  # in the header, on every page
+        assert f'href="/collab/{two}"' in body and f'href="/collab/{one}"' in body
+        row = body.split(f'href="/collab/{two}"', 1)[1].split("</tr>", 1)[0]
+        assert ">finished<" in row and "2 of 2" in row
+
+        status, body, _ = _get(u + f"/collab/{two}")
+        assert status == 200
+        rounds = body.split("<h2>Rounds</h2>", 1)[1].split("</table>", 1)[0]
+        assert rounds.count("<tr>") == 3  # the header, rounds 0 and 1
+        for r in range(2):
+            rd = c.get_round(two, r)
+            for slot, jid in enumerate(rd.sub_jobs):
+                assert f'slot {slot}: <a href="/job/{jid}">job {jid}</a>' in rounds
+            assert f"accepted: <span class=\"mono\" title=\"0x{rd.outer_hash.hex()}\">" in rounds
+        assert rounds.count("accepted") >= 6 + 2  # 3 sub-jobs and the outer state, per round
+        for w in net.workers:
+            assert f'href="/node/{w.address}"' in rounds
+        jid = c.get_round(two, 1).sub_jobs[2]
+        status, body, _ = _get(u + f"/job/{jid}")
+        assert status == 200 and f'<a href="/collab/{two}">{two}</a>, round 1, slot 2' in body
+
+        status, body, _ = _get(u + f"/collab/{one}")
+        assert status == 200 and f'href="/jury/{case}"' in body
+        assert "outer state wrong (poster lost)" in body
+        assert f'challenged by <a href="/node/{sub.address}"' in body
+        assert f'posted by <a href="/node/{cheat.address}"' in body
+
+        status, body, _ = _get(u + f"/jury/{case}")
+        assert status == 200 and f'<a href="/collab/{one}">{one}</a>' in body
+        votes = body.split("<h2>Jury</h2>", 1)[1].split("</table>", 1)[0]
+        assert votes.count("<tr>") == len(jury) + 1 and votes.count("<td>invalid</td>") == len(jury)
+        for a in jury:
+            assert f'href="/node/{a}"' in votes
+        assert "outer state wrong (poster lost)" in body
+        assert "CaseTallied" in body and "JuryDrawn" in body
+
+        status, body, _ = _get(u + "/juries")
+        assert status == 200 and f'href="/jury/{case}"' in body
+        assert _get(u + "/collab/999")[0] == 404 and _get(u + "/jury/999")[0] == 404
+
+        # block by block, the index ends where one built at once does
+        fresh = ChainIndex(chain.reader, tmp_path, min_age_s=0.0).snapshot()
+        snap = index.snapshot()
+        assert snap.rounds == fresh.rounds and snap.juries == fresh.juries
+        assert snap.nodes == fresh.nodes and dict(snap.collabs) == dict(fresh.collabs)
+        summary = json.loads(_get(u + "/api/summary.json")[1])
+        assert summary["collabs"][str(one)]["juries"] == [case]
+    finally:
+        srv.stop()

@@ -1,9 +1,15 @@
 """What the explorer shows, read from the chain and the node's own files.
 
-One :class:`Snapshot` per chain head: every job (``getJob``), every dispute the game
-opened (``getDispute``), every registered node (``nodeOf``) and all events of the
-three contracts, fetched once and grouped, so a page costs no RPC of its own. Event
-logs are read in bounded block ranges. Nothing here writes to the chain or to disk.
+The chain side is a :class:`node.chain.view.ChainView` (the daemons' event-driven,
+batched view): per new block it costs the view's ``eth_blockNumber``, one batch of
+headers and logs, and one batch of ``eth_call`` for the jobs, disputes and
+collaborative jobs the block's events touched. On top of it the index keeps the
+events it has taken in, grouped by job, dispute, collaborative job and outer-jury
+case, and per node the figures derived from them (rewards, attestations, slashes);
+a node's registry entry and credits are read (one batch) only when a new event names
+it. So a block costs requests in proportion to its events, not to the jobs on chain.
+A reorg (the view's ``epoch`` changes) rebuilds the index from the new epoch's events.
+Nothing here writes to the chain or to disk.
 
 Loss curves come from trace manifests on this machine (a solver's
 ``HOME/nodes/*/jobs/<job>-r<round>/trace/trace.json``), shown only when the
@@ -12,24 +18,28 @@ manifest's root is the one committed on chain for that round.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from node.chain.bound import Bound, batch_call
 from node.chain.client import ChainClient
-from node.chain.contracts import DisputeState, Job, NodeInfo
-from node.chain.events import ChainEvent, EventWatcher
+from node.chain.contracts import CollabJob, DisputeState, Job, NodeInfo, from_struct
+from node.chain.events import ChainEvent
 from node.chain.payouts import job_payouts
+from node.chain.view import BATCH_MAX, ChainView, EventFeed
+from node.chain.view import Snapshot as ViewSnapshot
 from node.errors import CheckpointError, MalformedInput, PolnetError, TrainingError
 
 if TYPE_CHECKING:
     from node.spec import JobSpec
 
-MAX_JOBS = 500  # the newest; older ones are still reachable by id
-LOG_RANGE = 5_000  # blocks per eth_getLogs
+MAX_JOBS = 500  # rows of the jobs page, the newest; older ones are reachable by id
 MAX_TRACE_DIRS = 64  # manifests looked at per job
 
 
@@ -101,6 +111,54 @@ class NodeRecord:
     slashes: list[dict[str, Any]] = field(default_factory=list)
     market_credits: int = 0
     game_credits: int = 0
+    collab_credits: int = 0
+
+
+@dataclass(frozen=True)
+class CollabRound:
+    """One attempt of a collaborative job's round, from the CollabMarket's events."""
+
+    round: int
+    attempt: int
+    started_block: int
+    deadline: int
+    sub_jobs: tuple[int, ...]  # market job id per slot, 0 where the slot had none
+    workers: Mapping[int, str]  # slot -> the worker its sub-job was reserved for
+    accepted: tuple[int, ...] = ()  # slots whose sub-job was accepted
+    dropped: Mapping[int, int] = field(default_factory=dict)  # slot -> SubJobDropped reason
+    settled: bool = False
+    retried: bool = False  # too few accepted: the round started again (or the job failed)
+    per_worker: int = 0  # each accepted worker's share of the round's slashes
+    posts: tuple[ChainEvent, ...] = ()  # OuterPosted, OuterChallenged, OuterResolved
+    outer_accepted: bytes | None = None  # the accepted outer state's hash
+
+
+@dataclass(frozen=True)
+class JuryCase:
+    """An OuterJury case (a challenged outer state), from its events and the challenge's."""
+
+    id: int
+    job_id: int  # the collaborative job
+    round: int
+    requested_block: int
+    draw_block: int
+    pool_len: int
+    challenger: str = ""
+    jury: tuple[str, ...] = ()
+    commit_end: int = 0
+    reveal_end: int = 0
+    committed: frozenset[str] = frozenset()
+    revealed: Mapping[str, bool] = field(default_factory=dict)  # juror -> voted valid
+    slashed: Mapping[str, int] = field(default_factory=dict)  # juror -> amount
+    verdict: int | None = None  # IOuterJury.Verdict, once tallied
+    valid_votes: int = 0
+    invalid_votes: int = 0
+
+    @property
+    def phase(self) -> str:
+        if self.verdict is not None:
+            return "tallied"
+        return "voting" if self.jury else "drawing"
 
 
 @dataclass
@@ -110,18 +168,28 @@ class Snapshot:
     chain_id: int
     addresses: dict[str, str]
     job_count: int
-    jobs: dict[int, Job]
-    job_events: dict[int, list[ChainEvent]]
-    disputes: dict[int, DisputeState]
-    dispute_events: dict[int, list[ChainEvent]]
-    nodes: dict[str, NodeRecord]
+    jobs: Mapping[int, Job]
+    job_events: Mapping[int, list[ChainEvent]]
+    disputes: Mapping[int, DisputeState]
+    dispute_events: Mapping[int, list[ChainEvent]]
+    nodes: Mapping[str, NodeRecord]
     taken_at: float
+    collabs: Mapping[int, CollabJob] = field(default_factory=dict)
+    collab_events: Mapping[int, list[ChainEvent]] = field(default_factory=dict)
+    rounds: Mapping[int, list[CollabRound]] = field(default_factory=dict)  # per collab job
+    juries: Mapping[int, JuryCase] = field(default_factory=dict)  # by OuterJury case id
+    case_events: Mapping[int, list[ChainEvent]] = field(default_factory=dict)
+    sub_job_of: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)  # job ->
+    # (collaborative job, round, slot)
 
     def payouts(self, job_id: int) -> list[dict[str, Any]]:
         return job_payouts(self.job_events.get(job_id, []))
 
     def disputes_of(self, job_id: int) -> list[DisputeState]:
         return [d for d in self.disputes.values() if d.job_id == job_id]
+
+    def juries_of(self, collab_id: int) -> list[JuryCase]:
+        return [c for c in self.juries.values() if c.job_id == collab_id]
 
     def ranges(self, dispute_id: int) -> list[tuple[int, int]]:
         """The bisection range after each round, starting with the whole segment."""
@@ -133,102 +201,277 @@ class Snapshot:
         return out
 
 
+def collab_rounds(events: Iterable[ChainEvent]) -> list[CollabRound]:
+    """A collaborative job's round attempts, in order, from its CollabMarket events."""
+    out: list[CollabRound] = []
+    cur: dict[int, int] = {}  # round -> index in out of its latest attempt
+    posted: dict[int, str] = {}  # market job -> worker: SubJobPosted precedes RoundStarted
+    for e in events:
+        a = e.args
+        if e.event == "SubJobPosted":
+            posted[int(a["marketJobId"])] = str(a["worker"])
+        if e.event == "RoundStarted":
+            r = int(a["round"])
+            cur[r] = len(out)
+            subs = tuple(int(j) for j in a["subJobs"])
+            out.append(CollabRound(r, int(a["attempt"]), e.block_number, int(a["deadline"]),
+                                   subs, {i: posted[j] for i, j in enumerate(subs)
+                                          if j in posted}))
+            continue
+        if "round" not in a or int(a["round"]) not in cur:
+            continue
+        i = cur[int(a["round"])]
+        rd = out[i]
+        if e.event == "SubJobPosted" and int(a["marketJobId"]) in rd.sub_jobs:
+            rd = replace(rd, workers={**rd.workers, int(a["slot"]): str(a["worker"])})
+        elif e.event == "SubJobAccepted":
+            rd = replace(rd, accepted=(*rd.accepted, int(a["slot"])))
+        elif e.event == "SubJobDropped":
+            rd = replace(rd, dropped={**rd.dropped, int(a["slot"]): int(a["reason"])})
+        elif e.event == "RoundSettled":
+            rd = replace(rd, settled=True, per_worker=int(a["perWorker"]))
+        elif e.event in ("RoundRetried", "CollabFailed"):
+            rd = replace(rd, retried=True)
+        elif e.event in ("OuterPosted", "OuterChallenged", "OuterResolved"):
+            rd = replace(rd, posts=(*rd.posts, e))
+        elif e.event == "OuterAccepted":
+            rd = replace(rd, outer_accepted=bytes(a["outerHash"]))
+        out[i] = rd
+    return out
+
+
+def jury_case(case_id: int, events: Iterable[ChainEvent], challenger: str = "") -> JuryCase:
+    """An OuterJury case from its events (JuryRequested first)."""
+    c: JuryCase | None = None
+    for e in events:
+        a = e.args
+        if e.event == "JuryRequested":
+            c = JuryCase(case_id, int(a["jobId"]), int(a["round"]), e.block_number,
+                         int(a["drawBlock"]), int(a["poolLen"]), challenger)
+        elif c is None:
+            continue
+        elif e.event == "JuryDrawn":
+            c = replace(c, jury=tuple(str(x) for x in a["jury"]), commit_end=int(a["commitEnd"]),
+                        reveal_end=int(a["revealEnd"]))
+        elif e.event == "VoteCommitted":
+            c = replace(c, committed=c.committed | {str(a["juror"])})
+        elif e.event == "VoteRevealed":
+            c = replace(c, revealed={**c.revealed, str(a["juror"]): bool(a["valid"])})
+        elif e.event == "JurorSlashed":
+            c = replace(c, slashed={**c.slashed, str(a["juror"]): int(a["amount"])})
+        elif e.event == "CaseTallied":
+            c = replace(c, verdict=int(a["verdict"]), valid_votes=int(a["validVotes"]),
+                        invalid_votes=int(a["invalidVotes"]))
+    if c is None:
+        raise KeyError(case_id)
+    return c
+
+
+def _addresses_in(e: ChainEvent) -> set[str]:
+    """Every address an event names (lists of them included: juries, committees)."""
+    out: set[str] = set()
+    for v in e.args.values():
+        for x in (v if isinstance(v, list | tuple) else (v,)):
+            if isinstance(x, str) and len(x) == 42 and x.startswith("0x"):
+                out.add(x)
+    return out
+
+
+@dataclass
+class _Tally:
+    jobs_solved: int = 0
+    steps_delivered: int = 0
+    rewards: int = 0
+    attestations: int = 0
+    slashed: int = 0
+    slashes: list[dict[str, Any]] = field(default_factory=list)
+
+
 class ChainIndex:
-    """Builds snapshots, one per head block (pages served at one head share it)."""
+    """Builds snapshots, one per head block (pages served at one head share it), over a
+    :class:`ChainView`; per block, reads only what the block's events touched."""
 
     def __init__(self, client: ChainClient, home: Path | None = None,
                  min_age_s: float = 1.0) -> None:
         self.c = client
         self.home = home
         self.min_age_s = min_age_s
+        self.view = ChainView(client)
+        self._feed = EventFeed(self.view)
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
-        self._events: list[ChainEvent] = []
-        self._scanned_to: int | None = None
-        dep = client.deployment
-        self._start = dep.deploy_block if dep is not None else 0
-        self._watcher = EventWatcher(client.w3, [client.market, client.dispute, client.registry],
-                                     start_block=self._start)
+        self._chain_id: int | None = None
+        self._addresses: dict[str, str] | None = None
+        assert client.deployment is not None  # the view needs one (ConfigError otherwise)
+        self._deployed = dict(client.deployment.contracts)
+        self._credit_of: list[Bound] = [client.market, client.dispute]
+        if "CollabMarket" in self._deployed:
+            self._credit_of.append(client.collab)
+        self._vs: ViewSnapshot | None = None  # the view's snapshot the last build took in
+        self.requests = 0  # HTTP requests of the index's own (node reads), batches once
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget every event taken in (first build, or the view's epoch changed)."""
+        self._events: dict[tuple[str, int], ChainEvent] = {}  # by (tx hash, log index)
+        self._job_events: dict[int, list[ChainEvent]] = {}
+        self._dispute_events: dict[int, list[ChainEvent]] = {}
+        self._collab_events: dict[int, list[ChainEvent]] = {}
+        self._case_events: dict[int, list[ChainEvent]] = {}
+        self._rounds: dict[int, list[CollabRound]] = {}
+        self._juries: dict[int, JuryCase] = {}
+        self._challenger_of: dict[int, str] = {}  # OuterJury case -> its challenger
+        self._sub_job_of: dict[int, tuple[int, int, int]] = {}
+        self._registered: list[str] = []  # NodeRegistered order
+        self._tallies: dict[str, _Tally] = {}
+        self._info: dict[str, NodeInfo] = {}
+        self._credits: dict[str, tuple[int, ...]] = {}
+        self._nodes: dict[str, NodeRecord] = {}
 
     def snapshot(self) -> Snapshot:
         with self._lock:
             s = self._snap
             if s is not None and time.monotonic() - s.taken_at < self.min_age_s:
                 return s
-            head = self.c.block_number()
-            if s is not None and s.head == head:
+            vs = self.view.update()  # the same object while no block arrived
+            if s is not None and vs is self._vs:
                 return s
-            self._snap = self._build(head)
+            self._snap = self._build()
             return self._snap
 
-    def _new_events(self, head: int) -> list[ChainEvent]:
-        # Logs are immutable on a chain that does not reorg (anvil); read each range once.
-        start = self._start if self._scanned_to is None else self._scanned_to + 1
-        for lo in range(start, head + 1, LOG_RANGE):
-            self._events.extend(self._watcher.fetch(lo, min(head, lo + LOG_RANGE - 1)))
-        self._scanned_to = head
-        return self._events
-
-    def _build(self, head: int) -> Snapshot:
+    def _build(self) -> Snapshot:
+        new = self._feed.take()  # under our lock: nobody else updates the view
+        vs = self.view.snapshot
+        assert vs is not None
+        self._vs = vs
+        if self._feed.restarted:  # a reorg: the new epoch's events come again
+            self._reset()
+        new = [e for e in new if e.key not in self._events]
+        self._take(new, vs)
         c = self.c
-        events = self._new_events(head)
-        count = c.market.job_count()
-        jobs = {i: c.market.get_job(i) for i in range(max(1, count - MAX_JOBS + 1), count + 1)}
-        job_events: dict[int, list[ChainEvent]] = defaultdict(list)
-        dispute_events: dict[int, list[ChainEvent]] = defaultdict(list)
-        node_addrs: list[str] = []
-        for e in events:
-            if e.contract == "DisputeGame" and "id" in e.args:
-                dispute_events[int(e.args["id"])].append(e)
-            elif "jobId" in e.args:
-                job_events[int(e.args["jobId"])].append(e)
-            if e.event == "NodeRegistered":
-                node_addrs.append(str(e.args["node"]))
-        disputes = {did: c.dispute.get_dispute(did) for did in sorted(dispute_events)
-                    if any(e.event == "DisputeOpened" for e in dispute_events[did])}
-        nodes = {a: NodeRecord(a, c.registry.node_of(a)) for a in node_addrs}
-        self._tally(nodes, jobs, events)
-        for a, n in nodes.items():
-            n.market_credits = c.market.credits(a)
-            n.game_credits = c.dispute.credits(a)
-        blk = c.w3.eth.get_block(head)
-        addresses = {"token": str(c.token.address), "registry": str(c.registry.address),
-                     "market": str(c.market.address), "dispute": str(c.dispute.address)}
-        return Snapshot(head=head, timestamp=int(blk["timestamp"]), chain_id=int(c.w3.eth.chain_id),
-                        addresses=addresses, job_count=count, jobs=jobs,
-                        job_events=dict(job_events), disputes=disputes,
-                        dispute_events=dict(dispute_events), nodes=nodes,
-                        taken_at=time.monotonic())
+        if self._chain_id is None:
+            self._chain_id = int(c.w3.eth.chain_id)
+            self.requests += 1
+        if self._addresses is None:
+            self._addresses = {"token": str(c.token.address),
+                               "registry": str(c.registry.address),
+                               "market": str(c.market.address),
+                               "dispute": str(c.dispute.address)}
+            for name, short in (("CollabMarket", "collab"), ("OuterJury", "outer jury"),
+                                ("Availability", "availability")):
+                if name in self._deployed:
+                    self._addresses[short] = str(self._deployed[name])
+        return Snapshot(head=vs.block, timestamp=vs.timestamp, chain_id=self._chain_id,
+                        addresses=self._addresses, job_count=max(vs.jobs, default=0),
+                        jobs=vs.jobs, job_events=dict(self._job_events),
+                        disputes=vs.disputes, dispute_events=dict(self._dispute_events),
+                        nodes=dict(self._nodes), taken_at=time.monotonic(),
+                        collabs=vs.collabs, collab_events=dict(self._collab_events),
+                        rounds=dict(self._rounds), juries=dict(self._juries),
+                        case_events=dict(self._case_events),
+                        sub_job_of=dict(self._sub_job_of))
 
-    @staticmethod
-    def _tally(nodes: dict[str, NodeRecord], jobs: dict[int, Job],
-               events: list[ChainEvent]) -> None:
-        # The registry's Slashed names no job: the market or game event of the same
-        # transaction does (finalize reopening a job, a dispute resolved).
+    def _take(self, events: list[ChainEvent], vs: ViewSnapshot) -> None:
+        """Group the new events (copy on write: an older snapshot's lists never change
+        under a page being rendered from it), tally them, read the nodes they name."""
+        groups: dict[str, dict[int, list[ChainEvent]]] = {
+            "job": {}, "dispute": {}, "collab": {}, "case": {}}
+        for e in events:
+            self._events[e.key] = e
+            a = e.args
+            if e.contract == "DisputeGame" and "id" in a:
+                groups["dispute"].setdefault(int(a["id"]), []).append(e)
+            elif e.contract == "CollabMarket":
+                if "jobId" in a:
+                    groups["collab"].setdefault(int(a["jobId"]), []).append(e)
+                if e.event == "SubJobPosted":
+                    self._sub_job_of[int(a["marketJobId"])] = (int(a["jobId"]), int(a["round"]),
+                                                              int(a["slot"]))
+                elif e.event == "OuterChallenged":
+                    self._challenger_of[int(a["juryCase"])] = str(a["challenger"])
+            elif e.contract == "OuterJury":
+                if "caseId" in a:
+                    groups["case"].setdefault(int(a["caseId"]), []).append(e)
+            elif "jobId" in a:  # the market's, the game's, the availability's
+                groups["job"].setdefault(int(a["jobId"]), []).append(e)
+            if e.event == "NodeRegistered" and str(a["node"]) not in self._tallies:
+                self._registered.append(str(a["node"]))
+                self._tallies[str(a["node"])] = _Tally()
+        for kind, into in (("job", self._job_events), ("dispute", self._dispute_events),
+                           ("collab", self._collab_events), ("case", self._case_events)):
+            for i, evs in groups[kind].items():
+                into[i] = [*into.get(i, []), *evs]
+        for cid in groups["collab"]:
+            self._rounds[cid] = collab_rounds(self._collab_events[cid])
+        for case in {*groups["case"], *(k for k in self._challenger_of
+                                        if k in self._case_events)}:
+            with contextlib.suppress(KeyError):  # a case whose request we have not seen
+                self._juries[case] = jury_case(case, self._case_events[case],
+                                               self._challenger_of.get(case, ""))
+        self._tally(events, vs.jobs)
+        touched = {a for e in events for a in _addresses_in(e)} & self._tallies.keys()
+        self._read_nodes(sorted(touched), vs.block)
+        for addr in touched:
+            self._nodes[addr] = self._record(addr)
+        if touched:  # in the order they registered
+            self._nodes = {a: self._nodes[a] for a in self._registered if a in self._nodes}
+
+    def _record(self, a: str) -> NodeRecord:
+        t = self._tallies[a]
+        market, game, *collab = self._credits[a]
+        return NodeRecord(a, self._info[a], jobs_solved=t.jobs_solved,
+                          steps_delivered=t.steps_delivered, rewards=t.rewards,
+                          attestations=t.attestations, slashed=t.slashed,
+                          slashes=list(t.slashes), market_credits=market, game_credits=game,
+                          collab_credits=sum(collab))
+
+    def _read_nodes(self, addrs: list[str], block: int) -> None:
+        """Registry entry and credits of each node, at ``block``, in batches."""
+        calls: list[tuple[Bound, str, tuple[Any, ...]]] = []
+        for a in addrs:
+            calls.append((self.c.registry, "nodeOf", (a,)))
+            calls += [(b, "credits", (a,)) for b in self._credit_of]
+        results: list[Any] = []
+        for i in range(0, len(calls), BATCH_MAX):
+            self.requests += 1
+            results += batch_call(self.c.w3, calls[i:i + BATCH_MAX], block)
+        it = iter(results)
+        for a in addrs:
+            self._info[a] = from_struct(NodeInfo, next(it))
+            self._credits[a] = tuple(int(next(it)) for _ in self._credit_of)
+
+    def _tally(self, events: list[ChainEvent], jobs: Mapping[int, Job]) -> None:
+        # The registry's Slashed names no job: the market, game or jury event of the same
+        # transaction does (finalize reopening a job, a dispute resolved, a case tallied).
+        # A transaction's events all lie in one block, so in one batch of new events.
         cause: dict[str, dict[str, int]] = defaultdict(dict)
         for e in events:
             if e.contract == "DisputeGame" and "id" in e.args:
                 cause[e.tx_hash].setdefault("dispute", int(e.args["id"]))
-            if "jobId" in e.args:
+            if e.contract == "OuterJury" and "caseId" in e.args:
+                cause[e.tx_hash].setdefault("case", int(e.args["caseId"]))
+            if e.contract in ("JobMarket", "DisputeGame", "Availability") and "jobId" in e.args:
                 cause[e.tx_hash].setdefault("job", int(e.args["jobId"]))
+        tallies = self._tallies
         for e in events:
             a = e.args
-            if e.event == "JobFinalized" and str(a["solver"]) in nodes:
-                n = nodes[str(a["solver"])]
-                n.jobs_solved += 1
-                n.rewards += int(a["reward"])
+            if e.event == "JobFinalized" and str(a["solver"]) in tallies:
+                t = tallies[str(a["solver"])]
+                t.jobs_solved += 1
+                t.rewards += int(a["reward"])
                 job = jobs.get(int(a["jobId"]))
-                n.steps_delivered += job.total_steps if job is not None else 0
-            elif e.event == "Attested" and str(a["verifier"]) in nodes:
-                nodes[str(a["verifier"])].attestations += 1
-            elif e.event == "Slashed" and str(a["node"]) in nodes and int(a["amount"]):
-                n = nodes[str(a["node"])]
-                n.slashed += int(a["amount"])
-                n.slashes.append({"block": e.block_number, "amount": int(a["amount"]),
-                                  "from": "locked bond or seat" if a["fromLocked"]
-                                  else "free stake",
-                                  "job": cause[e.tx_hash].get("job"),
-                                  "dispute": cause[e.tx_hash].get("dispute")})
+                t.steps_delivered += job.total_steps if job is not None else 0
+            elif e.event == "Attested" and str(a["verifier"]) in tallies:
+                tallies[str(a["verifier"])].attestations += 1
+            elif e.event == "Slashed" and str(a["node"]) in tallies and int(a["amount"]):
+                t = tallies[str(a["node"])]
+                t.slashed += int(a["amount"])
+                t.slashes = [*t.slashes, {
+                    "block": e.block_number, "amount": int(a["amount"]),
+                    "from": "locked bond or seat" if a["fromLocked"] else "free stake",
+                    "job": cause[e.tx_hash].get("job"),
+                    "dispute": cause[e.tx_hash].get("dispute"),
+                    "case": cause[e.tx_hash].get("case")}]
 
     # --- the node's own files ----------------------------------------------------------
 

@@ -17,11 +17,21 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from node.chain.contracts import DisputeState, Job, JobStatus, NodeInfo, Phase, Verdict, Vote
+from node.chain.contracts import (
+    CollabJob,
+    DisputeState,
+    Job,
+    JobStatus,
+    NodeInfo,
+    OuterVerdict,
+    Phase,
+    Verdict,
+    Vote,
+)
 from node.chain.events import ChainEvent
 from node.event_text import AMOUNT_FIELDS, TIME_FIELDS, address_text, field_text
 from node.event_text import pol as pol_text
-from node.explorer.index import LossCurve, NodeRecord, Snapshot
+from node.explorer.index import MAX_JOBS, CollabRound, JuryCase, LossCurve, NodeRecord, Snapshot
 from node.units import wei_to_pol, when
 
 MAX_NAME = 32  # characters of a node's self-chosen name shown
@@ -35,6 +45,7 @@ td,th{border:1px solid #d8dce3;padding:4px 8px;text-align:left;vertical-align:to
 th{background:#eef0f4}.mono{font-family:ui-monospace,monospace;font-size:12px}
 .finalized{color:#137333}.committed{color:#1a55b0}.open{color:#7a5b00}
 .cancelled{color:#777}.claimed{color:#6b3fa0}.bad{color:#b3261e;font-weight:600}
+.finished{color:#137333}.running{color:#1a55b0}.failed{color:#b3261e}
 .muted{color:#6b7280}svg{background:#fff;border:1px solid #d8dce3}
 """
 
@@ -128,7 +139,8 @@ def page(title: str, body: str, snap: Snapshot) -> str:
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{esc(title)} · "
             f"polnet explorer</title><style>{STYLE}</style></head><body><header>"
             f'<a href="/"><b>polnet explorer</b></a><a href="/">jobs</a><a href="/disputes">'
-            f'disputes</a><a href="/nodes">nodes</a><span class="muted">chain {snap.chain_id} · '
+            f'disputes</a><a href="/collabs">collaborative</a><a href="/juries">outer juries</a>'
+            f'<a href="/nodes">nodes</a><span class="muted">chain {snap.chain_id} · '
             f"block {snap.head} · {esc(_utc(snap.timestamp))}</span></header>"
             f"<main>{body}</main></body></html>")
 
@@ -169,14 +181,16 @@ def _lost_cell(snap: Snapshot, ds: list[DisputeState]) -> str:
 
 def jobs_page(snap: Snapshot) -> str:
     rows = []
-    for jid in sorted(snap.jobs, reverse=True):
+    for jid in sorted(snap.jobs, reverse=True)[:MAX_JOBS]:
         j = snap.jobs[jid]
         ds = snap.disputes_of(jid)
         paid = sum(p["amount"] for p in snap.payouts(jid))
         rows.append([f'<a href="/job/{jid}">{jid}</a>', status_cell(j), amount(j.reward),
                      node_link(j.solver, snap), esc(j.segment_count), esc(j.round),
                      f"{j.attestations}", _lost_cell(snap, ds), amount(paid)])
-    body = (f"<h1>Jobs ({snap.job_count})</h1>"
+    more = (f'<p class="muted">the newest {MAX_JOBS}; older ones at /job/ID</p>'
+            if len(snap.jobs) > MAX_JOBS else "")
+    body = (f"<h1>Jobs ({snap.job_count})</h1>" + more
             + table(["job", "status", "reward", "solver", "segments", "round", "attestations",
                      "disputes", "paid out"], rows, "jobs"))
     return page("jobs", body, snap)
@@ -206,6 +220,11 @@ def job_page(snap: Snapshot, jid: int, curve: LossCurve | None,
          + f'<span class="mono">0x{j.spec_hash.hex()}</span>'),
         ("open disputes", esc(j.open_disputes)),
     ]
+    sub = snap.sub_job_of.get(jid)
+    if sub is not None:
+        cid, r, slot = sub
+        facts.insert(1, ("collaborative job", f'<a href="/collab/{cid}">{cid}</a>, round '
+                                              f"{esc(r)}, slot {esc(slot)} (an inner run)"))
     body = [f"<h1>Job {jid}</h1>", table(["", ""], ([esc(k), v] for k, v in facts), "facts")]
     body.append("<h2>Loss per segment</h2>")
     if curve is None:
@@ -340,7 +359,7 @@ def node_page(snap: Snapshot, n: NodeRecord) -> str:
         ("seat-locked (juror / attestor seats)", amount(i.seat_locked_stake)),
         ("jobs solved", esc(n.jobs_solved)), ("steps delivered", esc(n.steps_delivered)),
         ("rewards", amount(n.rewards)), ("attestations", esc(n.attestations)),
-        ("credits to withdraw", amount(n.market_credits + n.game_credits)),
+        ("credits to withdraw", amount(n.market_credits + n.game_credits + n.collab_credits)),
         ("slashed in all", f'<span class="{"bad" if n.slashed else ""}">{amount(n.slashed)}'
                            "</span>"),
     ]
@@ -357,13 +376,201 @@ def _slash_cause(snap: Snapshot, node: str, s: Mapping[str, Any]) -> str:
     """Links to the job and dispute a slash paid for. The registry's Slashed event names
     neither: the index matched the job (or dispute) by transaction; a bond slashed when
     the job was finalized was lost in the disputes of that job this node lost."""
-    job, did = s.get("job"), s.get("dispute")
+    job, did, case = s.get("job"), s.get("dispute"), s.get("case")
     dids = ([int(did)] if did is not None else
             [d.id for d in snap.disputes_of(int(job)) if d.solver == node and _lost(d)]
             if job is not None else [])
     links = [f'<a href="/job/{int(job)}">job {int(job)}</a>'] if job is not None else []
     links += [f'<a href="/dispute/{i}">dispute {i}</a>' for i in dids]
+    if case is not None:
+        links.append(f'<a href="/jury/{int(case)}">outer jury case {int(case)}</a>')
     return " · ".join(links) or "-"
+
+
+# --- collaborative jobs and their outer juries ------------------------------------------
+
+# IOuterJury.Verdict / ICollabMarket.OuterVerdict, said from the posted outer state's side.
+OUTER_TEXT = {OuterVerdict.VALID: "outer state stands (challenger lost)",
+              OuterVerdict.INVALID: "outer state wrong (poster lost)",
+              OuterVerdict.VOID: "void (no quorum or a tie)"}
+
+
+def _collab_status(j: CollabJob) -> str:
+    name = j.status.name.lower()
+    return f'<span class="{esc(name)}">{esc(name)}</span>'
+
+
+def _outer_verdict(v: int | None) -> str:
+    if v is None:
+        return "-"
+    try:
+        verdict = OuterVerdict(v)
+    except ValueError:
+        return esc(f"{v} (unknown)")
+    cls = "bad" if verdict == OuterVerdict.INVALID else ""
+    return f'<span class="{cls}">{esc(OUTER_TEXT.get(verdict, verdict.name.lower()))}</span>'
+
+
+def _hash(h: bytes | None) -> str:
+    if h is None:
+        return "-"
+    return f'<span class="mono" title="0x{h.hex()}">0x{h.hex()[:12]}…</span>'
+
+
+def slot_holders(snap: Snapshot, cid: int) -> dict[int, str]:
+    """Slot -> its holder now, from SlotClaimed / SlotReleased."""
+    out: dict[int, str] = {}
+    for e in snap.collab_events.get(cid, []):
+        if e.event == "SlotClaimed":
+            out[int(e.args["slot"])] = str(e.args["node"])
+        elif e.event == "SlotReleased":
+            out.pop(int(e.args["slot"]), None)
+    return dict(sorted(out.items()))
+
+
+def collabs_page(snap: Snapshot) -> str:
+    rows = []
+    for cid in sorted(snap.collabs, reverse=True):
+        j = snap.collabs[cid]
+        rows.append([f'<a href="/collab/{cid}">{cid}</a>', _collab_status(j),
+                     esc(j.phase.name.lower()), esc(f"{j.round} of {j.rounds}"),
+                     node_link(j.submitter, snap), esc(f"{j.min_workers}..{j.max_workers}"),
+                     esc(len(slot_holders(snap, cid))), amount(j.reward), amount(j.sub_reward),
+                     esc(len(snap.rounds.get(cid, []))), esc(len(snap.juries_of(cid)))])
+    body = (f"<h1>Collaborative jobs ({len(snap.collabs)})</h1>"
+            + table(["job", "status", "round phase", "round", "submitter", "workers",
+                     "slots held", "reward", "per sub-job", "round attempts", "outer juries"],
+                    rows, "collabs"))
+    return page("collaborative jobs", body, snap)
+
+
+def _sub_jobs_cell(snap: Snapshot, rd: CollabRound) -> str:
+    out = []
+    for slot, jid in enumerate(rd.sub_jobs):
+        if not jid:
+            out.append(f"slot {slot}: -")
+            continue
+        j = snap.jobs.get(jid)
+        state = ("accepted" if slot in rd.accepted else
+                 f'<span class="bad">dropped: '
+                 f'{esc(field_text("SubJobDropped", "reason", rd.dropped[slot]))}</span>'
+                 if slot in rd.dropped else status_cell(j) if j is not None else "-")
+        who = rd.workers.get(slot) or (j.solver if j is not None and int(j.solver, 16) else None)
+        out.append(f'slot {slot}: <a href="/job/{jid}">job {jid}</a> '
+                   + (node_link(who, snap) + " " if who else "") + state)
+    return "<br>".join(out) or "-"
+
+
+def _outer_cell(snap: Snapshot, rd: CollabRound) -> str:
+    out = []
+    for e in rd.posts:
+        a = e.args
+        if e.event == "OuterPosted":
+            out.append(f"posted by {node_link(str(a['poster']), snap)}: "
+                       f"{_hash(bytes(a['outerHash']))}")
+        elif e.event == "OuterChallenged":
+            case = int(a["juryCase"])
+            out.append(f"challenged by {node_link(str(a['challenger']), snap)}: "
+                       f'<a href="/jury/{case}">outer jury case {case}</a>')
+        elif e.event == "OuterResolved":
+            out.append(f"{_outer_verdict(int(a['verdict']))} ({esc(a['validVotes'])} valid, "
+                       f"{esc(a['invalidVotes'])} invalid)")
+    if rd.outer_accepted is not None:
+        out.append(f"accepted: {_hash(rd.outer_accepted)}")
+    return "<br>".join(out) or "-"
+
+
+def collab_page(snap: Snapshot, cid: int) -> str:
+    j = snap.collabs[cid]
+    facts = [
+        ("status", _collab_status(j)), ("round phase", esc(j.phase.name.lower())),
+        ("round", esc(f"{j.round} of {j.rounds} (retries of this one: {j.retries})")),
+        ("submitter", node_link(j.submitter, snap)),
+        ("workers", esc(f"{j.min_workers} to {j.max_workers}")),
+        ("inner steps", esc(f"{j.inner_steps} per round ({j.steps_per_segment} per segment)")),
+        ("round duration", esc(f"{j.round_duration} s")),
+        ("reward", amount(j.reward)), ("verification budget", amount(j.verification_budget)),
+        ("per sub-job", f"{amount(j.sub_reward)} + {amount(j.sub_budget)} verification"),
+        ("pool left", amount(j.pool)),
+        ("spec", f'<span class="mono">0x{j.spec_hash.hex()}</span>'),
+        ("dataset", f'<span class="mono">0x{j.dataset_hash.hex()}</span>'),
+        ("S_0 of the current round", f'<span class="mono">0x{j.init_state_hash.hex()}</span>'),
+        ("outer state (last accepted)", f'<span class="mono">0x{j.outer_hash.hex()}</span>'),
+    ]
+    holders = slot_holders(snap, cid)
+    body = [f"<h1>Collaborative job {cid}</h1>",
+            table(["", ""], ([esc(k), v] for k, v in facts), "facts"),
+            "<h2>Slots</h2>",
+            table(["slot", "holder"], ([esc(s), node_link(a, snap)] for s, a in holders.items()),
+                  "slots"),
+            "<h2>Rounds</h2>",
+            table(["round", "attempt", "started", "deadline", "sub-jobs (per slot)", "settled",
+                   "outer state"],
+                  ([esc(rd.round), esc(rd.attempt), f"block {esc(rd.started_block)}",
+                    esc(stamp(rd.deadline)), _sub_jobs_cell(snap, rd),
+                    ("retried (too few accepted)" if rd.retried else
+                     "yes" + (f", {amount(rd.per_worker)} more per worker"
+                              if rd.per_worker else "")) if rd.settled or rd.retried else "no",
+                    _outer_cell(snap, rd)] for rd in snap.rounds.get(cid, [])), "rounds"),
+            "<h2>Outer juries</h2>",
+            _juries_table(snap, snap.juries_of(cid)),
+            "<h2>Events</h2>",
+            events_table(snap, snap.collab_events.get(cid, []), skip=("jobId",))]
+    return page(f"collaborative job {cid}", "".join(body), snap)
+
+
+def _juries_table(snap: Snapshot, cases: Iterable[JuryCase]) -> str:
+    return table(["case", "job", "round", "challenger", "phase", "jury", "votes", "verdict"],
+                 ([f'<a href="/jury/{c.id}">{c.id}</a>',
+                   f'<a href="/collab/{c.job_id}">{c.job_id}</a>', esc(c.round),
+                   node_link(c.challenger, snap) if c.challenger else "-", esc(c.phase),
+                   esc(len(c.jury)), esc(f"{len(c.committed)} committed, "
+                                         f"{len(c.revealed)} revealed"),
+                   _outer_verdict(c.verdict)]
+                  for c in sorted(cases, key=lambda c: -c.id)), "juries")
+
+
+def juries_page(snap: Snapshot) -> str:
+    body = (f"<h1>Outer juries ({len(snap.juries)})</h1>"
+            '<p class="muted">each decides a challenged outer state of a collaborative job</p>'
+            + _juries_table(snap, snap.juries.values()))
+    return page("outer juries", body, snap)
+
+
+def jury_page(snap: Snapshot, case_id: int) -> str:
+    c = snap.juries[case_id]
+    now = snap.timestamp
+    live = c.verdict is None
+    facts = [
+        ("collaborative job", f'<a href="/collab/{c.job_id}">{c.job_id}</a>'),
+        ("round", esc(c.round)),
+        ("challenger", node_link(c.challenger, snap) if c.challenger else "-"),
+        ("phase", esc(c.phase)), ("requested", f"block {esc(c.requested_block)}"),
+        ("drawn from", f"block {esc(c.draw_block)} ({esc(c.pool_len)} in the verifier pool)"),
+        ("commit ends", esc((when(c.commit_end, now) if live else stamp(c.commit_end))
+                            if c.jury else "-")),
+        ("reveal ends", esc((when(c.reveal_end, now) if live else stamp(c.reveal_end))
+                            if c.jury else "-")),
+        ("verdict", _outer_verdict(c.verdict)),
+        ("votes", esc(f"valid {c.valid_votes} · invalid {c.invalid_votes}")
+         if not live else esc(f"{len(c.committed)} committed, {len(c.revealed)} revealed")),
+    ]
+
+    def vote(a: str) -> str:
+        if a in c.revealed:
+            return "valid" if c.revealed[a] else "invalid"
+        return "committed" if a in c.committed else "silent" if not live else "-"
+
+    jury = [[node_link(a, snap), esc(vote(a)),
+             amount(c.slashed[a]) if a in c.slashed else "-"] for a in c.jury]
+    body = (f"<h1>Outer jury case {case_id}</h1>"
+            + table(["", ""], ([esc(k), v] for k, v in facts), "facts")
+            + "<h2>Jury</h2>"
+            + (table(["juror", "vote", "slashed"], jury, "jury") if c.jury else
+               '<p class="muted">not drawn yet</p>')
+            + "<h2>Events</h2>"
+            + events_table(snap, snap.case_events.get(case_id, []), skip=("caseId",)))
+    return page(f"outer jury case {case_id}", body, snap)
 
 
 def not_found(snap: Snapshot, what: str) -> str:
@@ -441,5 +648,6 @@ def loss_svg(losses: Sequence[float], k: int, width: int = 640, height: int = 26
             "</svg>")
 
 
-__all__ = ["JobStatus", "dispute_page", "disputes_page", "esc", "job_page", "jobs_page",
-           "loss_svg", "node_page", "nodes_page", "not_found"]
+__all__ = ["JobStatus", "collab_page", "collabs_page", "dispute_page", "disputes_page", "esc",
+           "job_page", "jobs_page", "juries_page", "jury_page", "loss_svg", "node_page",
+           "nodes_page", "not_found"]

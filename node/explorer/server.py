@@ -130,6 +130,10 @@ _ROUTES = [
     (re.compile(r"^/job/(\d{1,12})$"), "job"),
     (re.compile(r"^/disputes$"), "disputes"),
     (re.compile(r"^/dispute/(\d{1,12})$"), "dispute"),
+    (re.compile(r"^/collabs$"), "collabs"),
+    (re.compile(r"^/collab/(\d{1,12})$"), "collab"),
+    (re.compile(r"^/juries$"), "juries"),
+    (re.compile(r"^/jury/(\d{1,12})$"), "jury"),
     (re.compile(r"^/nodes$"), "nodes"),
     (re.compile(r"^/node/(0x[0-9a-fA-F]{40})$"), "node"),
     (re.compile(r"^/api/summary\.json$"), "summary"),
@@ -235,6 +239,22 @@ class ExplorerServer(ThreadingHTTPServer):
                 return HTTPStatus.OK, html, pages.disputes_page(snap)
             if name == "nodes":
                 return HTTPStatus.OK, html, pages.nodes_page(snap)
+            if name == "collabs":
+                return HTTPStatus.OK, html, pages.collabs_page(snap)
+            if name == "juries":
+                return HTTPStatus.OK, html, pages.juries_page(snap)
+            if name == "collab":
+                cid = int(m.group(1))
+                if cid not in snap.collabs:
+                    return HTTPStatus.NOT_FOUND, html, pages.not_found(
+                        snap, f"no collaborative job {cid}")
+                return HTTPStatus.OK, html, pages.collab_page(snap, cid)
+            if name == "jury":
+                case = int(m.group(1))
+                if case not in snap.juries:
+                    return HTTPStatus.NOT_FOUND, html, pages.not_found(
+                        snap, f"no outer jury case {case}")
+                return HTTPStatus.OK, html, pages.jury_page(snap, case)
             if name == "summary":
                 return HTTPStatus.OK, "application/json", json.dumps(_summary(snap))
             if name == "job":
@@ -272,6 +292,10 @@ def _summary(snap: Snapshot) -> dict[str, Any]:
                  "paid": str(sum(p["amount"] for p in snap.payouts(i)))}
         for i, j in snap.jobs.items()}, "disputes": {
         str(d.id): {"job": d.job_id, "verdict": d.verdict.name.lower(), "range": [d.lo, d.hi]}
-        for d in snap.disputes.values()}, "nodes": {
+        for d in snap.disputes.values()}, "collabs": {
+        str(i): {"status": j.status.name.lower(), "round": j.round, "rounds": j.rounds,
+                 "sub_jobs": [list(r.sub_jobs) for r in snap.rounds.get(i, [])],
+                 "juries": [c.id for c in snap.juries_of(i)]}
+        for i, j in snap.collabs.items()}, "nodes": {
         a: {"slashed": str(n.slashed), "jobs_solved": n.jobs_solved}
         for a, n in snap.nodes.items()}}
