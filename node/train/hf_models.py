@@ -98,16 +98,24 @@ def _replace_dropouts(module: nn.Module, slot: _RngSlot) -> None:
 
 
 class _SplitLayerNorm(nn.LayerNorm):
-    """``nn.LayerNorm`` with the same parameters, its affine part as separate ops (see
-    the module docstring: gradients that do not depend on the thread count)."""
+    """``nn.LayerNorm`` with the same parameters and the same forward bits as the fused
+    kernel (an exported model's logits equal the trace's), but weight and bias
+    gradients from a broadcast multiply-add over rows (see the module docstring): the
+    fused op sees the affine parameters detached, and ``a - a.detach()`` (exactly zero
+    forward) carries their gradient."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.layer_norm(x, self.normalized_shape, None, None, self.eps)
+        w = None if self.weight is None else self.weight.detach()
+        b = None if self.bias is None else self.bias.detach()
+        y = F.layer_norm(x, self.normalized_shape, w, b, self.eps)
+        if self.weight is None and self.bias is None:
+            return y
+        a = F.layer_norm(x.detach(), self.normalized_shape, None, None, self.eps)
         if self.weight is not None:
-            y = y * self.weight
+            a = a * self.weight
         if self.bias is not None:
-            y = y + self.bias
-        return y
+            a = a + self.bias
+        return y + (a - a.detach())
 
 
 def _split_layer_norms(module: nn.Module) -> None:
