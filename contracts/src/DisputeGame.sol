@@ -61,8 +61,8 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
 ///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 1 hash word
 ///      (`_word`: the range root, the pending mids' commitment, the jury request, then the
-///      jury seed once drawn; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 162-bit entries (address | revealed |
-///      valid; 3 jurors in 2 words), commitments one word per committed juror; commitEnd / revealEnd / vote counts are
+///      jury stream's first word once drawn, the seed being in `JuryDrawn` only; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 162-bit entries (address | revealed |
+///      valid; 3 jurors in 2 words, the first of them `_word`), commitments one word per committed juror; commitEnd / revealEnd / vote counts are
 ///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
 contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
@@ -119,7 +119,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint64 challengerClock;
         uint64 lastMove; // timestamp the side to move started thinking
         uint32 rounds; // bisection steps taken
-        bytes32 jurySeed;
+        bytes32 jurySeed; // always 0: the seed is in `JuryDrawn` (its word holds the jury now)
         uint64 commitEnd;
         uint64 revealEnd;
         uint32 validVotes;
@@ -289,11 +289,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev One word per dispute: while bisecting, solver to move, keccak256(abi.encode(loHash,
     ///      hiHash)) (the range root); challenger to move, keccak256(abi.encode(rangeRoot,
     ///      keccak256(abi.encodePacked(mids)))); then the jury request (block | poolLen << 64),
-    ///      then the jury seed. Moves pass the hashes back as calldata, checked against it.
+    ///      then the jury's first word (`_juryWord`). Moves pass the hashes back as calldata,
+    ///      checked against it.
     mapping(uint256 => bytes32) internal _word;
     /// @dev The jury as a bit stream over words 0, 1, ...: entry i (address | REVEALED | VALID,
     ///      ENTRY_BITS wide) at bits [i * ENTRY_BITS, (i + 1) * ENTRY_BITS), so 3 jurors take
-    ///      2 words. The jury ends at the first entry with a zero address.
+    ///      2 words. Word 0 is `_word[id]` (a rewrite of the request's dirty word, not a fresh
+    ///      one: the seed is in `JuryDrawn` only), word w > 0 is `_jury[id][w - 1]`. The jury
+    ///      ends at the first entry with a zero address.
     mapping(uint256 => mapping(uint256 => uint256)) internal _jury;
     mapping(uint256 => mapping(address => bytes32)) internal _commits;
 
@@ -472,8 +475,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         // INVARIANT: a seated juror's slash is locked from the draw to `resolve` (a quorum's
         // seats are locked, or none): nothing it does meanwhile takes it out of reach.
         address[] memory jury = _drawSeats(id, c, seed, req);
-        _word[id] = seed;
         if (jury.length < _quorum) {
+            _word[id] = 0; // no jury: its stream starts here (see `_juryWord`)
             // Too few eligible jurors: an explicit outcome, nobody wins or pays.
             emit JuryDrawn(id, seed, jury, 0, 0);
             _settle(id, s, IJobMarket.Verdict.Void, 0, new address[](0));
@@ -513,9 +516,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (e & REVEALED != 0) revert AlreadyRevealed();
         // INVARIANT: a reveal must open the commitment made before anyone could see votes.
         if (keccak256(abi.encode(id, msg.sender, valid, salt)) != commitment) revert BadReveal();
-        mapping(uint256 => uint256) storage words = _jury[id];
-        _setBit(words, i * ENTRY_BITS + 160); // REVEALED
-        if (valid) _setBit(words, i * ENTRY_BITS + 161); // VALID
+        _setBit(id, i * ENTRY_BITS + 160); // REVEALED
+        if (valid) _setBit(id, i * ENTRY_BITS + 161); // VALID
         emit VoteRevealed(id, msg.sender, valid);
     }
 
@@ -645,14 +647,15 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         d.lastMove = s.lastMove;
         d.rounds = s.rounds;
         if (_drawn(s)) {
-            d.jurySeed = third;
+            // d.jurySeed stays 0: the seed is in JuryDrawn, not stored (`_word` holds the jury).
             d.commitEnd = uint64(s.lastMove + _commitWindow);
             d.revealEnd = uint64(d.commitEnd + _revealWindow);
         }
         d.verdict = s.verdict;
         d.solverWon = s.verdict == IJobMarket.Verdict.Valid;
         if (s.phase == Phase.Drawing) d.drawBlock = uint64(uint256(third)) + uint64(_juryLookahead);
-        uint256[] memory entries = _juryEntries(id);
+        // Before the draw the jury's first word (`_word`) holds the range or the request.
+        uint256[] memory entries = _drawn(s) ? _juryEntries(id) : new uint256[](0);
         d.jury = new address[](entries.length);
         out.votes = new Vote[](entries.length);
         for (uint256 i; i < entries.length; ++i) {
@@ -693,7 +696,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
-        (uint256 i, uint256 e) = _findJuror(id, juror);
+        (uint256 i, uint256 e) = _drawn(_load(id)) ? _findJuror(id, juror) : (NOT_FOUND, 0);
         v.commitment = _commits[id][juror];
         if (i != NOT_FOUND) {
             v.revealed = e & REVEALED != 0;
@@ -702,6 +705,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function isJuror(uint256 id, address account) external view returns (bool) {
+        if (!_drawn(_load(id))) return false;
         (uint256 i,) = _findJuror(id, account);
         return i != NOT_FOUND;
     }
@@ -774,17 +778,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (s.phase != Phase.Commit) revert WrongPhase(id, s.phase);
     }
 
-    /// @dev The jury was drawn: the range is one step and bisection is over.
+    /// @dev The jury was drawn (or none could be: an empty stream): the range is one step and
+    ///      bisection is over. Only then is `_word` the jury's first word (`_juryWord`).
     function _drawn(State memory s) internal pure returns (bool) {
         return s.phase != Phase.None && s.phase != Phase.Bisection && s.phase != Phase.Drawing
             && s.hiOff - s.loOff == 1;
     }
 
     function _findJuror(uint256 id, address a) internal view returns (uint256, uint256) {
-        mapping(uint256 => uint256) storage words = _jury[id];
         uint256 n = _jurySize;
         for (uint256 i; i < n; ++i) {
-            uint256 e = _entry(words, i);
+            uint256 e = _entry(id, i);
             if (e == 0) break;
             if (address(uint160(e)) == a) return (i, e);
         }
@@ -792,12 +796,11 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function _juryEntries(uint256 id) internal view returns (uint256[] memory entries) {
-        mapping(uint256 => uint256) storage words = _jury[id];
         uint256 n = _jurySize;
         entries = new uint256[](n);
         uint256 got;
         for (; got < n; ++got) {
-            uint256 e = _entry(words, got);
+            uint256 e = _entry(id, got);
             if (e == 0) break;
             entries[got] = e;
         }
@@ -807,19 +810,34 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @dev Jury entry i of the bit stream (it may straddle two words).
-    function _entry(mapping(uint256 => uint256) storage words, uint256 i) internal view returns (uint256 e) {
+    function _entry(uint256 id, uint256 i) internal view returns (uint256 e) {
         unchecked {
             uint256 bit = i * ENTRY_BITS;
             uint256 w = bit >> 8;
             uint256 o = bit & 255;
-            e = words[w] >> o;
-            if (o + ENTRY_BITS > 256) e |= words[w + 1] << (256 - o);
+            e = _juryWord(id, w) >> o;
+            if (o + ENTRY_BITS > 256) e |= _juryWord(id, w + 1) << (256 - o);
             e &= ENTRY_MASK;
         }
     }
 
-    function _setBit(mapping(uint256 => uint256) storage words, uint256 bit) internal {
-        words[bit >> 8] |= uint256(1) << (bit & 255);
+    /// @dev Word `w` of dispute `id`'s jury stream: `_word[id]`, then `_jury[id][w - 1]`.
+    function _juryWord(uint256 id, uint256 w) internal view returns (uint256) {
+        unchecked {
+            return w == 0 ? uint256(_word[id]) : _jury[id][w - 1];
+        }
+    }
+
+    function _setJuryWord(uint256 id, uint256 w, uint256 v) internal {
+        unchecked {
+            if (w == 0) _word[id] = bytes32(v);
+            else _jury[id][w - 1] = v;
+        }
+    }
+
+    function _setBit(uint256 id, uint256 bit) internal {
+        uint256 w = bit >> 8;
+        _setJuryWord(id, w, _juryWord(id, w) | (uint256(1) << (bit & 255)));
     }
 
     function _count(uint256[] memory entries) internal pure returns (uint32 validVotes, uint32 invalidVotes) {
@@ -919,9 +937,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
                 buf[bit >> 8] |= e << o;
                 if (o + ENTRY_BITS > 256) buf[(bit >> 8) + 1] |= e >> (256 - o);
             }
-            mapping(uint256 => uint256) storage words = _jury[id];
             for (uint256 w; w < buf.length; ++w) {
-                words[w] = buf[w];
+                _setJuryWord(id, w, buf[w]);
             }
         }
     }
