@@ -262,15 +262,20 @@ Ballot = bool | str | None  # True / False: commit and reveal; HIDE; None: never
 
 
 def run_jury(c: LocalChain, did: int, ballots: Sequence[Ballot]) -> TxReceipt:
-    """Jurors (in ``jury`` order) vote per ``ballots``; then resolve at revealEnd."""
+    """Jurors (in ``jury`` order) vote per ``ballots``; then resolve at revealEnd, unless
+    every juror revealed: then the last reveal settled it, and its receipt is returned."""
     d = state(c, did)
     for juror, b in zip(d.jury, ballots, strict=True):
         if b is not None:
             c[idx(c, juror)].dispute.commit_vote(did, b is True, salt(juror))
     mine_at(c, d.commit_end)
+    last = None
     for juror, b in zip(d.jury, ballots, strict=True):
         if isinstance(b, bool):
-            c[idx(c, juror)].dispute.reveal_vote(did, b, salt(juror))
+            last = c[idx(c, juror)].dispute.reveal_vote(did, b, salt(juror))
+    if last is not None and all(isinstance(b, bool) for b in ballots):
+        assert state(c, did).phase == Phase.RESOLVED and ev(c, last, "DisputeResolved")
+        return last
     mine_at(c, d.reveal_end)
     return c[OUTSIDER].dispute.resolve(did)
 

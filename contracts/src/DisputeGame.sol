@@ -504,7 +504,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         emit VoteCommitted(id, msg.sender, commitment);
     }
 
-    function revealVote(uint256 id, bool valid, bytes32 salt) external {
+    /// @dev The last juror's reveal settles the dispute (as `resolve`): once every juror
+    ///      revealed, nothing can change the count, and the tally in the same transaction
+    ///      spares a `resolve` transaction and its cold reads.
+    function revealVote(uint256 id, bool valid, bytes32 salt) external nonReentrant {
         State memory s = _inJury(id);
         (uint256 i, uint256 e) = _findJuror(id, msg.sender);
         if (i == NOT_FOUND) revert NotJuror(msg.sender);
@@ -519,14 +522,25 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         _setBit(id, i * ENTRY_BITS + 160); // REVEALED
         if (valid) _setBit(id, i * ENTRY_BITS + 161); // VALID
         emit VoteRevealed(id, msg.sender, valid);
+        uint256 n = _jurySize;
+        for (uint256 k; k < n; ++k) {
+            uint256 entry = _entry(id, k);
+            if (entry == 0) break; // the end of a smaller jury
+            if (entry & REVEALED == 0) return;
+        }
+        _resolve(id, s, _juryEntries(id));
     }
 
     /// @notice Anyone, at or after revealEnd: count votes, slash absent / minority jurors, settle.
+    ///         (Once every juror revealed, the last reveal did it already.)
     function resolve(uint256 id) external nonReentrant {
         State memory s = _inJury(id);
         uint64 revealEnd = uint64(s.lastMove + _commitWindow + _revealWindow);
         if (block.timestamp < revealEnd) revert RevealNotOver(revealEnd);
-        uint256[] memory entries = _juryEntries(id);
+        _resolve(id, s, _juryEntries(id));
+    }
+
+    function _resolve(uint256 id, State memory s, uint256[] memory entries) internal {
         (uint32 validVotes, uint32 invalidVotes) = _count(entries);
         IJobMarket.Verdict v;
         // INVARIANT: no verdict without a quorum and a strict majority; silence decides nothing.
