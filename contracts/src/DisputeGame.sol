@@ -62,7 +62,8 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 1 hash word
 ///      (`_word`: the range root, the pending mids' commitment, the jury request, then the
 ///      jury stream's first word once drawn, the seed being in `JuryDrawn` only; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 162-bit entries (address | revealed |
-///      valid; 3 jurors in 2 words, the first of them `_word`), commitments one word per committed juror; commitEnd / revealEnd / vote counts are
+///      valid; 3 jurors in 2 words, the first of them `_word`), a commitment in its juror's `_lastCommit` word (rewritten
+///      dispute after dispute) unless that word is busy; commitEnd / revealEnd / vote counts are
 ///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
 contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
@@ -298,7 +299,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     ///      one: the seed is in `JuryDrawn` only), word w > 0 is `_jury[id][w - 1]`. The jury
     ///      ends at the first entry with a zero address.
     mapping(uint256 => mapping(uint256 => uint256)) internal _jury;
+    /// @dev A juror's vote commitment where it cannot be kept in `_lastCommit` (its word
+    ///      there holds the commitment of another dispute still in its jury stage).
     mapping(uint256 => mapping(address => bytes32)) internal _commits;
+    /// @dev Per juror: id << 192 | the low 192 bits of its latest commitment (binding to
+    ///      2^96 work for a collision). One word per juror, rewritten by each commit once
+    ///      that dispute left its jury stage (a dirty word: ~5k gas where a fresh one per
+    ///      vote costs 22.1k); a commit while it is still there goes to `_commits`. So a
+    ///      resolved dispute's vote can read as uncommitted once a later one replaced it
+    ///      (VoteCommitted has every commitment).
+    mapping(address => uint256) internal _lastCommit;
+    uint256 internal constant LOW192 = (1 << 192) - 1;
 
     constructor(IERC20 token_, INodeRegistry registry_, IJobMarket market_, Params memory params_) {
         if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
@@ -499,8 +510,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (block.timestamp >= commitEnd) revert CommitClosed(commitEnd);
         if (commitment == bytes32(0)) revert ZeroHash();
         mapping(address => bytes32) storage cs = _commits[id];
-        if (cs[msg.sender] != bytes32(0)) revert AlreadyCommitted();
-        cs[msg.sender] = commitment;
+        uint256 last = _lastCommit[msg.sender];
+        uint256 lastId = last >> 192;
+        // INVARIANT: one commitment per juror and dispute, wherever it is kept.
+        if (lastId == id || cs[msg.sender] != bytes32(0)) revert AlreadyCommitted();
+        // Ids fit 64 bits (one per dispute); the word is free unless it holds a dispute
+        // still in its jury stage, whose reveal needs it.
+        if (id <= type(uint64).max && (lastId == 0 || _load(lastId).phase != Phase.Commit)) {
+            _lastCommit[msg.sender] = (id << 192) | (uint256(commitment) & LOW192);
+        } else {
+            cs[msg.sender] = commitment;
+        }
         emit VoteCommitted(id, msg.sender, commitment);
     }
 
@@ -514,11 +534,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint64 commitEnd = uint64(s.lastMove + _commitWindow);
         uint64 revealEnd = uint64(commitEnd + _revealWindow);
         if (block.timestamp < commitEnd || block.timestamp >= revealEnd) revert RevealNotOpen(commitEnd, revealEnd);
-        bytes32 commitment = _commits[id][msg.sender];
+        bytes32 commitment = _commitmentOf(id, msg.sender);
         if (commitment == bytes32(0)) revert NoCommitment();
         if (e & REVEALED != 0) revert AlreadyRevealed();
-        // INVARIANT: a reveal must open the commitment made before anyone could see votes.
-        if (keccak256(abi.encode(id, msg.sender, valid, salt)) != commitment) revert BadReveal();
+        // INVARIANT: a reveal must open the commitment made before anyone could see votes
+        // (its low 192 bits where `_lastCommit` keeps it).
+        bytes32 opened = keccak256(abi.encode(id, msg.sender, valid, salt));
+        if (uint256(commitment) > LOW192) {
+            if (opened != commitment) revert BadReveal();
+        } else if (uint256(opened) & LOW192 != uint256(commitment)) {
+            revert BadReveal();
+        }
         _setBit(id, i * ENTRY_BITS + 160); // REVEALED
         if (valid) _setBit(id, i * ENTRY_BITS + 161); // VALID
         emit VoteRevealed(id, msg.sender, valid);
@@ -676,7 +702,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             uint256 e = entries[i];
             address a = address(uint160(e));
             d.jury[i] = a;
-            out.votes[i] = Vote(_commits[id][a], e & REVEALED != 0, e & VALID != 0);
+            out.votes[i] = Vote(_commitmentOf(id, a), e & REVEALED != 0, e & VALID != 0);
             if (e & REVEALED != 0) {
                 if (e & VALID != 0) ++d.validVotes;
                 else ++d.invalidVotes;
@@ -711,7 +737,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
         (uint256 i, uint256 e) = _drawn(_load(id)) ? _findJuror(id, juror) : (NOT_FOUND, 0);
-        v.commitment = _commits[id][juror];
+        v.commitment = _commitmentOf(id, juror);
         if (i != NOT_FOUND) {
             v.revealed = e & REVEALED != 0;
             v.valid = e & VALID != 0;
@@ -738,6 +764,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     // --- internals ---
+
+    /// @dev `juror`'s commitment in dispute `id`: the full one from `_commits`, else the low
+    ///      192 bits `_lastCommit` keeps (0: none kept).
+    function _commitmentOf(uint256 id, address juror) internal view returns (bytes32) {
+        uint256 last = _lastCommit[juror];
+        if (last >> 192 == id) return bytes32(last & LOW192);
+        return _commits[id][juror];
+    }
 
     function _load(uint256 id) internal view returns (State memory s) {
         uint256 w = _stateWord[id];
