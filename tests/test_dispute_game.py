@@ -50,6 +50,7 @@ from node.chain.contracts import (
     Verdict,
     mids_commitment,
     range_root,
+    vote_commitment,
 )
 from node.chain.rpc import make_web3
 from node.errors import ChainError
@@ -1115,6 +1116,39 @@ def test_commit_reveal_rules(c: LocalChain) -> None:
         e = revert(fn, did, *args)
         assert (e.error, e.error_args) == ("WrongPhase", {"id": did, "phase": Phase.RESOLVED})
     withdraw_all(c)
+
+
+def test_a_juror_on_two_live_juries_keeps_both_commitments(c: LocalChain) -> None:
+    """A commitment lives in its juror's own word (its low 192 bits, rewritten dispute after
+    dispute); while that word holds a dispute still in its jury stage, a second jury's
+    commitment is kept whole per dispute. Both open, neither commits twice."""
+    job = new_job(c, attest=False)
+    a = challenge(c, job, CHAL, 1)
+    b = challenge(c, job, CHAL2, 2)
+    to_jury(c, a)
+    to_jury(c, b)
+    da, db = state(c, a), state(c, b)
+    common = [j for j in db.jury if j in da.jury]
+    if not common:
+        pytest.skip("no juror drawn on both juries")
+    for j in db.jury:  # b first: its commitments take the jurors' own words
+        c[idx(c, j)].dispute.commit_vote(b, True, salt(j))
+    for j in da.jury:  # a common juror's word holds b, still in its jury stage
+        c[idx(c, j)].dispute.commit_vote(a, True, salt(j))
+    j = common[0]
+    g = c[idx(c, j)].dispute
+    assert revert(g.commit_vote, a, True, salt(j)).error == "AlreadyCommitted"
+    assert revert(g.commit_vote, b, True, salt(j)).error == "AlreadyCommitted"
+    full_a, full_b = vote_commitment(a, j, True, salt(j)), vote_commitment(b, j, True, salt(j))
+    assert c.reader.dispute.call("voteOf", a, j).commitment == full_a
+    assert c.reader.dispute.call("voteOf", b, j).commitment == bytes(8) + full_b[8:]
+    mine_at(c, max(da.commit_end, db.commit_end))
+    assert revert(g.reveal_vote, b, False, salt(j)).error == "BadReveal"
+    assert revert(g.reveal_vote, a, False, salt(j)).error == "BadReveal"
+    for did, d in ((a, da), (b, db)):
+        for juror in d.jury:
+            c[idx(c, juror)].dispute.reveal_vote(did, True, salt(juror))
+        assert state(c, did).phase == Phase.RESOLVED and state(c, did).verdict == Verdict.VALID
 
 
 # --- settlement -------------------------------------------------------------------------------
