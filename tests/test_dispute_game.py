@@ -1119,8 +1119,8 @@ def test_commit_reveal_rules(c: LocalChain) -> None:
 
 
 def test_a_juror_on_two_live_juries_keeps_both_commitments(c: LocalChain) -> None:
-    """A commitment lives in its juror's own word (its low 192 bits, rewritten dispute after
-    dispute); while that word holds a dispute still in its jury stage, a second jury's
+    """A commitment lives in its juror's own word (its low 176 bits, rewritten dispute after
+    dispute); while that word holds a dispute still in its reveal stage, a second jury's
     commitment is kept whole per dispute. Both open, neither commits twice."""
     job = new_job(c, attest=False)
     a = challenge(c, job, CHAL, 1)
@@ -1141,7 +1141,7 @@ def test_a_juror_on_two_live_juries_keeps_both_commitments(c: LocalChain) -> Non
     assert revert(g.commit_vote, b, True, salt(j)).error == "AlreadyCommitted"
     full_a, full_b = vote_commitment(a, j, True, salt(j)), vote_commitment(b, j, True, salt(j))
     assert c.reader.dispute.call("voteOf", a, j).commitment == full_a
-    assert c.reader.dispute.call("voteOf", b, j).commitment == bytes(8) + full_b[8:]
+    assert c.reader.dispute.call("voteOf", b, j).commitment == bytes(10) + full_b[10:]
     mine_at(c, max(da.commit_end, db.commit_end))
     assert revert(g.reveal_vote, b, False, salt(j)).error == "BadReveal"
     assert revert(g.reveal_vote, a, False, salt(j)).error == "BadReveal"

@@ -61,9 +61,9 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
 ///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 1 hash word
 ///      (`_word`: the range root, the pending mids' commitment, the jury request, then the
-///      jury stream's first word once drawn, the seed being in `JuryDrawn` only; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 162-bit entries (address | revealed |
-///      valid; 3 jurors in 2 words, the first of them `_word`), a commitment in its juror's `_lastCommit` word (rewritten
-///      dispute after dispute) unless that word is busy; commitEnd / revealEnd / vote counts are
+///      jury stream's first word once drawn, the seed being in `JuryDrawn` only; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 163-bit entries (address | revealed |
+///      valid | commits; 3 jurors in 2 words, the first of them `_word`), a commitment in its juror's `_lastCommit` word (rewritten
+///      dispute after dispute) unless that word is busy (then `_commits`, the entry marked COMMITS); commitEnd / revealEnd / vote counts are
 ///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
 contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
@@ -166,8 +166,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     );
     event JuryRequested(uint256 indexed id, uint64 drawBlock, uint32 poolLen);
     event JuryDrawn(uint256 indexed id, bytes32 jurySeed, address[] jury, uint64 commitEnd, uint64 revealEnd);
-    event VoteCommitted(uint256 indexed id, address indexed juror, bytes32 commitment);
-    event VoteRevealed(uint256 indexed id, address indexed juror, bool valid);
+    event VoteCommitted(uint256 indexed id, address juror, bytes32 commitment);
+    event VoteRevealed(uint256 indexed id, address juror, bool valid);
     event TimedOut(uint256 indexed id, Side loser);
     event JurorSlashed(uint256 indexed id, address indexed juror, uint256 amount);
     event DisputeResolved(
@@ -240,8 +240,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal constant REVEALED = 1 << 160;
     uint256 internal constant VALID = 1 << 161;
     uint256 internal constant NOT_FOUND = type(uint256).max;
-    uint256 internal constant ENTRY_BITS = 162;
-    uint256 internal constant ENTRY_MASK = (1 << 162) - 1;
+    /// @dev The juror's commitment is in `_commits` (not `_lastCommit`).
+    uint256 internal constant COMMITS = 1 << 162;
+    uint256 internal constant ENTRY_BITS = 163;
+    uint256 internal constant ENTRY_MASK = (1 << 163) - 1;
     /// @dev Bounds the calldata and event of one move.
     uint256 internal constant MAX_FANOUT = 64;
     uint256 internal constant MAX_JURY = 15;
@@ -302,14 +304,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev A juror's vote commitment where it cannot be kept in `_lastCommit` (its word
     ///      there holds the commitment of another dispute still in its jury stage).
     mapping(uint256 => mapping(address => bytes32)) internal _commits;
-    /// @dev Per juror: id << 192 | the low 192 bits of its latest commitment (binding to
-    ///      2^96 work for a collision). One word per juror, rewritten by each commit once
-    ///      that dispute left its jury stage (a dirty word: ~5k gas where a fresh one per
-    ///      vote costs 22.1k); a commit while it is still there goes to `_commits`. So a
-    ///      resolved dispute's vote can read as uncommitted once a later one replaced it
-    ///      (VoteCommitted has every commitment).
+    /// @dev Per juror: id << 216 | revealEnd << 176 | the low 176 bits of its latest
+    ///      commitment (binding to 2^88 work for a collision). One word per juror, rewritten
+    ///      by each commit once that dispute's reveal stage is over (a dirty word: ~5k gas
+    ///      where a fresh one per vote costs 22.1k); a commit before then goes whole to
+    ///      `_commits`, its jury entry marked COMMITS. So a vote past its reveal stage can
+    ///      read as uncommitted once a later one replaced it (VoteCommitted has them all).
     mapping(address => uint256) internal _lastCommit;
-    uint256 internal constant LOW192 = (1 << 192) - 1;
+    uint256 internal constant LOW176 = (1 << 176) - 1;
 
     constructor(IERC20 token_, INodeRegistry registry_, IJobMarket market_, Params memory params_) {
         if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
@@ -504,22 +506,22 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     function commitVote(uint256 id, bytes32 commitment) external {
         State memory s = _inJury(id);
-        (uint256 i,) = _findJuror(id, msg.sender);
+        (uint256 i, uint256 e) = _findJuror(id, msg.sender);
         if (i == NOT_FOUND) revert NotJuror(msg.sender);
         uint64 commitEnd = uint64(s.lastMove + _commitWindow);
         if (block.timestamp >= commitEnd) revert CommitClosed(commitEnd);
         if (commitment == bytes32(0)) revert ZeroHash();
-        mapping(address => bytes32) storage cs = _commits[id];
         uint256 last = _lastCommit[msg.sender];
-        uint256 lastId = last >> 192;
         // INVARIANT: one commitment per juror and dispute, wherever it is kept.
-        if (lastId == id || cs[msg.sender] != bytes32(0)) revert AlreadyCommitted();
-        // Ids fit 64 bits (one per dispute); the word is free unless it holds a dispute
-        // still in its jury stage, whose reveal needs it.
-        if (id <= type(uint64).max && (lastId == 0 || _load(lastId).phase != Phase.Commit)) {
-            _lastCommit[msg.sender] = (id << 192) | (uint256(commitment) & LOW192);
+        if (last >> 216 == id || e & COMMITS != 0) revert AlreadyCommitted();
+        // The word is free once the reveal stage of the dispute it holds is over (nothing
+        // reads a commitment then); ids below 2^40 fit it.
+        if (id < (1 << 40) && block.timestamp >= uint40(last >> 176)) {
+            _lastCommit[msg.sender] =
+                (id << 216) | (uint256(commitEnd + _revealWindow) << 176) | (uint256(commitment) & LOW176);
         } else {
-            cs[msg.sender] = commitment;
+            _commits[id][msg.sender] = commitment;
+            _setBit(id, i * ENTRY_BITS + 162); // COMMITS
         }
         emit VoteCommitted(id, msg.sender, commitment);
     }
@@ -534,17 +536,13 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint64 commitEnd = uint64(s.lastMove + _commitWindow);
         uint64 revealEnd = uint64(commitEnd + _revealWindow);
         if (block.timestamp < commitEnd || block.timestamp >= revealEnd) revert RevealNotOpen(commitEnd, revealEnd);
-        bytes32 commitment = _commitmentOf(id, msg.sender);
+        bytes32 commitment = _commitmentOf(id, msg.sender, e);
         if (commitment == bytes32(0)) revert NoCommitment();
         if (e & REVEALED != 0) revert AlreadyRevealed();
         // INVARIANT: a reveal must open the commitment made before anyone could see votes
-        // (its low 192 bits where `_lastCommit` keeps it).
-        bytes32 opened = keccak256(abi.encode(id, msg.sender, valid, salt));
-        if (uint256(commitment) > LOW192) {
-            if (opened != commitment) revert BadReveal();
-        } else if (uint256(opened) & LOW192 != uint256(commitment)) {
-            revert BadReveal();
-        }
+        // (its low 176 bits where `_lastCommit` keeps it).
+        uint256 opened = uint256(keccak256(abi.encode(id, msg.sender, valid, salt)));
+        if ((e & COMMITS != 0 ? opened : opened & LOW176) != uint256(commitment)) revert BadReveal();
         _setBit(id, i * ENTRY_BITS + 160); // REVEALED
         if (valid) _setBit(id, i * ENTRY_BITS + 161); // VALID
         emit VoteRevealed(id, msg.sender, valid);
@@ -702,7 +700,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
             uint256 e = entries[i];
             address a = address(uint160(e));
             d.jury[i] = a;
-            out.votes[i] = Vote(_commitmentOf(id, a), e & REVEALED != 0, e & VALID != 0);
+            out.votes[i] = Vote(_commitmentOf(id, a, e), e & REVEALED != 0, e & VALID != 0);
             if (e & REVEALED != 0) {
                 if (e & VALID != 0) ++d.validVotes;
                 else ++d.invalidVotes;
@@ -737,8 +735,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
         (uint256 i, uint256 e) = _drawn(_load(id)) ? _findJuror(id, juror) : (NOT_FOUND, 0);
-        v.commitment = _commitmentOf(id, juror);
         if (i != NOT_FOUND) {
+            v.commitment = _commitmentOf(id, juror, e);
             v.revealed = e & REVEALED != 0;
             v.valid = e & VALID != 0;
         }
@@ -765,12 +763,12 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     // --- internals ---
 
-    /// @dev `juror`'s commitment in dispute `id`: the full one from `_commits`, else the low
-    ///      192 bits `_lastCommit` keeps (0: none kept).
-    function _commitmentOf(uint256 id, address juror) internal view returns (bytes32) {
+    /// @dev The commitment of `juror` (jury entry `e`) in dispute `id`: whole from `_commits`
+    ///      (COMMITS), else the low 176 bits `_lastCommit` keeps (0: none kept).
+    function _commitmentOf(uint256 id, address juror, uint256 e) internal view returns (bytes32) {
+        if (e & COMMITS != 0) return _commits[id][juror];
         uint256 last = _lastCommit[juror];
-        if (last >> 192 == id) return bytes32(last & LOW192);
-        return _commits[id][juror];
+        return last >> 216 == id ? bytes32(last & LOW176) : bytes32(0);
     }
 
     function _load(uint256 id) internal view returns (State memory s) {
