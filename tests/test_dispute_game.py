@@ -1129,22 +1129,25 @@ def test_a_juror_on_two_live_juries_keeps_both_commitments(c: LocalChain) -> Non
     to_jury(c, b)
     da, db = state(c, a), state(c, b)
     common = [j for j in db.jury if j in da.jury]
-    if not common:
-        pytest.skip("no juror drawn on both juries")
     for j in db.jury:  # b first: its commitments take the jurors' own words
         c[idx(c, j)].dispute.commit_vote(b, True, salt(j))
     for j in da.jury:  # a common juror's word holds b, still in its jury stage
         c[idx(c, j)].dispute.commit_vote(a, True, salt(j))
-    j = common[0]
+    # (the draws follow block hashes: on anvil's chain they share a juror; on another EVM
+    # they may not, and then only the two games below are checked)
+    j = common[0] if common else db.jury[0]
     g = c[idx(c, j)].dispute
-    assert revert(g.commit_vote, a, True, salt(j)).error == "AlreadyCommitted"
     assert revert(g.commit_vote, b, True, salt(j)).error == "AlreadyCommitted"
-    full_a, full_b = vote_commitment(a, j, True, salt(j)), vote_commitment(b, j, True, salt(j))
-    assert c.reader.dispute.call("voteOf", a, j).commitment == full_a
+    full_b = vote_commitment(b, j, True, salt(j))
     assert c.reader.dispute.call("voteOf", b, j).commitment == bytes(10) + full_b[10:]
+    if common:
+        assert revert(g.commit_vote, a, True, salt(j)).error == "AlreadyCommitted"
+        full_a = vote_commitment(a, j, True, salt(j))
+        assert c.reader.dispute.call("voteOf", a, j).commitment == full_a
     mine_at(c, max(da.commit_end, db.commit_end))
     assert revert(g.reveal_vote, b, False, salt(j)).error == "BadReveal"
-    assert revert(g.reveal_vote, a, False, salt(j)).error == "BadReveal"
+    if common:
+        assert revert(g.reveal_vote, a, False, salt(j)).error == "BadReveal"
     for did, d in ((a, da), (b, db)):
         for juror in d.jury:
             c[idx(c, juror)].dispute.reveal_vote(did, True, salt(juror))
