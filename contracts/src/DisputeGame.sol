@@ -38,12 +38,14 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///         lo -> hi from loHash and vote `valid` iff it yields hiHash (a step the solver
 ///         cannot serve is invalid). Commit `keccak256(abi.encode(id, juror, valid, salt))`
 ///         before `commitEnd`, reveal in [commitEnd, revealEnd).
-///      3. `resolve(id)` at or after revealEnd: fewer than `quorum` reveals or a tie is Void;
+///      3. The last juror's reveal settles the dispute (no further transaction); when some
+///         juror stays silent, `resolve(id)` at or after revealEnd does it (afterwards it
+///         reverts WrongPhase). Fewer than `quorum` reveals or a tie is Void;
 ///         otherwise the majority decides (Valid / Invalid). Jurors who did not reveal or
 ///         voted with the minority lose (solver bond + challenge bond) * jurorSlashBps: what a
 ///         juror risks grows with what is at stake. That amount is seat-locked in the
 ///         registry when the jury is drawn (a juror whose free stake cannot cover it is
-///         skipped) and slashed or released at `resolve`, so no claim or unbond after the
+///         skipped) and slashed or released at settlement, so no claim or unbond after the
 ///         draw can dodge it.
 ///      Settlement (all credited, pulled with `withdraw()`):
 ///      - Valid (jury, or the challenger ran out of clock): the challenger's bond is slashed;
@@ -305,7 +307,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     ///      there holds the commitment of another dispute still in its jury stage).
     mapping(uint256 => mapping(address => bytes32)) internal _commits;
     /// @dev Per juror: id << 216 | revealEnd << 176 | the low 176 bits of its latest
-    ///      commitment (binding to 2^88 work for a collision). One word per juror, rewritten
+    ///      commitment. Binding: to reveal either vote a juror needs two (valid, salt) openings
+    ///      whose hashes agree in 176 bits, ~2^88 keccak by the birthday bound, and the preimage
+    ///      names the dispute id and the juror, so that work is per seat and cannot be reused
+    ///      (a second preimage for a commitment already sent is ~2^176). One word per juror, rewritten
     ///      by each commit once that dispute's reveal stage is over (a dirty word: ~5k gas
     ///      where a fresh one per vote costs 22.1k); a commit before then goes whole to
     ///      `_commits`, its jury entry marked COMMITS. So a vote past its reveal stage can
