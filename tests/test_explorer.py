@@ -122,8 +122,7 @@ def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
     chain.advance(int(params.commitWindow))
     for a in dg.jury:
         by[a].dispute.reveal_vote(did, False, salt)
-    chain.advance(int(params.revealWindow))
-    chain[0].dispute.resolve(did)
+    chain.advance(int(params.revealWindow))  # the last reveal resolved it
     chain.advance(m.market_params().dispute_grace)
     chain[0].market.finalize(cheat)
     assert m.get_job(cheat).status == JobStatus.OPEN  # slashed and reopened
