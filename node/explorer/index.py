@@ -325,6 +325,9 @@ class ChainIndex:
         self._info: dict[str, NodeInfo] = {}
         self._credits: dict[str, tuple[int, ...]] = {}
         self._nodes: dict[str, NodeRecord] = {}
+        # Nodes whose events were taken but whose entry a failed read left unread: read at
+        # the next build (the feed does not hand those events out again).
+        self._unread: set[str] = set()
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -341,7 +344,6 @@ class ChainIndex:
         new = self._feed.take()  # under our lock: nobody else updates the view
         vs = self.view.snapshot
         assert vs is not None
-        self._vs = vs
         if self._feed.restarted:  # a reorg: the new epoch's events come again
             self._reset()
         new = [e for e in new if e.key not in self._events]
@@ -359,6 +361,7 @@ class ChainIndex:
                                 ("Availability", "availability")):
                 if name in self._deployed:
                     self._addresses[short] = str(self._deployed[name])
+        self._vs = vs  # only once built: a failed build is retried at the same head
         return Snapshot(head=vs.block, timestamp=vs.timestamp, chain_id=self._chain_id,
                         addresses=self._addresses, job_count=max(vs.jobs, default=0),
                         jobs=vs.jobs, job_events=dict(self._job_events),
@@ -407,8 +410,10 @@ class ChainIndex:
                 self._juries[case] = jury_case(case, self._case_events[case],
                                                self._challenger_of.get(case, ""))
         self._tally(events, vs.jobs)
-        touched = {a for e in events for a in _addresses_in(e)} & self._tallies.keys()
-        self._read_nodes(sorted(touched), vs.block)
+        self._unread |= {a for e in events for a in _addresses_in(e)} & self._tallies.keys()
+        touched = sorted(self._unread)
+        self._read_nodes(touched, vs.block)
+        self._unread.clear()
         for addr in touched:
             self._nodes[addr] = self._record(addr)
         if touched:  # in the order they registered
