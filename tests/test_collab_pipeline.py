@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from eth_utils import keccak
 
+from devnet.params import TOKEN
 from devnet.testing import LocalChain, expect_revert, fake_trace
 from node.chain.client import ChainClient
 from node.chain.contracts import (
@@ -158,9 +159,9 @@ def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> Non
     for r in (1, 2, 3):
         chain.advance(window(net))
         out.settle_round(job)
-        if r == 3:
+        if r == 3:  # the only post after its settlement
             candidate(net, sub, job, 3)
-        assert revert(out.accept_outer, job, r).error == "OuterWindowOpen"
+            assert revert(out.accept_outer, job, r).error == "OuterWindowOpen"
         chain.advance(c.collab_params().outer_window)
         out.accept_outer(job, r)
         conserved(net)
@@ -177,7 +178,8 @@ def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> Non
 def _condemn(net: Net, jid: int, leaves: Any, tree: Any) -> None:
     """A verifier challenges the sub-job's first segment; the cheat never answers."""
     chain, m = net.chain, net.chain.reader.market
-    v = net.verifiers[0]
+    chain.extra(11, 1_000 * TOKEN)
+    v = chain.join(11, VERIFIER, 500 * TOKEN)  # free stake for the dispute bond
     did = v.market.challenge(jid, 0, leaves[0], tree.proof(0), leaves[1], tree.proof(1))
     chain.advance(int(chain.reader.dispute.call("params").clock) + 1)
     r = net.outsider.dispute.timeout(did)
@@ -282,7 +284,6 @@ def test_an_invalid_candidate_rolls_back_and_its_poster_pays(net: Net) -> None:
     work_from(net, job, 1, keccak(b"forged init"), slots=[0])
     bond = c.collab_params().outer_bond
     pool0 = c.get_collab(job).pool
-    chain.advance(window(net))
     case = _open_challenge(net, job, sub)
     # the candidate's challenge is decided before its round settles
     assert revert(out.settle_round, job).error == "ChallengeLive"
@@ -296,6 +297,7 @@ def test_an_invalid_candidate_rolls_back_and_its_poster_pays(net: Net) -> None:
     assert c.credits(sub.address) == 2 * bond - bond // 2 + p - 3 * SUB_REWARD
     assert c.get_collab(job).ahead == 0
     conserved(net)
+    chain.advance(window(net))
     r = out.settle_round(job)
     assert not c.events(r, "RoundsRolledBack") and not c.events(r, "SubJobDropped")
     candidate(net, sub, job, 0)
