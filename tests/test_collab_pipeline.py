@@ -316,7 +316,7 @@ def _open_challenge(net: Net, job: int, challenger: ChainClient) -> int:
     return case
 
 
-def _finish_jury(net: Net, job: int, case: int, vote: bool) -> tuple[list[str], Any]:
+def _finish_jury(net: Net, job: int, case: int, vote: bool) -> tuple[list[Any], Any]:
     chain, oj = net.chain, net.chain.reader.outer_jury
     jp = oj.jury_params()
     jury = oj.get_case(case).jury
