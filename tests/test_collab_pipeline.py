@@ -209,6 +209,9 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
     orphans = sub_jobs(net, job, 1) + sub_jobs(net, job, 2)
     _condemn(net, ids0[2], leaves, tree)
     assert revert(out.settle_round, job).error == "RoundNotSettled"
+    # the cheat cannot take its pipeline bond out before the settlement condemns it
+    assert revert(cheat.collab.leave_slot, job, 2).error == "WrongRoundPhase"
+    assert revert(out.settle_orphan, orphans[0]).error == "NotOrphan"  # not rolled back yet
     chain.advance(window(net) + mp.dispute_grace)
     pool0 = c.get_collab(job).pool
     credits0 = c.credits(sub.address)
