@@ -67,6 +67,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint32 retries;
         uint8 depth; // D: speculative rounds allowed past `round`
         uint32 ahead; // speculative rounds running: round + 1 .. round + ahead
+        uint32 orphans; // sub-jobs of rolled-back rounds not settled yet: their escrow is out
         uint64 innerSteps;
         uint64 roundDuration;
         uint128 reward;
@@ -262,7 +263,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         ) {
             revert WrongRoundPhase(jobId, c.phase);
         }
-        _release(jobId, slot, msg.sender, RELEASE_LEFT, _bondOf(c));
+        _release(jobId, slot, msg.sender, RELEASE_LEFT, 0);
     }
 
     // --- rounds ---
@@ -276,8 +277,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             // Pipelined: the next round after the newest started one, on its predecessor's post.
             if (c.depth == 0) revert WrongRoundPhase(jobId, c.phase);
             r += c.ahead + 1;
-            if (c.ahead >= c.depth) revert PipelineFull(jobId, r, c.depth);
-            if (r >= c.rounds) revert RoundOutOfRange(r, c.rounds);
+            // Never more than D ahead of the last finalized round, nor past the last round.
+            if (c.ahead >= c.depth || r >= c.rounds) revert PipelineFull(r);
             init = _rounds[jobId][r - 1].nextInitHash;
             if (init == 0) revert NothingPosted(jobId, r - 1);
             // Slots change only while no sub-job is in flight: with the base settled and
@@ -294,7 +295,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (held < c.minWorkers) revert TooFewWorkers(held, c.minWorkers);
         uint256 need = (uint256(c.subReward) + c.subBudget) * held;
         if (c.pool < need) {
-            if (spec) revert PipelineUnfunded(); // the base round decides
+            // The base round decides, once the orphans' escrow is back.
+            if (spec || c.orphans != 0) revert PipelineUnfunded();
             return _fail(jobId, c); // retries spent what later rounds needed
         }
         c.pool -= need;
@@ -400,7 +402,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         } else {
             // A candidate: a started, unsettled round (the base Running, or speculative) whose
             // every sub-job is committed, over all of them.
-            if (round < c.round || round > c.round + c.ahead || (round == c.round && c.phase != RoundPhase.Running)) {
+            // (the base itself only while Running: when Idle nothing runs ahead either)
+            if (round > c.round + c.ahead || round < c.round + (c.phase == RoundPhase.Running ? 0 : 1)) {
                 revert WrongRound(round, c.round);
             }
             for (uint32 i; i < c.maxWorkers; ++i) {
@@ -475,7 +478,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             // Its candidate, if posted, was not challengeable until now: a full window as base.
             RoundRec storage nx = _rounds[jobId][round + 1];
             uint256 end = block.timestamp + _outerWindow;
-            if (nx.poster != address(0) && nx.windowEnd < end) nx.windowEnd = uint64(end);
+            if (nx.windowEnd < end) nx.windowEnd = uint64(end); // (reset by a later post)
         }
         if (c.round == c.rounds) {
             c.status = CollabStatus.Finished;
@@ -497,10 +500,11 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
                     && _rounds[jobId][q].postedMask & (uint64(1) << slot) != 0)
         ) revert NotOrphan(id);
         (uint8 outcome,,) = _closeSubJob(id, 0);
+        c.orphans -= 1; // only a rolled-back sub-job is still open here
         if (outcome == DROP_CONDEMNED) _exclude(jobId, _market.reservedSolverOf(id));
         // Escrow, unpaid budget and slash shares: the pool's (the submitter's once it is over).
         uint256 got = _market.credits(address(this)) == 0 ? 0 : _market.withdraw();
-        if (c.status == CollabStatus.Open || c.status == CollabStatus.Running) {
+        if (c.status <= CollabStatus.Running) {
             c.pool += got;
             totalPools += got;
         } else {
@@ -671,7 +675,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             address h = _slots[jobId][i];
             if (h == address(0)) continue;
             if (_excluded[jobId][h]) {
-                _release(jobId, i, h, RELEASE_EXCLUDED, _bondOf(c));
+                _release(jobId, i, h, RELEASE_EXCLUDED, 0);
                 continue;
             }
             uint256 s;
@@ -680,7 +684,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             if (kept[s] < _cap(h, _claimed[h], required)) {
                 ++kept[s];
             } else {
-                _release(jobId, i, h, RELEASE_THROUGHPUT, _bondOf(c));
+                _release(jobId, i, h, RELEASE_THROUGHPUT, 0);
             }
         }
     }
@@ -733,16 +737,15 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         // cost only the market's missed-deadline share: cheaper than leaving it unclaimed.
         // Pipelined, the pipeline bond P is lost only by a condemned run (it refills the pool
         // for the rounds rolled back), never by a miss (a miss cannot invalidate a candidate).
-        uint256 bond = _bondOf(_collabs[jobId]);
         uint256 lost;
         if (dropReason != DROP_CONDEMNED) {
             lost = _slotBond;
             t.pot += lost;
         } else {
-            lost = bond - _slotBond;
+            lost = _pipeBond(_collabs[jobId]);
             t.pipeForfeit += lost;
         }
-        _release(jobId, slot, worker, RELEASE_DROPPED, bond - lost);
+        _release(jobId, slot, worker, RELEASE_DROPPED, lost);
         emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
         _delivered[worker] = 0;
         if (!_droppedIn(t, worker)) t.dropped[t.nDropped++] = worker;
@@ -906,11 +909,12 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (bond != 0) _token.safeTransferFrom(msg.sender, address(this), bond);
     }
 
-    /// @dev Free a slot: `refund` of its bond back to the holder; the caller books the rest.
-    function _release(uint256 jobId, uint32 slot, address holder, uint8 reason, uint256 refund) internal {
+    /// @dev Free a slot: its bond back to the holder but `lost`, which the caller books.
+    function _release(uint256 jobId, uint32 slot, address holder, uint8 reason, uint256 lost) internal {
         _slots[jobId][slot] = address(0);
-        totalBonds -= _bondOf(_collabs[jobId]);
-        _credit(holder, refund);
+        uint256 bond = _bondOf(_collabs[jobId]);
+        totalBonds -= bond;
+        _credit(holder, bond - lost);
         emit SlotReleased(jobId, slot, holder, reason);
     }
 
@@ -963,6 +967,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             rr.postedMask = 0; // its sub-jobs are orphans from now on
         }
         c.ahead = 0;
+        c.orphans += uint32(orphans);
         uint256 refund = orphans * c.subReward;
         if (refund > forfeit) refund = forfeit;
         c.pool += refund;
@@ -986,7 +991,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         _credit(c.submitter, refund);
         for (uint32 i; i < c.maxWorkers; ++i) {
             address h = _slots[jobId][i];
-            if (h != address(0)) _release(jobId, i, h, RELEASE_JOB_OVER, _bondOf(c));
+            if (h != address(0)) _release(jobId, i, h, RELEASE_JOB_OVER, 0);
         }
     }
 

@@ -200,8 +200,7 @@ interface ICollabMarket {
     error AlreadyChallenged(address challenger);
     error NothingToWithdraw();
     error InvalidDepth(uint8 depth);
-    error PipelineFull(uint256 jobId, uint32 round, uint8 depth);
-    error RoundOutOfRange(uint32 round, uint32 rounds);
+    error PipelineFull(uint32 round); // D rounds ahead already, or no round left
     error NotCommitted(uint256 marketJobId);
     error PipelineUnfunded();
     error NotOrphan(uint256 marketJobId);
@@ -235,7 +234,11 @@ interface ICollabMarket {
     ///         once round r - 1's outer state is accepted (accepting it here if it can be).
     ///         First releases the excess slots of nodes that delivered less than they claimed.
     ///         Posts one reserved sub-job per held slot (solveDuration = roundDuration, initial
-    ///         state = the round's S_0). Fails the job if its pool cannot fund them.
+    ///         state = the round's S_0). Fails the job if its pool cannot fund them (unless
+    ///         sub-jobs of rolled-back rounds are unsettled: `PipelineUnfunded`, retry later).
+    ///         Pipelined (D > 0), while the base round is not Idle: starts the round after the
+    ///         newest started one from its predecessor's posted `nextInitHash`, at most D past
+    ///         the base (`PipelineFull`); slots are capped only when nothing is in flight.
     function startRound(uint256 jobId) external;
 
     /// @notice Settle the current round's sub-jobs through the market: Finalized -> accepted;
@@ -253,7 +256,11 @@ interface ICollabMarket {
 
     /// @notice Post round `round`'s outer state (after its settlement, nothing posted), with
     ///         `outerBond` (approve first). Accepted once `outerWindow` passed with no live
-    ///         challenge (`acceptOuter`).
+    ///         challenge (`acceptOuter`). Pipelined, also a candidate (outer + pipeline bond): a
+    ///         started, unsettled round whose every sub-job is Committed (`NotCommitted`), over
+    ///         all of them; the base round's may be challenged at once, a later round's once it
+    ///         is the base (its window then restarts). A candidate's live challenge holds the
+    ///         round's settlement (`ChallengeLive`).
     function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external;
 
     /// @notice Dispute the posted outer state within its window, with `outerBond`: opens an
