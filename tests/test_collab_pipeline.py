@@ -191,6 +191,7 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
     mp = m.market_params()
     sub, out = net.submitter, net.outsider.collab
     t = terms(rounds=3, pipeline_depth=2)
+    sub_balance0 = sub.token.balance_of(sub.address)
     job = pipelined_job(net, 3, 2)
     slot_b, outer_b, p = bonds(net, job)
     honest, cheat = net.workers[:2], net.workers[2]
@@ -268,6 +269,36 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
     # the 6 wasted runs cost it nothing (the cheat's P paid them)
     total = t.reward + t.verification_budget
     assert c.get_collab(job).pool == total - 2 * SUB_REWARD - 2 * (SUB_REWARD + SUB_BUDGET)
+    conserved(net)
+
+    # the re-run: rounds 1 and 2 again on the recomputed states, two workers; the job ends
+    redo2 = keccak(b"init2 redone")
+    work_from(net, job, 1, redo, tag="redo")
+    candidate(net, sub, job, 1, keccak(b"outer2 redone"), redo2)
+    out.start_round(job)  # round 2, still one ahead of round 0 (its re-post is in its window)
+    work_from(net, job, 2, redo2, tag="redo")
+    chain.advance(c.collab_params().outer_window)
+    out.accept_outer(job, 0)
+    for r in (1, 2):
+        chain.advance(max(window(net), c.collab_params().outer_window))
+        out.settle_round(job)
+        if r == 2:
+            candidate(net, sub, job, 2, keccak(b"outer3 redone"), keccak(b"init3"))
+            chain.advance(c.collab_params().outer_window)
+        out.accept_outer(job, r)
+        conserved(net)
+    j = c.get_collab(job)
+    assert (j.status, j.outer_hash) == (CollabStatus.FINISHED, keccak(b"outer3 redone"))
+    # every token accounted for: once all withdraw, the CollabMarket holds none
+    for w in honest:
+        assert m.credits(w.address) - credit0[w.address] == 4 * SUB_REWARD  # 2 wasted, 2 redone
+    for who in [sub, *net.workers, *net.verifiers]:
+        if c.credits(who.address):
+            who.collab.withdraw()
+    assert c.total_owed() == 0
+    assert chain.reader.token.balance_of(c.address) == 0
+    # the submitter paid 2 + 2 + 2 accepted runs of its 3 rounds: nothing for the wasted ones
+    assert sub.token.balance_of(sub.address) == sub_balance0 - 6 * SUB_REWARD
     conserved(net)
 
 
