@@ -279,13 +279,13 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
     work_from(net, job, 2, redo2, tag="redo")
     chain.advance(c.collab_params().outer_window)
     out.accept_outer(job, 0)
-    for r in (1, 2):
+    for rnd in (1, 2):
         chain.advance(max(window(net), c.collab_params().outer_window))
         out.settle_round(job)
-        if r == 2:
+        if rnd == 2:
             candidate(net, sub, job, 2, keccak(b"outer3 redone"), keccak(b"init3"))
             chain.advance(c.collab_params().outer_window)
-        out.accept_outer(job, r)
+        out.accept_outer(job, rnd)
         conserved(net)
     j = c.get_collab(job)
     assert (j.status, j.outer_hash) == (CollabStatus.FINISHED, keccak(b"outer3 redone"))
