@@ -129,8 +129,7 @@ def play(c: LocalChain) -> dict[str, Any]:
     at(d.commit_end)
     for j in d.jury:
         everyone[j].dispute.reveal_vote(last, True, keccak(j.encode()))
-    at(d.reveal_end)
-    solver.dispute.resolve(last)
+    at(d.reveal_end)  # every juror revealed: the last reveal resolved it
     # A's clock ran out during C's game: the solver times it out (a loss for A)
     at(c.timestamp() + g.get_dispute(first).challenger_clock_left)
     solver.dispute.timeout(first)

@@ -22,12 +22,17 @@ Figures (last stdout line, JSON):
 - ``trace_overhead_pct``: wall outside training over training time;
 - ``checkpoint_bytes``: one checkpoint file (weights + AdamW state);
 - ``replay_s``, ``segment_train_s``, ``replay_over_train``; ``replay_passed``;
+- ``verifier_fetch``: an hf_llama job of this size on a sharded corpus (``--fetch-mb``
+  of CPython's own text, exact shards): the bytes a verifier's host fetched for its
+  sampled segments against the dataset's bytes, and the target (the sampled share plus
+  the manifest);
 - ``leaf_hash_s``, ``kept_copy_s``, ``kept_write_s`` (hash + file + fsync);
   ``derived_overhead_pct``: {"k=K,M=M": pct} and ``k_for_2pct_at_M10``: the
   shortest segment (steps) whose derived overhead is <= 2 % keeping every 10th leaf.
 
 Usage: python bench/hf.py [--steps 4] [--k 2] [--keep-every 1] [--batch 1]
-[--context 128] [--threads N] [--tiny]   (--tiny: a 1M model, to check the script quickly)
+[--context 128] [--threads N] [--tiny] [--fetch-mb 4]
+(--tiny: a 1M model, to check the script quickly)
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.shards import measure_fetch  # noqa: E402
 from node.proof import state_hash  # noqa: E402
 from node.spec import parse_spec  # noqa: E402
 from node.spec_hf import installed_transformers_version  # noqa: E402
@@ -129,6 +135,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--fetch-mb", type=float, default=4.0,
+                    help="corpus MB packed into shards for the verifier-fetch figure (0: skip)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,6 +184,17 @@ def main() -> None:
             "k_for_2pct_at_M10": next(k for k in range(1, 10_001)
                                       if derived_pct(pieces, step_s, k, 10) <= 2.0),
         }
+    if args.fetch_mb > 0:
+        # The same family's job on a sharded corpus (exact shards: a segment's sequences
+        # in one shard): the bytes a verifier's host fetches for its sampled segments.
+        with tempfile.TemporaryDirectory() as tmp:
+            f = measure_fetch(Path(tmp), mb=args.fetch_mb, seq_len=args.context + 1,
+                              exact_shards=True, batch_size=8, k=8,
+                              model=llama_100m(2048, args.context, args.tiny))
+        result["verifier_fetch"] = {key: f[key] for key in (
+            "family", "dataset_bytes", "fetched_bytes", "fetched_share", "sampled_share",
+            "target_share", "within_target", "shards", "shards_fetched", "segments",
+            "segments_sampled")}
     print(json.dumps(result))
 
 

@@ -19,6 +19,7 @@ from devnet.params import TOKEN
 from devnet.testing import LocalChain, fake_trace, job_terms
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
 from node.datasets import load_dataset, pack_digits, write_dataset
+from node.errors import PolnetError
 from node.explorer.index import ChainIndex
 from node.explorer.server import ExplorerServer
 from node.spec import load_spec, parse_spec
@@ -122,8 +123,7 @@ def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
     chain.advance(int(params.commitWindow))
     for a in dg.jury:
         by[a].dispute.reveal_vote(did, False, salt)
-    chain.advance(int(params.revealWindow))
-    chain[0].dispute.resolve(did)
+    chain.advance(int(params.revealWindow))  # the last reveal resolved it
     chain.advance(m.market_params().dispute_grace)
     chain[0].market.finalize(cheat)
     assert m.get_job(cheat).status == JobStatus.OPEN  # slashed and reopened
@@ -627,6 +627,51 @@ def test_requests_per_block_do_not_grow_with_the_jobs_on_chain(chain: LocalChain
     finally:
         proxy.stop()
 
+
+def test_a_throttling_provider_delays_the_index_but_loses_nothing(chain: LocalChain,
+                                                                   tmp_path: Path) -> None:
+    """Behind a provider that answers 429, -32005 or resets a third of its requests (and
+    with one retry only, so failures reach the index), a snapshot either comes back or
+    raises a PolnetError (the server then serves its last page and says the chain is
+    away); once the provider recovers, the index holds exactly what an unthrottled read
+    gives: no event taken from the feed is dropped by a build that failed halfway."""
+    from devnet.rpcproxy import RpcProxy, Throttle
+    from node.chain.client import ChainClient
+    from node.chain.rpc import RpcSettings
+
+    solver = chain.join(1, SOLVER, 500 * TOKEN)
+    sub = chain[5]
+    proxy = RpcProxy(chain.url).start()
+    try:
+        client = ChainClient(proxy.url, None, chain.deployment,
+                             rpc=RpcSettings(retries=1, backoff=0.01, max_backoff=0.05))
+        index = ChainIndex(client, tmp_path, min_age_s=0.0)
+        index.snapshot()
+        proxy.throttle = Throttle(p429=0.15, p32005=0.1, p_reset=0.08, seed=7)
+        failed = built = 0
+        for _ in range(12):
+            sub.post_job(job_terms())
+            solver.stake(TOKEN)  # an event naming a node: its entry is read again
+            for _ in range(3):
+                try:
+                    index.snapshot()
+                    built += 1
+                except PolnetError:
+                    failed += 1
+        assert failed and built, (failed, built)  # both paths were taken
+        proxy.throttle = Throttle()
+        index.snapshot()
+        # and deterministically: the block's events taken, then the node's read fails
+        solver.stake(TOKEN)
+        proxy.fail_next("eth_call", 1)
+        with pytest.raises(PolnetError):
+            index.snapshot()
+        snap = index.snapshot()  # no new block since: the same head, read again
+        fresh = ChainIndex(chain.reader, tmp_path, min_age_s=0.0).snapshot()
+        assert snap.job_count == fresh.job_count == len(snap.jobs)
+        assert dict(snap.jobs) == dict(fresh.jobs) and snap.nodes == fresh.nodes
+    finally:
+        proxy.stop()
 
 def test_a_reorg_rebuilds_the_index(chain: LocalChain, tmp_path: Path) -> None:
     """The chain view starts a new epoch when the chain it saw is replaced (here anvil

@@ -632,10 +632,9 @@ def test_jury_verdict_pays_the_provers_and_slashes_the_attestors(chain: LocalCha
     roles.outsider.dispute.timeout(did2)
     assert m.dispute_ref(did2).verdict == Verdict.SOLVER_TIMED_OUT
     assert m.round_info(job, 1).first_winner == did2  # the only one lost so far
-    for a in d.jury:
-        roles.by_address(a).dispute.reveal_vote(did, False, salt)
-    chain.advance(int(dp.revealWindow))
-    r = game.resolve(did)
+    for a in d.jury:  # the last reveal resolves: every juror revealed
+        r = roles.by_address(a).dispute.reveal_vote(did, False, salt)
+    assert revert(game.resolve, did).error == "WrongPhase"
     assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.INVALID
     assert chal.registry.locked_stake(chal.address) == 0
     info = m.round_info(job, 1)

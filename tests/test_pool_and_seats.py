@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from eth_utils import keccak
+from web3.types import TxReceipt
 
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, expect_revert, fake_trace, job_terms
@@ -89,15 +90,19 @@ def dispute_to_request(net: Net, challenger: ChainClient, job: int, seg: int,
     return did
 
 
-def commit_reveal(net: Net, did: int, votes: dict[str, bool]) -> None:
+def commit_reveal(net: Net, did: int, votes: dict[str, bool]) -> TxReceipt | None:
+    """Commit and reveal ``votes``, then let the reveal window pass; the last reveal's
+    receipt (it settled the dispute when every juror revealed)."""
     c = net.chain
     for a, v in votes.items():
         net.by(a).dispute.commit_vote(did, v, keccak(a.encode()))
     d = c.reader.dispute.get_dispute(did)
     c.advance(d.commit_end - c.timestamp())
+    last = None
     for a, v in votes.items():
-        net.by(a).dispute.reveal_vote(did, v, keccak(a.encode()))
+        last = net.by(a).dispute.reveal_vote(did, v, keccak(a.encode()))
     c.advance(d.reveal_end - c.timestamp())
+    return last
 
 
 def lock_all_free_in_a_dummy_job(net: Net, node: ChainClient) -> None:
@@ -139,10 +144,11 @@ def test_a_juror_cannot_lock_its_slash_away_in_a_dummy_job(net: Net) -> None:
         assert (info.seat_locked_stake, info.free_stake) == (cut, STAKE - cut)
         assert reg.is_verifier(a)
     friend = net.by(jury[0])
-    commit_reveal(net, did, {jury[0]: True, jury[1]: False, jury[2]: False})
     lock_all_free_in_a_dummy_job(net, friend)
     before = net.holdings(friend)
-    r = net.verifiers[0].dispute.resolve(did)
+    # every juror reveals: the last reveal resolves
+    r = commit_reveal(net, did, {jury[0]: True, jury[1]: False, jury[2]: False})
+    assert r is not None
     assert c.reader.dispute.get_dispute(did).verdict == Verdict.INVALID
     slashed = {e["args"]["juror"]: e["args"]["amount"]
                for e in c.reader.dispute.events(r, "JurorSlashed")}
@@ -203,8 +209,7 @@ def test_an_attestor_cannot_lock_its_slash_away_in_a_dummy_job(net: Net) -> None
     watchdog = next(v for v in net.verifiers if v.address not in committee)
     did, jury = dispute_to_jury(net, watchdog, job, sample[4], leaves, tree)
     assert len(jury) == 3
-    commit_reveal(net, did, {a: False for a in jury})
-    net.verifiers[0].dispute.resolve(did)
+    commit_reveal(net, did, {a: False for a in jury})  # the last reveal resolves
     assert m.round_info(job, 1).liable_seats == 0b010
     before = {a: net.holdings(net.by(a)) for a in committee}
     c.advance(max(0, m.get_job(job).window_end - c.timestamp()))

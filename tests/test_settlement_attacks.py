@@ -98,7 +98,8 @@ def draw(net: Net, did: int) -> list[ChecksumAddress]:
 
 
 def vote(net: Net, did: int, votes: dict[str, bool]) -> None:
-    """Jurors in ``votes`` commit and reveal; others stay silent; then resolve."""
+    """Jurors in ``votes`` commit and reveal; others stay silent; then resolve (unless the
+    last reveal did: when every juror revealed)."""
     by_addr: dict[str, ChainClient] = {c.address: c for c in [net.puppet, *net.honest]}
     for a, v in votes.items():
         by_addr[a].dispute.commit_vote(did, v, keccak(a.encode()))
@@ -107,7 +108,8 @@ def vote(net: Net, did: int, votes: dict[str, bool]) -> None:
     for a, v in votes.items():
         by_addr[a].dispute.reveal_vote(did, v, keccak(a.encode()))
     net.chain.advance(d.reveal_end - net.chain.timestamp())
-    net.honest[0].dispute.resolve(did)
+    if net.chain.reader.dispute.get_dispute(did).phase != Phase.RESOLVED:
+        net.honest[0].dispute.resolve(did)
 
 
 def timeout(net: Net, did: int) -> None:
@@ -482,8 +484,7 @@ def test_a_thrown_dispute_earns_the_solver_nothing_from_the_attestors(net: Net) 
             by[a].dispute.reveal_vote(did, False, keccak(a.encode()))
     last = max(c.reader.dispute.get_dispute(d).reveal_end for d in dids)
     c.advance(last - c.timestamp())
-    for did in dids:
-        net.honest[0].dispute.resolve(did)
+    for did in dids:  # every juror revealed: the last reveal resolved it
         assert c.reader.dispute.get_dispute(did).verdict == Verdict.INVALID
     assert m.round_info(job, 1).liable_seats == 0b111
     finalize_after_window(net, job)

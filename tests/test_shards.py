@@ -5,8 +5,10 @@ segments' shards over real libp2p hosts on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -268,27 +270,36 @@ def test_a_verifier_fetches_only_its_segments_shards(packed: Packed, tmp_path: P
     assert torch.tensor(sorted(set(vctx.loads))).tolist() == need
 
 
+@contextlib.contextmanager
+def _finalized(tmp_path: Path, spec_path: Path, manifest_path: Path,
+               timeout: float) -> Iterator[tuple[Any, int]]:
+    """A local network (3 verifiers, a solver) that ran the job to Finalized, books balanced."""
+    from devnet.localnet import LocalNet  # noqa: PLC0415 - only the daemon tests need it
+    from devnet.params import short_network_params  # noqa: PLC0415
+
+    with LocalNet(tmp_path / "net", short_network_params()) as net:
+        for name, acct in (("v1", 4), ("v2", 5), ("v3", 6)):
+            net.start_verifier(name, acct)
+        net.start_solver("solver", 2)
+        job = net.submit("sub", 1, spec_path, manifest_path)
+        net.wait_job(job, {3}, timeout)  # Finalized
+        assert net.conserved()
+        yield net, job
+
+
 @pytest.mark.parallel  # real daemons and anvil: mostly waiting
 @pytest.mark.timeout(420)
 def test_sharded_job_runs_through_the_daemons(packed: Packed, tmp_path: Path) -> None:
     """`polnet job submit` a manifest: the submitter serves its shards, the solver
     streams them while it trains, the job is finalized, and each verifier's store
     holds the shards of the segments it replayed, not the whole dataset."""
-    from devnet.localnet import LocalNet  # noqa: PLC0415 - only this test needs it
-    from devnet.params import short_network_params  # noqa: PLC0415
 
     spec = lm_spec(packed.hash_hex, total_steps=60, checkpoint_interval=2,
                    detection={"fraction": 0.5, "confidence": 0.9})
     spec_path = tmp_path / "job.json"
     spec_path.write_bytes(spec.canonical_json())
     m = packed.manifest
-    with LocalNet(tmp_path / "net", short_network_params()) as net:
-        for name, acct in (("v1", 4), ("v2", 5), ("v3", 6)):
-            net.start_verifier(name, acct)
-        net.start_solver("solver", 2)
-        job = net.submit("sub", 1, spec_path, packed.manifest_path)
-        net.wait_job(job, {3}, 300)  # Finalized
-        assert net.conserved()
+    with _finalized(tmp_path, spec_path, packed.manifest_path, 300) as (net, job):
 
         def held(name: str) -> set[int]:
             objects = net.home / "nodes" / name / "p2p" / "store" / "objects"
@@ -488,8 +499,6 @@ def test_an_hf_llama_job_on_shards_runs_through_the_daemons_and_fetches_as_hf(
     import transformers  # noqa: PLC0415
     from tokenizers import Tokenizer  # noqa: PLC0415
 
-    from devnet.localnet import LocalNet  # noqa: PLC0415
-    from devnet.params import short_network_params  # noqa: PLC0415
     from node.train.models import load_model  # noqa: PLC0415
 
     spec = hf_spec(packed.hash_hex, {"family": "hf_llama", "vocab_size": VOCAB})
@@ -498,13 +507,7 @@ def test_an_hf_llama_job_on_shards_runs_through_the_daemons_and_fetches_as_hf(
     spec_path = tmp_path / "job.json"
     spec_path.write_bytes(spec.canonical_json())
     model, hf_dir = tmp_path / "model.safetensors", tmp_path / "hf"
-    with LocalNet(tmp_path / "net", short_network_params()) as net:
-        for name, acct in (("v1", 4), ("v2", 5), ("v3", 6)):
-            net.start_verifier(name, acct)
-        net.start_solver("solver", 2)
-        job = net.submit("sub", 1, spec_path, packed.manifest_path)
-        net.wait_job(job, {3}, 420)  # Finalized
-        assert net.conserved()
+    with _finalized(tmp_path, spec_path, packed.manifest_path, 420) as (net, job):
         # the submitter's node (its store holds the tokenizer it published), its
         # `job submit` done once the job was final
         fetch = net.polnet("sub", "job", "fetch", str(job), "--out", str(model),

@@ -36,18 +36,18 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint8 internal constant ROLLBACK_CONDEMNED = 0;
     uint8 internal constant ROLLBACK_INVALID = 1;
 
-    IERC20 internal _token;
-    INodeRegistry internal _registry;
-    IJobMarket internal _market;
-    IOuterJury internal _jury;
+    IERC20 internal immutable _token;
+    INodeRegistry internal immutable _registry;
+    IJobMarket internal immutable _market;
+    IOuterJury internal immutable _jury;
 
-    uint256 internal _outerWindow;
-    uint256 internal _outerBond;
-    uint256 internal _slotBond;
-    uint256 internal _maxSlots;
-    uint256 internal _maxRounds;
-    uint256 internal _maxRoundRetries;
-    uint256 internal _toleranceBps;
+    uint256 internal immutable _outerWindow;
+    uint256 internal immutable _outerBond;
+    uint256 internal immutable _slotBond;
+    uint256 internal immutable _maxSlots;
+    uint256 internal immutable _maxRounds;
+    uint256 internal immutable _maxRoundRetries;
+    uint256 internal immutable _toleranceBps;
 
     uint256 public override collabCount;
     // INVARIANT: token.balanceOf(this) == totalPools + totalCredits + totalBonds.

@@ -38,12 +38,14 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///         lo -> hi from loHash and vote `valid` iff it yields hiHash (a step the solver
 ///         cannot serve is invalid). Commit `keccak256(abi.encode(id, juror, valid, salt))`
 ///         before `commitEnd`, reveal in [commitEnd, revealEnd).
-///      3. `resolve(id)` at or after revealEnd: fewer than `quorum` reveals or a tie is Void;
+///      3. The last juror's reveal settles the dispute (no further transaction); when some
+///         juror stays silent, `resolve(id)` at or after revealEnd does it (afterwards it
+///         reverts WrongPhase). Fewer than `quorum` reveals or a tie is Void;
 ///         otherwise the majority decides (Valid / Invalid). Jurors who did not reveal or
 ///         voted with the minority lose (solver bond + challenge bond) * jurorSlashBps: what a
 ///         juror risks grows with what is at stake. That amount is seat-locked in the
 ///         registry when the jury is drawn (a juror whose free stake cannot cover it is
-///         skipped) and slashed or released at `resolve`, so no claim or unbond after the
+///         skipped) and slashed or released at settlement, so no claim or unbond after the
 ///         draw can dodge it.
 ///      Settlement (all credited, pulled with `withdraw()`):
 ///      - Valid (jury, or the challenger ran out of clock): the challenger's bond is slashed;
@@ -61,8 +63,9 @@ import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 ///      Conservation: `token.balanceOf(this) == totalOwed()` == unpaid credits.
 ///      Storage (gas): a dispute is packed into 3 words (`Core` x2, `State`) + 1 hash word
 ///      (`_word`: the range root, the pending mids' commitment, the jury request, then the
-///      jury seed once drawn; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 162-bit entries (address | revealed |
-///      valid; 3 jurors in 2 words), commitments one word per committed juror; commitEnd / revealEnd / vote counts are
+///      jury stream's first word once drawn, the seed being in `JuryDrawn` only; moves pass the hashes it commits to back as calldata); the jury is a bit stream of 163-bit entries (address | revealed |
+///      valid | commits; 3 jurors in 2 words, the first of them `_word`), a commitment in its juror's `_lastCommit` word (rewritten
+///      dispute after dispute) unless that word is busy (then `_commits`, the entry marked COMMITS); commitEnd / revealEnd / vote counts are
 ///      derived. `getDispute` rebuilds the `Dispute` view struct from them.
 contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     using SafeERC20 for IERC20;
@@ -119,7 +122,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint64 challengerClock;
         uint64 lastMove; // timestamp the side to move started thinking
         uint32 rounds; // bisection steps taken
-        bytes32 jurySeed;
+        bytes32 jurySeed; // always 0: the seed is in `JuryDrawn` (its word holds the jury now)
         uint64 commitEnd;
         uint64 revealEnd;
         uint32 validVotes;
@@ -165,8 +168,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     );
     event JuryRequested(uint256 indexed id, uint64 drawBlock, uint32 poolLen);
     event JuryDrawn(uint256 indexed id, bytes32 jurySeed, address[] jury, uint64 commitEnd, uint64 revealEnd);
-    event VoteCommitted(uint256 indexed id, address indexed juror, bytes32 commitment);
-    event VoteRevealed(uint256 indexed id, address indexed juror, bool valid);
+    event VoteCommitted(uint256 indexed id, address juror, bytes32 commitment);
+    event VoteRevealed(uint256 indexed id, address juror, bool valid);
     event TimedOut(uint256 indexed id, Side loser);
     event JurorSlashed(uint256 indexed id, address indexed juror, uint256 amount);
     event DisputeResolved(
@@ -239,8 +242,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     uint256 internal constant REVEALED = 1 << 160;
     uint256 internal constant VALID = 1 << 161;
     uint256 internal constant NOT_FOUND = type(uint256).max;
-    uint256 internal constant ENTRY_BITS = 162;
-    uint256 internal constant ENTRY_MASK = (1 << 162) - 1;
+    /// @dev The juror's commitment is in `_commits` (not `_lastCommit`).
+    uint256 internal constant COMMITS = 1 << 162;
+    uint256 internal constant ENTRY_BITS = 163;
+    uint256 internal constant ENTRY_MASK = (1 << 163) - 1;
     /// @dev Bounds the calldata and event of one move.
     uint256 internal constant MAX_FANOUT = 64;
     uint256 internal constant MAX_JURY = 15;
@@ -289,13 +294,29 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev One word per dispute: while bisecting, solver to move, keccak256(abi.encode(loHash,
     ///      hiHash)) (the range root); challenger to move, keccak256(abi.encode(rangeRoot,
     ///      keccak256(abi.encodePacked(mids)))); then the jury request (block | poolLen << 64),
-    ///      then the jury seed. Moves pass the hashes back as calldata, checked against it.
+    ///      then the jury's first word (`_juryWord`). Moves pass the hashes back as calldata,
+    ///      checked against it.
     mapping(uint256 => bytes32) internal _word;
     /// @dev The jury as a bit stream over words 0, 1, ...: entry i (address | REVEALED | VALID,
     ///      ENTRY_BITS wide) at bits [i * ENTRY_BITS, (i + 1) * ENTRY_BITS), so 3 jurors take
-    ///      2 words. The jury ends at the first entry with a zero address.
+    ///      2 words. Word 0 is `_word[id]` (a rewrite of the request's dirty word, not a fresh
+    ///      one: the seed is in `JuryDrawn` only), word w > 0 is `_jury[id][w - 1]`. The jury
+    ///      ends at the first entry with a zero address.
     mapping(uint256 => mapping(uint256 => uint256)) internal _jury;
+    /// @dev A juror's vote commitment where it cannot be kept in `_lastCommit` (its word
+    ///      there holds the commitment of another dispute still in its jury stage).
     mapping(uint256 => mapping(address => bytes32)) internal _commits;
+    /// @dev Per juror: id << 216 | revealEnd << 176 | the low 176 bits of its latest
+    ///      commitment. Binding: to reveal either vote a juror needs two (valid, salt) openings
+    ///      whose hashes agree in 176 bits, ~2^88 keccak by the birthday bound, and the preimage
+    ///      names the dispute id and the juror, so that work is per seat and cannot be reused
+    ///      (a second preimage for a commitment already sent is ~2^176). One word per juror, rewritten
+    ///      by each commit once that dispute's reveal stage is over (a dirty word: ~5k gas
+    ///      where a fresh one per vote costs 22.1k); a commit before then goes whole to
+    ///      `_commits`, its jury entry marked COMMITS. So a vote past its reveal stage can
+    ///      read as uncommitted once a later one replaced it (VoteCommitted has them all).
+    mapping(address => uint256) internal _lastCommit;
+    uint256 internal constant LOW176 = (1 << 176) - 1;
 
     constructor(IERC20 token_, INodeRegistry registry_, IJobMarket market_, Params memory params_) {
         if (address(token_) == address(0) || address(registry_) == address(0) || address(market_) == address(0)) {
@@ -472,8 +493,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         // INVARIANT: a seated juror's slash is locked from the draw to `resolve` (a quorum's
         // seats are locked, or none): nothing it does meanwhile takes it out of reach.
         address[] memory jury = _drawSeats(id, c, seed, req);
-        _word[id] = seed;
         if (jury.length < _quorum) {
+            _word[id] = 0; // no jury: its stream starts here (see `_juryWord`)
             // Too few eligible jurors: an explicit outcome, nobody wins or pays.
             emit JuryDrawn(id, seed, jury, 0, 0);
             _settle(id, s, IJobMarket.Verdict.Void, 0, new address[](0));
@@ -490,41 +511,65 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     function commitVote(uint256 id, bytes32 commitment) external {
         State memory s = _inJury(id);
-        (uint256 i,) = _findJuror(id, msg.sender);
+        (uint256 i, uint256 e) = _findJuror(id, msg.sender);
         if (i == NOT_FOUND) revert NotJuror(msg.sender);
         uint64 commitEnd = uint64(s.lastMove + _commitWindow);
         if (block.timestamp >= commitEnd) revert CommitClosed(commitEnd);
         if (commitment == bytes32(0)) revert ZeroHash();
-        mapping(address => bytes32) storage cs = _commits[id];
-        if (cs[msg.sender] != bytes32(0)) revert AlreadyCommitted();
-        cs[msg.sender] = commitment;
+        uint256 last = _lastCommit[msg.sender];
+        // INVARIANT: one commitment per juror and dispute, wherever it is kept.
+        if (last >> 216 == id || e & COMMITS != 0) revert AlreadyCommitted();
+        // The word is free once the reveal stage of the dispute it holds is over (nothing
+        // reads a commitment then); ids below 2^40 fit it.
+        if (id < (1 << 40) && block.timestamp >= uint40(last >> 176)) {
+            _lastCommit[msg.sender] =
+                (id << 216) | (uint256(commitEnd + _revealWindow) << 176) | (uint256(commitment) & LOW176);
+        } else {
+            _commits[id][msg.sender] = commitment;
+            _setBit(id, i * ENTRY_BITS + 162); // COMMITS
+        }
         emit VoteCommitted(id, msg.sender, commitment);
     }
 
-    function revealVote(uint256 id, bool valid, bytes32 salt) external {
+    /// @dev The last juror's reveal settles the dispute (as `resolve`): once every juror
+    ///      revealed, nothing can change the count, and the tally in the same transaction
+    ///      spares a `resolve` transaction and its cold reads.
+    function revealVote(uint256 id, bool valid, bytes32 salt) external nonReentrant {
         State memory s = _inJury(id);
         (uint256 i, uint256 e) = _findJuror(id, msg.sender);
         if (i == NOT_FOUND) revert NotJuror(msg.sender);
         uint64 commitEnd = uint64(s.lastMove + _commitWindow);
         uint64 revealEnd = uint64(commitEnd + _revealWindow);
         if (block.timestamp < commitEnd || block.timestamp >= revealEnd) revert RevealNotOpen(commitEnd, revealEnd);
-        bytes32 commitment = _commits[id][msg.sender];
+        bytes32 commitment = _commitmentOf(id, msg.sender, e);
         if (commitment == bytes32(0)) revert NoCommitment();
         if (e & REVEALED != 0) revert AlreadyRevealed();
-        // INVARIANT: a reveal must open the commitment made before anyone could see votes.
-        if (keccak256(abi.encode(id, msg.sender, valid, salt)) != commitment) revert BadReveal();
-        mapping(uint256 => uint256) storage words = _jury[id];
-        _setBit(words, i * ENTRY_BITS + 160); // REVEALED
-        if (valid) _setBit(words, i * ENTRY_BITS + 161); // VALID
+        // INVARIANT: a reveal must open the commitment made before anyone could see votes
+        // (its low 176 bits where `_lastCommit` keeps it).
+        uint256 opened = uint256(keccak256(abi.encode(id, msg.sender, valid, salt)));
+        if ((e & COMMITS != 0 ? opened : opened & LOW176) != uint256(commitment)) revert BadReveal();
+        _setBit(id, i * ENTRY_BITS + 160); // REVEALED
+        if (valid) _setBit(id, i * ENTRY_BITS + 161); // VALID
         emit VoteRevealed(id, msg.sender, valid);
+        uint256 n = _jurySize;
+        for (uint256 k; k < n; ++k) {
+            uint256 entry = _entry(id, k);
+            if (entry == 0) break; // the end of a smaller jury
+            if (entry & REVEALED == 0) return;
+        }
+        _resolve(id, s, _juryEntries(id));
     }
 
     /// @notice Anyone, at or after revealEnd: count votes, slash absent / minority jurors, settle.
+    ///         (Once every juror revealed, the last reveal did it already.)
     function resolve(uint256 id) external nonReentrant {
         State memory s = _inJury(id);
         uint64 revealEnd = uint64(s.lastMove + _commitWindow + _revealWindow);
         if (block.timestamp < revealEnd) revert RevealNotOver(revealEnd);
-        uint256[] memory entries = _juryEntries(id);
+        _resolve(id, s, _juryEntries(id));
+    }
+
+    function _resolve(uint256 id, State memory s, uint256[] memory entries) internal {
         (uint32 validVotes, uint32 invalidVotes) = _count(entries);
         IJobMarket.Verdict v;
         // INVARIANT: no verdict without a quorum and a strict majority; silence decides nothing.
@@ -645,21 +690,22 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         d.lastMove = s.lastMove;
         d.rounds = s.rounds;
         if (_drawn(s)) {
-            d.jurySeed = third;
+            // d.jurySeed stays 0: the seed is in JuryDrawn, not stored (`_word` holds the jury).
             d.commitEnd = uint64(s.lastMove + _commitWindow);
             d.revealEnd = uint64(d.commitEnd + _revealWindow);
         }
         d.verdict = s.verdict;
         d.solverWon = s.verdict == IJobMarket.Verdict.Valid;
         if (s.phase == Phase.Drawing) d.drawBlock = uint64(uint256(third)) + uint64(_juryLookahead);
-        uint256[] memory entries = _juryEntries(id);
+        // Before the draw the jury's first word (`_word`) holds the range or the request.
+        uint256[] memory entries = _drawn(s) ? _juryEntries(id) : new uint256[](0);
         d.jury = new address[](entries.length);
         out.votes = new Vote[](entries.length);
         for (uint256 i; i < entries.length; ++i) {
             uint256 e = entries[i];
             address a = address(uint160(e));
             d.jury[i] = a;
-            out.votes[i] = Vote(_commits[id][a], e & REVEALED != 0, e & VALID != 0);
+            out.votes[i] = Vote(_commitmentOf(id, a, e), e & REVEALED != 0, e & VALID != 0);
             if (e & REVEALED != 0) {
                 if (e & VALID != 0) ++d.validVotes;
                 else ++d.invalidVotes;
@@ -693,15 +739,16 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
-        (uint256 i, uint256 e) = _findJuror(id, juror);
-        v.commitment = _commits[id][juror];
+        (uint256 i, uint256 e) = _drawn(_load(id)) ? _findJuror(id, juror) : (NOT_FOUND, 0);
         if (i != NOT_FOUND) {
+            v.commitment = _commitmentOf(id, juror, e);
             v.revealed = e & REVEALED != 0;
             v.valid = e & VALID != 0;
         }
     }
 
     function isJuror(uint256 id, address account) external view returns (bool) {
+        if (!_drawn(_load(id))) return false;
         (uint256 i,) = _findJuror(id, account);
         return i != NOT_FOUND;
     }
@@ -720,6 +767,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     // --- internals ---
+
+    /// @dev The commitment of `juror` (jury entry `e`) in dispute `id`: whole from `_commits`
+    ///      (COMMITS), else the low 176 bits `_lastCommit` keeps (0: none kept).
+    function _commitmentOf(uint256 id, address juror, uint256 e) internal view returns (bytes32) {
+        if (e & COMMITS != 0) return _commits[id][juror];
+        uint256 last = _lastCommit[juror];
+        return last >> 216 == id ? bytes32(last & LOW176) : bytes32(0);
+    }
 
     function _load(uint256 id) internal view returns (State memory s) {
         uint256 w = _stateWord[id];
@@ -774,17 +829,17 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         if (s.phase != Phase.Commit) revert WrongPhase(id, s.phase);
     }
 
-    /// @dev The jury was drawn: the range is one step and bisection is over.
+    /// @dev The jury was drawn (or none could be: an empty stream): the range is one step and
+    ///      bisection is over. Only then is `_word` the jury's first word (`_juryWord`).
     function _drawn(State memory s) internal pure returns (bool) {
         return s.phase != Phase.None && s.phase != Phase.Bisection && s.phase != Phase.Drawing
             && s.hiOff - s.loOff == 1;
     }
 
     function _findJuror(uint256 id, address a) internal view returns (uint256, uint256) {
-        mapping(uint256 => uint256) storage words = _jury[id];
         uint256 n = _jurySize;
         for (uint256 i; i < n; ++i) {
-            uint256 e = _entry(words, i);
+            uint256 e = _entry(id, i);
             if (e == 0) break;
             if (address(uint160(e)) == a) return (i, e);
         }
@@ -792,12 +847,11 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function _juryEntries(uint256 id) internal view returns (uint256[] memory entries) {
-        mapping(uint256 => uint256) storage words = _jury[id];
         uint256 n = _jurySize;
         entries = new uint256[](n);
         uint256 got;
         for (; got < n; ++got) {
-            uint256 e = _entry(words, got);
+            uint256 e = _entry(id, got);
             if (e == 0) break;
             entries[got] = e;
         }
@@ -807,19 +861,34 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @dev Jury entry i of the bit stream (it may straddle two words).
-    function _entry(mapping(uint256 => uint256) storage words, uint256 i) internal view returns (uint256 e) {
+    function _entry(uint256 id, uint256 i) internal view returns (uint256 e) {
         unchecked {
             uint256 bit = i * ENTRY_BITS;
             uint256 w = bit >> 8;
             uint256 o = bit & 255;
-            e = words[w] >> o;
-            if (o + ENTRY_BITS > 256) e |= words[w + 1] << (256 - o);
+            e = _juryWord(id, w) >> o;
+            if (o + ENTRY_BITS > 256) e |= _juryWord(id, w + 1) << (256 - o);
             e &= ENTRY_MASK;
         }
     }
 
-    function _setBit(mapping(uint256 => uint256) storage words, uint256 bit) internal {
-        words[bit >> 8] |= uint256(1) << (bit & 255);
+    /// @dev Word `w` of dispute `id`'s jury stream: `_word[id]`, then `_jury[id][w - 1]`.
+    function _juryWord(uint256 id, uint256 w) internal view returns (uint256) {
+        unchecked {
+            return w == 0 ? uint256(_word[id]) : _jury[id][w - 1];
+        }
+    }
+
+    function _setJuryWord(uint256 id, uint256 w, uint256 v) internal {
+        unchecked {
+            if (w == 0) _word[id] = bytes32(v);
+            else _jury[id][w - 1] = v;
+        }
+    }
+
+    function _setBit(uint256 id, uint256 bit) internal {
+        uint256 w = bit >> 8;
+        _setJuryWord(id, w, _juryWord(id, w) | (uint256(1) << (bit & 255)));
     }
 
     function _count(uint256[] memory entries) internal pure returns (uint32 validVotes, uint32 invalidVotes) {
@@ -919,9 +988,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
                 buf[bit >> 8] |= e << o;
                 if (o + ENTRY_BITS > 256) buf[(bit >> 8) + 1] |= e >> (256 - o);
             }
-            mapping(uint256 => uint256) storage words = _jury[id];
             for (uint256 w; w < buf.length; ++w) {
-                words[w] = buf[w];
+                _setJuryWord(id, w, buf[w]);
             }
         }
     }

@@ -448,28 +448,37 @@ contract NodeRegistry is INodeRegistry, Ownable, ReentrancyGuardTransient {
     /// @dev Try `i`: the slot at point keccak256(seed, i) % (what no earlier try landed on)
     ///      of the prefix sums as of `snap`, skipping the ranges in `cut[0..i)`, which it
     ///      joins. address(0) once nothing is left.
-    function _land(uint256[] memory cut, uint256 i, uint256 ctx, bytes32 seed) internal view returns (address) {
-        uint256 total = ctx >> 128;
-        uint256 gone;
-        for (uint256 k; k < i; ++k) {
-            gone += uint128(cut[k]);
+    function _land(uint256[] memory cut, uint256 i, uint256 ctx, bytes32 seed) internal view returns (address a) {
+        // Unchecked: the cut ranges are disjoint parts of the total (< 2^53 weight units),
+        // x stays below the total and i below cut.length.
+        unchecked {
+            uint256 total = ctx >> 128;
+            uint256 gone;
+            for (uint256 k; k < i; ++k) {
+                gone += uint128(cut[k]);
+            }
+            if (gone >= total) return address(0);
+            uint256 x = uint256(keccak256(abi.encode(seed, i))) % (total - gone);
+            for (uint256 k; k < i; ++k) {
+                uint256 c = cut[k];
+                if (x < c >> 128) break;
+                x += uint128(c);
+            }
+            uint256 snap = uint64(ctx);
+            (uint256 slot, uint256 into, uint256 leaf) = _tree.find(uint64(ctx >> 64), snap, x);
+            uint256 e = ((x - into) << 128) | leaf;
+            uint256 j = i;
+            for (; j > 0 && cut[j - 1] > e; --j) {
+                cut[j] = cut[j - 1];
+            }
+            cut[j] = e;
+            // _pool[slot - 1] without the bounds check's read of the length: the tree's
+            // slots are 1.._poolSize and _poolSize == _pool.length.
+            assembly ("memory-safe") {
+                mstore(0, _pool.slot)
+                a := sload(add(keccak256(0, 32), sub(slot, 1)))
+            }
         }
-        if (gone >= total) return address(0);
-        uint256 x = uint256(keccak256(abi.encode(seed, i))) % (total - gone);
-        for (uint256 k; k < i; ++k) {
-            uint256 c = cut[k];
-            if (x < c >> 128) break;
-            x += uint128(c);
-        }
-        uint256 snap = uint64(ctx);
-        (uint256 slot, uint256 into, uint256 leaf) = _tree.find(uint64(ctx >> 64), snap, x);
-        uint256 e = ((x - into) << 128) | leaf;
-        uint256 j = i;
-        for (; j > 0 && cut[j - 1] > e; --j) {
-            cut[j] = cut[j - 1];
-        }
-        cut[j] = e;
-        return _pool[slot - 1];
     }
 
     /// @dev A node that moved after the snapshot is skipped (it opted out; its weight as of

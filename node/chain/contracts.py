@@ -422,7 +422,7 @@ class DisputeState:
     solver_clock_left: int
     challenger_clock_left: int
     rounds: int
-    jury_seed: bytes
+    jury_seed: bytes  # zero: the contract keeps the seed in JuryDrawn only
     commit_end: int
     reveal_end: int
     valid_votes: int

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,15 +100,23 @@ def find_spec(home: Path, spec_hash: bytes) -> JobSpec | None:
 
 
 @dataclass
-class NodeRecord:
-    address: str
-    info: NodeInfo
+class NodeTally:
+    """What a node's events add up to (kept per node, grown block by block)."""
+
     jobs_solved: int = 0
     steps_delivered: int = 0
     rewards: int = 0
     attestations: int = 0
     slashed: int = 0
     slashes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class NodeRecord(NodeTally):
+    """A node's page: its tally, registry entry and credits as of a snapshot."""
+
+    address: str
+    info: NodeInfo
     market_credits: int = 0
     game_credits: int = 0
     collab_credits: int = 0
@@ -277,16 +285,6 @@ def _addresses_in(e: ChainEvent) -> set[str]:
     return out
 
 
-@dataclass
-class _Tally:
-    jobs_solved: int = 0
-    steps_delivered: int = 0
-    rewards: int = 0
-    attestations: int = 0
-    slashed: int = 0
-    slashes: list[dict[str, Any]] = field(default_factory=list)
-
-
 class ChainIndex:
     """Builds snapshots, one per head block (pages served at one head share it), over a
     :class:`ChainView`; per block, reads only what the block's events touched."""
@@ -323,10 +321,13 @@ class ChainIndex:
         self._challenger_of: dict[int, str] = {}  # OuterJury case -> its challenger
         self._sub_job_of: dict[int, tuple[int, int, int]] = {}
         self._registered: list[str] = []  # NodeRegistered order
-        self._tallies: dict[str, _Tally] = {}
+        self._tallies: dict[str, NodeTally] = {}
         self._info: dict[str, NodeInfo] = {}
         self._credits: dict[str, tuple[int, ...]] = {}
         self._nodes: dict[str, NodeRecord] = {}
+        # Nodes whose events were taken but whose entry a failed read left unread: read at
+        # the next build (the feed does not hand those events out again).
+        self._unread: set[str] = set()
 
     def snapshot(self) -> Snapshot:
         with self._lock:
@@ -343,7 +344,6 @@ class ChainIndex:
         new = self._feed.take()  # under our lock: nobody else updates the view
         vs = self.view.snapshot
         assert vs is not None
-        self._vs = vs
         if self._feed.restarted:  # a reorg: the new epoch's events come again
             self._reset()
         new = [e for e in new if e.key not in self._events]
@@ -361,6 +361,7 @@ class ChainIndex:
                                 ("Availability", "availability")):
                 if name in self._deployed:
                     self._addresses[short] = str(self._deployed[name])
+        self._vs = vs  # only once built: a failed build is retried at the same head
         return Snapshot(head=vs.block, timestamp=vs.timestamp, chain_id=self._chain_id,
                         addresses=self._addresses, job_count=max(vs.jobs, default=0),
                         jobs=vs.jobs, job_events=dict(self._job_events),
@@ -396,7 +397,7 @@ class ChainIndex:
                 groups["job"].setdefault(int(a["jobId"]), []).append(e)
             if e.event == "NodeRegistered" and str(a["node"]) not in self._tallies:
                 self._registered.append(str(a["node"]))
-                self._tallies[str(a["node"])] = _Tally()
+                self._tallies[str(a["node"])] = NodeTally()
         for kind, into in (("job", self._job_events), ("dispute", self._dispute_events),
                            ("collab", self._collab_events), ("case", self._case_events)):
             for i, evs in groups[kind].items():
@@ -409,8 +410,10 @@ class ChainIndex:
                 self._juries[case] = jury_case(case, self._case_events[case],
                                                self._challenger_of.get(case, ""))
         self._tally(events, vs.jobs)
-        touched = {a for e in events for a in _addresses_in(e)} & self._tallies.keys()
-        self._read_nodes(sorted(touched), vs.block)
+        self._unread |= {a for e in events for a in _addresses_in(e)} & self._tallies.keys()
+        touched = sorted(self._unread)
+        self._read_nodes(touched, vs.block)
+        self._unread.clear()
         for addr in touched:
             self._nodes[addr] = self._record(addr)
         if touched:  # in the order they registered
@@ -419,11 +422,8 @@ class ChainIndex:
     def _record(self, a: str) -> NodeRecord:
         t = self._tallies[a]
         market, game, *collab = self._credits[a]
-        return NodeRecord(a, self._info[a], jobs_solved=t.jobs_solved,
-                          steps_delivered=t.steps_delivered, rewards=t.rewards,
-                          attestations=t.attestations, slashed=t.slashed,
-                          slashes=list(t.slashes), market_credits=market, game_credits=game,
-                          collab_credits=sum(collab))
+        return NodeRecord(**asdict(t), address=a, info=self._info[a], market_credits=market,
+                          game_credits=game, collab_credits=sum(collab))
 
     def _read_nodes(self, addrs: list[str], block: int) -> None:
         """Registry entry and credits of each node, at ``block``, in batches."""

@@ -22,6 +22,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Container
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -233,37 +234,18 @@ class ExplorerServer(ThreadingHTTPServer):
             m = rx.match(path)
             if m is None:
                 continue
-            if name == "jobs":
-                return HTTPStatus.OK, html, pages.jobs_page(snap)
-            if name == "disputes":
-                return HTTPStatus.OK, html, pages.disputes_page(snap)
-            if name == "nodes":
-                return HTTPStatus.OK, html, pages.nodes_page(snap)
-            if name == "collabs":
-                return HTTPStatus.OK, html, pages.collabs_page(snap)
-            if name == "juries":
-                return HTTPStatus.OK, html, pages.juries_page(snap)
-            if name == "collab":
-                cid = int(m.group(1))
-                if cid not in snap.collabs:
-                    return HTTPStatus.NOT_FOUND, html, pages.not_found(
-                        snap, f"no collaborative job {cid}")
-                return HTTPStatus.OK, html, pages.collab_page(snap, cid)
-            if name == "jury":
-                case = int(m.group(1))
-                if case not in snap.juries:
-                    return HTTPStatus.NOT_FOUND, html, pages.not_found(
-                        snap, f"no outer jury case {case}")
-                return HTTPStatus.OK, html, pages.jury_page(snap, case)
+            if name in _LISTS:
+                return HTTPStatus.OK, html, _LISTS[name](snap)
+            if name in _BY_ID:
+                key = int(m.group(1))
+                held, what, page = _BY_ID[name]
+                if key not in held(snap):
+                    return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, f"no {what} {key}")
+                return HTTPStatus.OK, html, page(snap, key)
             if name == "summary":
                 return HTTPStatus.OK, "application/json", json.dumps(_summary(snap))
             if name == "job":
                 return self._job(snap, int(m.group(1)))
-            if name == "dispute":
-                did = int(m.group(1))
-                if did not in snap.disputes:
-                    return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, f"no dispute {did}")
-                return HTTPStatus.OK, html, pages.dispute_page(snap, did)
             addr = next((a for a in snap.nodes if a.lower() == m.group(1).lower()), None)
             if addr is None:
                 return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, "no such node")
@@ -284,6 +266,17 @@ class ExplorerServer(ThreadingHTTPServer):
                                                           attestors, self.index.spec_name(
                                                               j.spec_hash))
 
+
+# Pages that list one kind of record, and pages of one record by its id: (the ids the
+# snapshot holds, what a missing one is called, the page).
+_LISTS: dict[str, Callable[[Snapshot], str]] = {
+    "jobs": pages.jobs_page, "disputes": pages.disputes_page, "nodes": pages.nodes_page,
+    "collabs": pages.collabs_page, "juries": pages.juries_page}
+_ById = tuple[Callable[[Snapshot], Container[int]], str, Callable[[Snapshot, int], str]]
+_BY_ID: dict[str, _ById] = {
+    "dispute": (lambda s: s.disputes, "dispute", pages.dispute_page),
+    "collab": (lambda s: s.collabs, "collaborative job", pages.collab_page),
+    "jury": (lambda s: s.juries, "outer jury case", pages.jury_page)}
 
 def _summary(snap: Snapshot) -> dict[str, Any]:
     return {"chain_id": snap.chain_id, "head": snap.head, "jobs": {

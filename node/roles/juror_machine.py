@@ -2,8 +2,9 @@
 an outer round's (OuterJury: a collaborative round's outer state recomputed).
 
 Both are commit-reveal: a seated juror puts its vote and salt on disk, then sends the
-commitment; once the commit stage is over it reveals (a silent juror is slashed); once
-the reveal stage is over anyone resolves the case. The contracts tell their stages
+commitment; once the commit stage is over it reveals (a silent juror is slashed). The
+game settles at its last reveal; a case with a silent juror (or an OuterJury round) is
+resolved by anyone once the reveal stage is over. The contracts tell their stages
 apart differently (the game by its phase, OuterJury by its clocks), so each caller
 maps its case to a `JuryStage` and what it knows of its own vote; the decision is
 this one function.

@@ -41,18 +41,22 @@ library SortitionTree {
     /// @dev Slot `j`'s weight goes from `from` to `to`, in a tree of `n` slots whose latest
     ///      snapshot was taken at block `snap`.
     function update(Tree storage t, uint256 j, uint256 n, uint256 snap, uint256 from, uint256 to) internal {
-        for (; j <= n; j += j & (~j + 1)) {
-            uint256 w = t.node[j];
-            uint256 v = (w & V) + to - from;
-            uint256 b0 = (w >> 159) & B;
-            if (b0 == block.number || snap < b0) {
-                // No snapshot can need the value this replaces.
-                t.node[j] = (w & ~(V | (B << 159))) | v | (block.number << 159);
-            } else {
-                // [v0 v1 v2 | b0 b1 b2] -> [v v0 v1 | now b0 b1]
-                uint256 vs = ((w & ((1 << 106) - 1)) << 53) | v;
-                uint256 bs = (((w >> 159) & ((1 << 64) - 1)) << 32) | block.number;
-                t.node[j] = vs | (bs << 159);
+        // Unchecked: a node's value includes the slot's old weight `from`, and every sum stays
+        // below 2^53; j stays below 2 * n.
+        unchecked {
+            for (; j <= n; j += j & (~j + 1)) {
+                uint256 w = t.node[j];
+                uint256 v = (w & V) + to - from;
+                uint256 b0 = (w >> 159) & B;
+                if (b0 == block.number || snap < b0) {
+                    // No snapshot can need the value this replaces.
+                    t.node[j] = (w & ~(V | (B << 159))) | v | (block.number << 159);
+                } else {
+                    // [v0 v1 v2 | b0 b1 b2] -> [v v0 v1 | now b0 b1]
+                    uint256 vs = ((w & ((1 << 106) - 1)) << 53) | v;
+                    uint256 bs = (((w >> 159) & ((1 << 64) - 1)) << 32) | block.number;
+                    t.node[j] = vs | (bs << 159);
+                }
             }
         }
     }
@@ -69,8 +73,11 @@ library SortitionTree {
 
     /// @dev Sum of slots 1..len as of block `s`.
     function totalAt(Tree storage t, uint256 len, uint256 s) internal view returns (uint256 sum) {
-        for (uint256 j = len; j > 0; j -= j & (~j + 1)) {
-            sum += at(t, j, s);
+        unchecked {
+            // The sum of a prefix's nodes is the prefix's weight (< 2^53).
+            for (uint256 j = len; j > 0; j -= j & (~j + 1)) {
+                sum += at(t, j, s);
+            }
         }
     }
 
@@ -84,24 +91,25 @@ library SortitionTree {
         view
         returns (uint256 pos, uint256 into, uint256 leaf)
     {
-        uint256 step = 1;
-        while (step << 1 <= len) step <<= 1;
-        for (; step > 0; step >>= 1) {
-            uint256 k = pos + step;
-            if (k > len) continue;
-            uint256 v = at(t, k, s);
-            if (v <= x) {
-                pos = k;
-                x -= v;
-                // Wraps before the first node passed over; reset there (a slot's own
-                // weight is at most its node's, so the final value is exact).
-                unchecked {
+        // Unchecked: positions stay below 2 * len, and x only drops by a v <= x.
+        unchecked {
+            uint256 step = 1;
+            while (step << 1 <= len) step <<= 1;
+            for (; step > 0; step >>= 1) {
+                uint256 k = pos + step;
+                if (k > len) continue;
+                uint256 v = at(t, k, s);
+                if (v <= x) {
+                    pos = k;
+                    x -= v;
+                    // Wraps before the first node passed over; reset there (a slot's own
+                    // weight is at most its node's, so the final value is exact).
                     leaf -= v;
+                } else {
+                    leaf = v;
                 }
-            } else {
-                leaf = v;
             }
+            return (pos + 1, x, leaf);
         }
-        return (pos + 1, x, leaf);
     }
 }
