@@ -22,6 +22,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint256 internal constant MAX_DURATION = 365 days;
     uint256 internal constant MAX_AMOUNT = type(uint96).max;
     uint256 internal constant MAX_SLOTS = 64;
+    uint8 internal constant MAX_DEPTH = 4;
 
     uint8 internal constant RELEASE_LEFT = 0;
     uint8 internal constant RELEASE_DROPPED = 1;
@@ -31,6 +32,9 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     uint8 internal constant DROP_MISSED = 0;
     uint8 internal constant DROP_CONDEMNED = 1;
     uint8 internal constant DROP_UNCLAIMED = 2;
+    uint8 internal constant PAID = 3;
+    uint8 internal constant ROLLBACK_CONDEMNED = 0;
+    uint8 internal constant ROLLBACK_INVALID = 1;
 
     IERC20 internal immutable _token;
     INodeRegistry internal immutable _registry;
@@ -61,6 +65,9 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint32 rounds;
         uint32 round;
         uint32 retries;
+        uint8 depth; // D: speculative rounds allowed past `round`
+        uint32 ahead; // speculative rounds running: round + 1 .. round + ahead
+        uint32 orphans; // sub-jobs of rolled-back rounds not settled yet: their escrow is out
         uint64 innerSteps;
         uint64 roundDuration;
         uint128 reward;
@@ -125,6 +132,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint32 round;
         uint64 start;
         uint64 innerSteps;
+        uint256 pipeForfeit; // pipeline bonds of condemned slots
     }
 
     constructor(
@@ -174,6 +182,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             revert InvalidSteps(t.innerSteps, t.stepsPerSegment);
         }
         if (t.rounds == 0 || t.rounds > _maxRounds) revert InvalidRounds(t.rounds);
+        if (t.pipelineDepth > MAX_DEPTH) revert InvalidDepth(t.pipelineDepth);
         if (t.roundDuration == 0 || t.roundDuration > MAX_DURATION) revert InvalidDuration(t.roundDuration);
         // The required rate H * 1000 / roundDuration must fit a uint64 claim.
         if (uint256(t.innerSteps) * 1000 > type(uint64).max) revert InvalidSteps(t.innerSteps, t.stepsPerSegment);
@@ -188,6 +197,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         c.maxWorkers = t.maxWorkers;
         c.stepsPerSegment = t.stepsPerSegment;
         c.rounds = t.rounds;
+        c.depth = t.pipelineDepth;
         c.innerSteps = t.innerSteps;
         c.roundDuration = t.roundDuration;
         c.reward = uint128(t.reward);
@@ -238,50 +248,75 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         }
         // INVARIANT: every held slot is backed by a slot bond: back to its holder when the slot
         // is released, lost to the round's accepted workers when its sub-job goes unclaimed.
-        _takeBond(_slotBond * count);
+        _takeBond(_bondOf(c) * count);
     }
 
     function leaveSlot(uint256 jobId, uint32 slot) external {
         CollabRec storage c = _collab(jobId);
         if (_slots[jobId][slot] != msg.sender) revert NotSlotHolder(slot, msg.sender);
         // INVARIANT: a slot whose sub-job is live stays with its worker until the round
-        // settles, so leaving cannot dodge the forfeit of an unclaimed sub-job.
-        if (c.phase == RoundPhase.Running && _rounds[jobId][c.round].postedMask & (uint64(1) << slot) != 0) {
+        // settles, so leaving cannot dodge the forfeit of an unclaimed sub-job (nor, pipelined,
+        // of its pipeline bond: no slot is left while rounds run ahead).
+        if (
+            c.ahead != 0
+                || (c.phase == RoundPhase.Running && _rounds[jobId][c.round].postedMask & (uint64(1) << slot) != 0)
+        ) {
             revert WrongRoundPhase(jobId, c.phase);
         }
-        _release(jobId, slot, msg.sender, RELEASE_LEFT, true);
+        _release(jobId, slot, msg.sender, RELEASE_LEFT, 0);
     }
 
     // --- rounds ---
 
     function startRound(uint256 jobId) external nonReentrant {
         CollabRec storage c = _live(jobId);
-        if (c.phase != RoundPhase.Idle) revert WrongRoundPhase(jobId, c.phase);
-        _enforceThroughput(jobId, c);
+        uint32 r = c.round;
+        bytes32 init = c.initStateHash;
+        bool spec = c.phase != RoundPhase.Idle;
+        if (spec) {
+            // Pipelined: the next round after the newest started one, on its predecessor's post.
+            if (c.depth == 0) revert WrongRoundPhase(jobId, c.phase);
+            r += c.ahead + 1;
+            // Never more than D ahead of the last finalized round, nor past the last round.
+            if (c.ahead >= c.depth || r >= c.rounds) revert PipelineFull(r);
+            init = _rounds[jobId][r - 1].nextInitHash;
+            if (init == 0) revert NothingPosted(jobId, r - 1);
+            // Slots change only while no sub-job is in flight: with the base settled and
+            // nothing ahead (settlement releases the slots of the sub-jobs it drops).
+            if (c.ahead == 0 && c.phase == RoundPhase.Outer) _enforceThroughput(jobId, c);
+        } else {
+            _enforceThroughput(jobId, c);
+        }
         uint32 n = c.maxWorkers;
         uint32 held;
         for (uint32 i; i < n; ++i) {
-            if (_slots[jobId][i] != address(0)) ++held;
+            if (_holds(jobId, i)) ++held;
         }
         if (held < c.minWorkers) revert TooFewWorkers(held, c.minWorkers);
-        uint256 per = uint256(c.subReward) + c.subBudget;
-        uint256 need = per * held;
-        if (c.pool < need) return _fail(jobId, c); // retries spent what later rounds needed
+        uint256 need = (uint256(c.subReward) + c.subBudget) * held;
+        if (c.pool < need) {
+            // The base round decides, once the orphans' escrow is back.
+            if (spec || c.orphans != 0) revert PipelineUnfunded();
+            return _fail(jobId, c); // retries spent what later rounds needed
+        }
         c.pool -= need;
         totalPools -= need;
         _token.forceApprove(address(_market), need);
 
-        uint32 r = c.round;
         RoundRec storage rr = _rounds[jobId][r];
-        rr.attempt = c.retries;
+        rr.attempt = spec ? 0 : c.retries;
         rr.start = uint64(block.timestamp);
         rr.deadline = uint64(block.timestamp + c.roundDuration);
         rr.acceptedMask = 0;
         rr.settled = false;
-        (uint64 mask, uint256[] memory ids) = _postSubJobs(jobId, c, r);
+        (uint64 mask, uint256[] memory ids) = _postSubJobs(jobId, c, r, init);
         rr.postedMask = mask;
-        c.phase = RoundPhase.Running;
-        c.status = CollabStatus.Running;
+        if (spec) {
+            c.ahead += 1;
+        } else {
+            c.phase = RoundPhase.Running;
+            c.status = CollabStatus.Running;
+        }
         emit RoundStarted(jobId, r, rr.attempt, rr.deadline, ids);
     }
 
@@ -290,6 +325,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (c.phase != RoundPhase.Running) revert WrongRoundPhase(jobId, c.phase);
         uint32 r = c.round;
         RoundRec storage rr = _rounds[jobId][r];
+        // A candidate's challenge is decided first: its verdict may roll back the same rounds.
+        if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, r);
         uint32 n = c.maxWorkers;
         Tally memory t;
         t.workers = new address[](n);
@@ -314,6 +351,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         }
         c.pool += t.poolGain;
         totalPools += t.poolGain;
+        if (rr.poster != address(0) && t.mask != rr.postedMask) {
+            // The candidate included a dropped (condemned) delta: withdrawn, its poster did
+            // nothing wrong; every round built on it is rolled back.
+            _withdrawPost(jobId, c, r, rr);
+            t.pipeForfeit = _rollback(jobId, c, ROLLBACK_CONDEMNED, t.pipeForfeit);
+        }
+        t.pot += t.pipeForfeit;
         // The pot goes to the accepted sub-jobs of workers not dropped this round: a squatter
         // that works one slot and idles another recovers nothing of the idle slot's bond.
         uint256 sharers;
@@ -351,7 +395,23 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     // --- outer state ---
 
     function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external nonReentrant {
-        RoundRec storage rr = _outerRound(jobId, round);
+        CollabRec storage c = _live(jobId);
+        RoundRec storage rr = _rounds[jobId][round];
+        if (c.depth == 0 || (round == c.round && c.phase == RoundPhase.Outer)) {
+            _outerRound(jobId, round);
+        } else {
+            // A candidate: a started, unsettled round (the base Running, or speculative) whose
+            // every sub-job is committed, over all of them.
+            // (the base itself only while Running: when Idle nothing runs ahead either)
+            if (round > c.round + c.ahead || round < c.round + (c.phase == RoundPhase.Running ? 0 : 1)) {
+                revert WrongRound(round, c.round);
+            }
+            for (uint32 i; i < c.maxWorkers; ++i) {
+                if (rr.postedMask & (uint64(1) << i) == 0) continue;
+                uint256 id = _subJobs[jobId][round][i];
+                if (_jobFields(id).status != IJobMarket.JobStatus.Committed) revert NotCommitted(id);
+            }
+        }
         if (rr.poster != address(0)) revert AlreadyPosted(jobId, round);
         if (outerHash == 0 || nextInitHash == 0) revert ZeroHash();
         rr.poster = msg.sender;
@@ -360,7 +420,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.outerHash = outerHash;
         rr.nextInitHash = nextInitHash;
         rr.postNonce += 1;
-        _takeBond(_outerBond);
+        _takeBond(_outerBond + _pipeBond(c));
         emit OuterPosted(jobId, round, msg.sender, outerHash, nextInitHash, rr.windowEnd);
     }
 
@@ -399,20 +459,58 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, round);
         if (block.timestamp < rr.windowEnd) revert OuterWindowOpen(rr.windowEnd);
         CollabRec storage c = _collabs[jobId];
+        // INVARIANT: a round finalizes settled, as the base: in order.
+        if (c.phase != RoundPhase.Outer) revert WrongRoundPhase(jobId, c.phase);
         rr.accepted = true;
-        totalBonds -= _outerBond;
-        _credit(rr.poster, _outerBond);
+        uint256 bond = _outerBond + _pipeBond(c);
+        totalBonds -= bond;
+        _credit(rr.poster, bond);
         c.outerHash = rr.outerHash;
         c.initStateHash = rr.nextInitHash;
         emit OuterAccepted(jobId, round, rr.outerHash, rr.nextInitHash);
         c.round = round + 1;
         c.retries = 0;
         c.phase = RoundPhase.Idle;
+        if (c.ahead != 0) {
+            // The next round already runs, on this very post (any other would have rolled it back).
+            c.ahead -= 1;
+            c.phase = RoundPhase.Running;
+            // Its candidate, if posted, was not challengeable until now: a full window as base.
+            RoundRec storage nx = _rounds[jobId][round + 1];
+            uint256 end = block.timestamp + _outerWindow;
+            if (nx.windowEnd < end) nx.windowEnd = uint64(end); // (reset by a later post)
+        }
         if (c.round == c.rounds) {
             c.status = CollabStatus.Finished;
             uint256 refund = _drainPool(jobId, c);
             emit CollabFinished(jobId, rr.outerHash, refund);
         }
+    }
+
+    function settleOrphan(uint256 id) external nonReentrant {
+        uint256 p = _subJobOf[id];
+        uint256 jobId = p >> 64;
+        uint32 q = uint32(p >> 32);
+        uint32 slot = uint32(p);
+        CollabRec storage c = _collabs[jobId];
+        // An orphan: its round was rolled back and not restarted, or restarted without it.
+        if (
+            jobId == 0
+                || (q <= c.round + c.ahead && _subJobs[jobId][q][slot] == id
+                    && _rounds[jobId][q].postedMask & (uint64(1) << slot) != 0)
+        ) revert NotOrphan(id);
+        (uint8 outcome,,) = _closeSubJob(id, 0);
+        c.orphans -= 1; // only a rolled-back sub-job is still open here
+        if (outcome == DROP_CONDEMNED) _exclude(jobId, _market.reservedSolverOf(id));
+        // Escrow, unpaid budget and slash shares: the pool's (the submitter's once it is over).
+        uint256 got = _market.credits(address(this)) == 0 ? 0 : _market.withdraw();
+        if (c.status <= CollabStatus.Running) {
+            c.pool += got;
+            totalPools += got;
+        } else {
+            _credit(c.submitter, got);
+        }
+        emit OrphanSettled(jobId, id, outcome == PAID);
     }
 
     function withdraw() external nonReentrant returns (uint256 amount) {
@@ -460,6 +558,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         v.retries = c.retries;
         v.initStateHash = c.initStateHash;
         v.outerHash = c.outerHash;
+        v.pipelineDepth = c.depth;
+        v.ahead = c.ahead;
     }
 
     function slotHolders(uint256 jobId) external view returns (address[] memory holders) {
@@ -535,7 +635,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     function _outerRound(uint256 jobId, uint32 round) internal view returns (RoundRec storage) {
         CollabRec storage c = _live(jobId);
         if (round != c.round) revert WrongRound(round, c.round);
-        if (c.phase != RoundPhase.Outer) revert WrongRoundPhase(jobId, c.phase);
+        // Pipelined, the base round's candidate is challenged while the round still runs.
+        if (c.phase != RoundPhase.Outer && (c.depth == 0 || c.phase != RoundPhase.Running)) {
+            revert WrongRoundPhase(jobId, c.phase);
+        }
         return _rounds[jobId][round];
     }
 
@@ -572,7 +675,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             address h = _slots[jobId][i];
             if (h == address(0)) continue;
             if (_excluded[jobId][h]) {
-                _release(jobId, i, h, RELEASE_EXCLUDED, true);
+                _release(jobId, i, h, RELEASE_EXCLUDED, 0);
                 continue;
             }
             uint256 s;
@@ -581,13 +684,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             if (kept[s] < _cap(h, _claimed[h], required)) {
                 ++kept[s];
             } else {
-                _release(jobId, i, h, RELEASE_THROUGHPUT, true);
+                _release(jobId, i, h, RELEASE_THROUGHPUT, 0);
             }
         }
     }
 
     /// @dev One reserved sub-job per held slot, for the round's S_0.
-    function _postSubJobs(uint256 jobId, CollabRec storage c, uint32 r)
+    function _postSubJobs(uint256 jobId, CollabRec storage c, uint32 r, bytes32 init)
         internal
         returns (uint64 mask, uint256[] memory ids)
     {
@@ -600,13 +703,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             solveDuration: c.roundDuration,
             totalSteps: c.innerSteps,
             stepsPerSegment: c.stepsPerSegment,
-            initStateHash: c.initStateHash,
+            initStateHash: init,
             sampleCount: 0 // a reserved job's sample is the market's own rule
         });
         ids = new uint256[](n);
         for (uint32 i; i < n; ++i) {
+            if (!_holds(jobId, i)) continue;
             address h = _slots[jobId][i];
-            if (h == address(0)) continue;
             uint256 id = _market.postReservedJob(terms, h);
             ids[i] = id;
             mask |= uint64(1) << i;
@@ -621,33 +724,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint256 jobId = t.jobId;
         uint256 id = _subJobs[jobId][t.round][slot];
         address worker = _market.reservedSolverOf(id);
-        JobFields memory j = _jobFields(id);
-        uint8 dropReason;
-        if (j.status == IJobMarket.JobStatus.Committed) {
-            if (block.timestamp < j.windowEnd || j.openDisputes != 0) revert RoundNotSettled(id);
-            uint256 before = _market.credits(address(this));
-            _market.finalize(id);
-            if (_jobFields(id).status == IJobMarket.JobStatus.Finalized) {
-                // Clean: the worker was paid; the unpaid verification budget came back.
-                t.poolGain += _market.credits(address(this)) - before;
-                return _accept(slot, id, worker, j.committedAt, t);
-            }
-            dropReason = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
-        } else if (j.status == IJobMarket.JobStatus.Claimed) {
-            if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
-            _market.reclaim(id);
-            dropReason = DROP_MISSED;
-        } else if (j.status == IJobMarket.JobStatus.Open) {
-            if (block.timestamp <= rr.deadline) revert RoundNotSettled(id);
-            dropReason = DROP_UNCLAIMED;
-        } else if (j.status == IJobMarket.JobStatus.Finalized) {
-            return _accept(slot, id, worker, j.committedAt, t);
-        } else {
-            revert RoundNotSettled(id); // Cancelled: never, only this contract cancels
-        }
-        uint256 pre = _market.credits(address(this));
-        _market.cancel(id);
-        t.poolGain += _market.credits(address(this)) - pre;
+        (uint8 dropReason, uint64 committedAt, uint256 back) = _closeSubJob(id, rr.deadline);
+        // Escrow and unpaid budget back to the pool; any other credit is a slash share (the pot).
+        t.poolGain += back;
+        if (dropReason == PAID) return _accept(slot, id, worker, committedAt, t);
         // INVARIANT: a dropped worker loses its slot (it held it all round: leaveSlot waits
         // for the settlement) and its delivered record, so it holds one slot per job until it
         // delivers again (its extra slots go at each job's next startRound). A missed
@@ -655,16 +735,61 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         // accepted workers share; a condemned run's worker (its sub-job bond slashed by the
         // market, its slot bond back) is out of the job. Before, a claimed-and-missed sub-job
         // cost only the market's missed-deadline share: cheaper than leaving it unclaimed.
-        bool forfeit = dropReason != DROP_CONDEMNED;
-        if (forfeit) t.pot += _slotBond;
-        _release(jobId, slot, worker, RELEASE_DROPPED, !forfeit);
+        // Pipelined, the pipeline bond P is lost only by a condemned run (it refills the pool
+        // for the rounds rolled back), never by a miss (a miss cannot invalidate a candidate).
+        uint256 lost;
+        if (dropReason != DROP_CONDEMNED) {
+            lost = _slotBond;
+            t.pot += lost;
+        } else {
+            lost = _pipeBond(_collabs[jobId]);
+            t.pipeForfeit += lost;
+        }
+        _release(jobId, slot, worker, RELEASE_DROPPED, lost);
         emit SubJobDropped(jobId, t.round, slot, id, worker, dropReason);
         _delivered[worker] = 0;
         if (!_droppedIn(t, worker)) t.dropped[t.nDropped++] = worker;
-        if (dropReason == DROP_CONDEMNED && !_excluded[jobId][worker]) {
-            _excluded[jobId][worker] = true;
-            emit WorkerExcluded(jobId, worker);
+        if (dropReason == DROP_CONDEMNED) _exclude(jobId, worker);
+    }
+
+    /// @dev Bring a sub-job to its end through the market: PAID (finalized clean, the worker
+    ///      paid) or the DROP_ reason (cancelled). `back`: what the market credited this contract
+    ///      for escrow and unpaid budget. An unclaimed one is cancelled past `roundDeadline`
+    ///      (an orphan's is 0: at once; a finalized orphan is not settled twice).
+    function _closeSubJob(uint256 id, uint64 roundDeadline)
+        internal
+        returns (uint8 outcome, uint64 committedAt, uint256 back)
+    {
+        JobFields memory j = _jobFields(id);
+        uint256 pre = _market.credits(address(this));
+        if (j.status == IJobMarket.JobStatus.Committed) {
+            if (block.timestamp < j.windowEnd || j.openDisputes != 0) revert RoundNotSettled(id);
+            _market.finalize(id);
+            if (_jobFields(id).status == IJobMarket.JobStatus.Finalized) {
+                return (PAID, j.committedAt, _market.credits(address(this)) - pre);
+            }
+            outcome = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
+        } else if (j.status == IJobMarket.JobStatus.Claimed) {
+            if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
+            _market.reclaim(id);
+            outcome = DROP_MISSED;
+        } else if (j.status == IJobMarket.JobStatus.Open) {
+            if (block.timestamp <= roundDeadline) revert RoundNotSettled(id);
+            outcome = DROP_UNCLAIMED;
+        } else if (j.status == IJobMarket.JobStatus.Finalized && roundDeadline != 0) {
+            return (PAID, j.committedAt, 0);
+        } else {
+            revert RoundNotSettled(id); // Cancelled: never, only this contract cancels
         }
+        pre = _market.credits(address(this));
+        _market.cancel(id);
+        back = _market.credits(address(this)) - pre;
+    }
+
+    function _exclude(uint256 jobId, address worker) internal {
+        if (_excluded[jobId][worker]) return;
+        _excluded[jobId][worker] = true;
+        emit WorkerExcluded(jobId, worker);
     }
 
     function _droppedIn(Tally memory t, address worker) internal pure returns (bool) {
@@ -745,13 +870,14 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         } else if (verdict == OuterVerdict.Invalid) {
             // The poster's bond: half to the majority jurors, the rest to the challenger,
             // whose own bond comes back. The post is removed: anyone may post again.
-            totalBonds -= 2 * bond + slashed;
-            _credit(challenger, 2 * bond + slashed - _payMajority(majority, bond / 2 + slashed));
-            rr.poster = address(0);
-            rr.outerHash = 0;
-            rr.nextInitHash = 0;
-            rr.postedAt = 0;
-            rr.windowEnd = 0;
+            // Pipelined: the poster's pipeline bond first refills the pool for the rounds built
+            // on the post, the rest to the challenger.
+            CollabRec storage c = _collabs[jobId];
+            uint256 pipe = _pipeBond(c);
+            totalBonds -= 2 * bond + pipe + slashed;
+            pipe = _rollback(jobId, c, ROLLBACK_INVALID, pipe);
+            _credit(challenger, 2 * bond + pipe + slashed - _payMajority(majority, bond / 2 + slashed));
+            _clearPost(rr);
             emit OuterResolved(jobId, round, verdict, validVotes, invalidVotes, 0);
             return;
         } else {
@@ -783,12 +909,71 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (bond != 0) _token.safeTransferFrom(msg.sender, address(this), bond);
     }
 
-    /// @dev Free a slot; its bond goes back to the holder (`refund`) or was forfeited.
-    function _release(uint256 jobId, uint32 slot, address holder, uint8 reason, bool refund) internal {
+    /// @dev Free a slot: its bond back to the holder but `lost`, which the caller books.
+    function _release(uint256 jobId, uint32 slot, address holder, uint8 reason, uint256 lost) internal {
         _slots[jobId][slot] = address(0);
-        totalBonds -= _slotBond;
-        if (refund) _credit(holder, _slotBond);
+        uint256 bond = _bondOf(_collabs[jobId]);
+        totalBonds -= bond;
+        _credit(holder, bond - lost);
         emit SlotReleased(jobId, slot, holder, reason);
+    }
+
+    /// @dev A slot that gets a sub-job: held, by a worker not excluded.
+    function _holds(uint256 jobId, uint32 slot) internal view returns (bool) {
+        address h = _slots[jobId][slot];
+        return h != address(0) && !_excluded[jobId][h];
+    }
+
+    /// @dev P: the most compute one invalid candidate can waste (D rounds of every slot).
+    function _pipeBond(CollabRec storage c) internal view returns (uint256) {
+        return uint256(c.depth) * c.maxWorkers * c.subReward;
+    }
+
+    function _bondOf(CollabRec storage c) internal view returns (uint256) {
+        return _slotBond + _pipeBond(c);
+    }
+
+    /// @dev Remove a post through no fault of its poster: its bond back.
+    function _withdrawPost(uint256 jobId, CollabRec storage c, uint32 round, RoundRec storage rr) internal {
+        address poster = rr.poster;
+        uint256 bond = _outerBond + _pipeBond(c);
+        totalBonds -= bond;
+        _credit(poster, bond);
+        _clearPost(rr);
+        emit OuterWithdrawn(jobId, round, poster);
+    }
+
+    function _clearPost(RoundRec storage rr) internal {
+        rr.poster = address(0);
+        rr.outerHash = 0;
+        rr.nextInitHash = 0;
+        rr.postedAt = 0;
+        rr.windowEnd = 0;
+    }
+
+    /// @dev The base round's candidate is invalid: roll back rounds base + 1 .. base + ahead
+    ///      (their sub-jobs orphaned, their posts withdrawn: never challenged, challenges run
+    ///      on the base only). Of `forfeit` (the culprit's pipeline bond, already out of
+    ///      totalBonds), subReward per orphaned sub-job goes to the pool; returns the rest.
+    function _rollback(uint256 jobId, CollabRec storage c, uint8 reason, uint256 forfeit) internal returns (uint256) {
+        uint32 n = c.ahead;
+        if (n == 0) return forfeit;
+        uint32 first = c.round + 1;
+        uint256 orphans;
+        for (uint32 q = first; q < first + n; ++q) {
+            RoundRec storage rr = _rounds[jobId][q];
+            for (uint64 m = rr.postedMask; m != 0; m &= m - 1) ++orphans;
+            if (rr.poster != address(0)) _withdrawPost(jobId, c, q, rr);
+            rr.postedMask = 0; // its sub-jobs are orphans from now on
+        }
+        c.ahead = 0;
+        c.orphans += uint32(orphans);
+        uint256 refund = orphans * c.subReward;
+        if (refund > forfeit) refund = forfeit;
+        c.pool += refund;
+        totalPools += refund;
+        emit RoundsRolledBack(jobId, first, first + n - 1, reason, refund);
+        return forfeit - refund;
     }
 
     function _fail(uint256 jobId, CollabRec storage c) internal {
@@ -806,7 +991,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         _credit(c.submitter, refund);
         for (uint32 i; i < c.maxWorkers; ++i) {
             address h = _slots[jobId][i];
-            if (h != address(0)) _release(jobId, i, h, RELEASE_JOB_OVER, true);
+            if (h != address(0)) _release(jobId, i, h, RELEASE_JOB_OVER, 0);
         }
     }
 

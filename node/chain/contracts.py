@@ -650,6 +650,7 @@ class CollabTerms:
     round_duration: int
     init_state_hash: bytes
     outer_init_hash: bytes
+    pipeline_depth: int = 0  # D <= 4: rounds that may run ahead of the last finalized one
 
     def as_tuple(self) -> tuple[Any, ...]:
         return dataclasses.astuple(self)
@@ -677,6 +678,13 @@ class CollabJob:
     retries: int
     init_state_hash: bytes
     outer_hash: bytes
+    pipeline_depth: int = 0  # D
+    ahead: int = 0  # speculative rounds running past ``round`` (<= D)
+
+    @property
+    def pipeline_bond(self) -> int:
+        """P: on top of every slot bond and outer bond of a pipelined job."""
+        return self.pipeline_depth * self.max_workers * self.sub_reward
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", CollabStatus(self.status))
@@ -806,8 +814,9 @@ class Collab(Bound):
 
     # workers
     def claim_slot(self, job_id: int, count: int, claimed_milli_steps_per_sec: int) -> list[int]:
-        """Take ``count`` free slots (lowest first), each backed by ``slotBond`` tokens
-        (approve ``count * slotBond`` for the CollabMarket first); returns their indices."""
+        """Take ``count`` free slots (lowest first), each backed by ``slotBond`` tokens, plus
+        ``get_collab(job).pipeline_bond`` in a pipelined job (approve ``count`` bonds for the
+        CollabMarket first); returns their indices."""
         r = self.transact("claimSlot", job_id, count, claimed_milli_steps_per_sec)
         return [int(e["args"]["slot"]) for e in self.events(r, "SlotClaimed")]
 
@@ -816,6 +825,8 @@ class Collab(Bound):
 
     # rounds (anyone)
     def start_round(self, job_id: int) -> TxReceipt:
+        """The base round when Idle; in a pipelined job otherwise the next round ahead, from
+        its predecessor's posted ``next_init_hash`` (at most ``pipeline_depth`` ahead)."""
         return self.transact("startRound", job_id)
 
     def settle_round(self, job_id: int) -> TxReceipt:
@@ -824,7 +835,9 @@ class Collab(Bound):
     # outer state (anyone; jurors vote)
     def post_outer(self, job_id: int, round_: int, outer_hash: bytes,
                    next_init_hash: bytes) -> TxReceipt:
-        """Needs ``outerBond`` approved for the CollabMarket."""
+        """Needs ``outerBond`` (+ the job's ``pipeline_bond``) approved for the CollabMarket.
+        In a pipelined job this also posts a round's candidate: a started, unsettled round
+        whose every sub-job is committed, over all of them."""
         return self.transact("postOuter", job_id, round_, outer_hash, next_init_hash)
 
     def challenge_outer(self, job_id: int, round_: int) -> TxReceipt:
@@ -837,6 +850,10 @@ class Collab(Bound):
 
     def accept_outer(self, job_id: int, round_: int) -> TxReceipt:
         return self.transact("acceptOuter", job_id, round_)
+
+    def settle_orphan(self, market_job_id: int) -> TxReceipt:
+        """Settle a sub-job of a rolled-back round through the market (anyone)."""
+        return self.transact("settleOrphan", market_job_id)
 
     def withdraw(self) -> int:
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))

@@ -518,7 +518,8 @@ class CollabFollower:
         self._start_claim(jobs)
         for cid, job in jobs:
             if job.phase == OUTER:
-                await self._contained(cid, self._outer_moves, cid, job.round)
+                await self._contained(cid, self._outer_moves, cid, job.round,
+                                      job.pipeline_bond)
         for cid, job in jobs:
             if cid not in self._bad:
                 await self._contained(cid, self._follow, cid, job)
@@ -608,7 +609,8 @@ class CollabFollower:
                 return False
         return True
 
-    async def _outer_moves(self, cid: int, r: int) -> None:
+    async def _outer_moves(self, cid: int, r: int, pipe: int = 0) -> None:
+        """``pipe``: the job's pipeline bond, on top of a post's outer bond (issue 35)."""
         rt, c = self.rt, self.rt.chain_client
         mine = await self.next_hashes(cid, r)
         if mine is None:
@@ -616,7 +618,7 @@ class CollabFollower:
         rnd = await rt.chain(c.collab.get_round, cid, r)
         now = await rt.chain(c.timestamp)
         if str(rnd.poster).lower() == ZERO_ADDRESS:
-            await self._bond(c.collab.address)
+            await self._bond(c.collab.address, pipe=pipe)
             if await rt.transact_ok(c.collab.post_outer, cid, r, mine[0], mine[1],
                                     benign=POST_BENIGN):
                 log.info("collab_outer_posted", job=cid, round=r, outer_hash=mine[0].hex())
@@ -718,12 +720,13 @@ class CollabFollower:
             self._collab_params = await self.rt.chain(c.collab.collab_params)
         return self._collab_params
 
-    async def _bond(self, spender: str, slots: int = 0) -> None:
-        """Allow ``spender`` one outer bond, or ``slots`` slot bonds."""
+    async def _bond(self, spender: str, slots: int = 0, pipe: int = 0) -> None:
+        """Allow ``spender`` one outer bond, or ``slots`` slot bonds; each plus ``pipe``, a
+        pipelined job's pipeline bond (0 at depth 0)."""
         c = self.rt.chain_client
         p = await self._params()
         await self.rt.chain(c.token.ensure_allowance, spender,
-                            p.slot_bond * slots if slots else p.outer_bond)
+                            (p.slot_bond + pipe) * slots if slots else p.outer_bond + pipe)
 
     async def _maybe_claim_slots(self, cid: int, job: Any) -> None:
         rt, c = self.rt, self.rt.chain_client
@@ -743,7 +746,7 @@ class CollabFollower:
         rate = await self._claimed_rate_for(cid, job)
         if rate is None:
             return
-        await self._bond(c.collab.address, slots=want)
+        await self._bond(c.collab.address, slots=want, pipe=job.pipeline_bond)
         if await rt.transact_ok(c.collab.claim_slot, cid, want, rate, benign=SLOT_BENIGN):
             log.info("collab_slot_claimed", job=cid, slots=want, milli_steps_per_s=rate)
 

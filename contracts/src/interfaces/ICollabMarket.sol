@@ -14,8 +14,12 @@ pragma solidity ^0.8.24;
 ///      Running --settleRound, fewer accepted--> round r Idle again (retry), or Failed
 ///      Outer --postOuter, outerWindow without a live challenge, acceptOuter--> round r + 1 Idle,
 ///            or Finished after the last round.
-///      Rounds are sequential: round r + 1 starts only after round r's sub-jobs are final and
-///      its outer state accepted, so no later round is ever built on a dropped delta.
+///      With pipelineDepth 0 rounds are sequential: round r + 1 starts only after round r's
+///      sub-jobs are final and its outer state accepted. With D > 0, rounds up to D past the
+///      base round (`round`, the lowest not finalized) start on posted candidates; they settle
+///      and finalize in order, and a candidate proven wrong rolls back every round built on it
+///      (`RoundsRolledBack`), its culprit's pipeline bond refilling the pool (docs/protocol.md,
+///      "Pipelined rounds").
 ///      A challenged outer state is judged by a jury of the OuterJury contract (drawn, voted
 ///      and tallied there, with the authority to slash silent and minority jurors' stake);
 ///      this contract holds the bonds and pays the verdict.
@@ -75,6 +79,7 @@ interface ICollabMarket {
         uint64 roundDuration; // seconds from a round's start to its deadline
         bytes32 initStateHash; // S_0 of round 0's inner runs
         bytes32 outerInitHash; // outer-state hash of theta_0 with zero momentum
+        uint8 pipelineDepth; // D <= 4: rounds that may run ahead of the last finalized one (0: sequential)
     }
 
     struct Collab {
@@ -98,6 +103,9 @@ interface ICollabMarket {
         uint32 retries; // retries of the current round so far
         bytes32 initStateHash; // S_0 of the current round's inner runs
         bytes32 outerHash; // the last accepted outer state (outerInitHash before round 0)
+        uint8 pipelineDepth; // D
+        uint32 ahead; // speculative rounds running past `round` (<= D); each slot and outer bond
+        // of a D > 0 job carries a pipeline bond P = D x maxWorkers x subReward on top
     }
 
     /// @notice One round (its latest attempt) with its outer state and challenge.
@@ -147,6 +155,14 @@ interface ICollabMarket {
     event OuterChallenged(uint256 indexed jobId, uint32 round, address indexed challenger, uint256 juryCase);
     event OuterResolved(uint256 indexed jobId, uint32 round, OuterVerdict verdict, uint32 validVotes, uint32 invalidVotes, uint64 windowEnd);
     event OuterAccepted(uint256 indexed jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash);
+    /// @notice Round `firstRound - 1`'s candidate was invalid (reason 0: a delta it included was
+    ///         condemned; 1: its post was tallied Invalid): rounds firstRound..lastRound, built
+    ///         on it, are back to Idle and their sub-jobs orphaned; `poolRefund` of the
+    ///         culprit's pipeline bond went back to the pool for their wasted escrow.
+    event RoundsRolledBack(uint256 indexed jobId, uint32 firstRound, uint32 lastRound, uint8 reason, uint256 poolRefund);
+    /// @notice A post removed through no fault of its poster (its bond returned).
+    event OuterWithdrawn(uint256 indexed jobId, uint32 round, address indexed poster);
+    event OrphanSettled(uint256 indexed jobId, uint256 marketJobId, bool paid); // paid: its worker was paid
     event Credited(address indexed account, uint256 amount);
     event Withdrawn(address indexed account, uint256 amount);
 
@@ -183,6 +199,11 @@ interface ICollabMarket {
     error PosterCannotChallenge();
     error AlreadyChallenged(address challenger);
     error NothingToWithdraw();
+    error InvalidDepth(uint8 depth);
+    error PipelineFull(uint32 round); // D rounds ahead already, or no round left
+    error NotCommitted(uint256 marketJobId);
+    error PipelineUnfunded();
+    error NotOrphan(uint256 marketJobId);
 
     // --- submitter ---
 
@@ -213,7 +234,11 @@ interface ICollabMarket {
     ///         once round r - 1's outer state is accepted (accepting it here if it can be).
     ///         First releases the excess slots of nodes that delivered less than they claimed.
     ///         Posts one reserved sub-job per held slot (solveDuration = roundDuration, initial
-    ///         state = the round's S_0). Fails the job if its pool cannot fund them.
+    ///         state = the round's S_0). Fails the job if its pool cannot fund them (unless
+    ///         sub-jobs of rolled-back rounds are unsettled: `PipelineUnfunded`, retry later).
+    ///         Pipelined (D > 0), while the base round is not Idle: starts the round after the
+    ///         newest started one from its predecessor's posted `nextInitHash`, at most D past
+    ///         the base (`PipelineFull`); slots are capped only when nothing is in flight.
     function startRound(uint256 jobId) external;
 
     /// @notice Settle the current round's sub-jobs through the market: Finalized -> accepted;
@@ -231,7 +256,11 @@ interface ICollabMarket {
 
     /// @notice Post round `round`'s outer state (after its settlement, nothing posted), with
     ///         `outerBond` (approve first). Accepted once `outerWindow` passed with no live
-    ///         challenge (`acceptOuter`).
+    ///         challenge (`acceptOuter`). Pipelined, also a candidate (outer + pipeline bond): a
+    ///         started, unsettled round whose every sub-job is Committed (`NotCommitted`), over
+    ///         all of them; the base round's may be challenged at once, a later round's once it
+    ///         is the base (its window then restarts). A candidate's live challenge holds the
+    ///         round's settlement (`ChallengeLive`).
     function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external;
 
     /// @notice Dispute the posted outer state within its window, with `outerBond`: opens an
@@ -254,6 +283,12 @@ interface ICollabMarket {
     ///         returned, the next round's S_0 is fixed, and after the last round the job is
     ///         Finished (the pool credited to the submitter).
     function acceptOuter(uint256 jobId, uint32 round) external;
+
+    /// @notice Anyone: settle a sub-job of a rolled-back round (or any other sub-job no round
+    ///         owns any more) through the market: Committed past its window -> finalize (the
+    ///         worker paid; condemned: cancelled and its worker excluded); Claimed past its
+    ///         deadline -> reclaim + cancel; Open -> cancel. What comes back is the pool's.
+    function settleOrphan(uint256 marketJobId) external;
 
     /// @notice Pay out the caller's credit.
     function withdraw() external returns (uint256 amount);

@@ -1,0 +1,388 @@
+"""Pipelined collaborative rounds (issue 35) against anvil: with pipeline depth D, rounds start
+on posted candidates up to D past the last finalized one, settle and finalize in order, and a
+candidate proven wrong rolls back every round built on it, its culprit's pipeline bond paying
+for the wasted runs. Conservation of every contract after every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from eth_utils import keccak
+
+from devnet.params import TOKEN
+from devnet.testing import LocalChain, expect_revert, fake_trace
+from node.chain.client import ChainClient
+from node.chain.contracts import (
+    VERIFIER,
+    CollabStatus,
+    JobStatus,
+    OuterVerdict,
+    RoundPhase,
+    Verdict,
+)
+from tests.test_collab_market import (
+    BPS,
+    ROUND,
+    SEGS,
+    SUB_BUDGET,
+    SUB_REWARD,
+    VSTAKE,
+    K,
+    Net,
+    _challenge_and_draw,
+    claim_all,
+    conserved,
+    init,
+    outer,
+    post,
+    solver,
+    sub_jobs,
+    terms,
+    window,
+)
+
+revert = expect_revert
+ZERO = "0x" + "00" * 20
+
+
+@pytest.fixture
+def net(chain: LocalChain) -> Net:
+    """tests/test_collab_market.py's: 3 workers, 4 verifiers, the submitter, an outsider."""
+    return Net(chain, submitter=chain[5],
+               workers=[solver(chain, i) for i in (1, 2, 3)],
+               verifiers=[chain.join(i, VERIFIER, VSTAKE) for i in (4, 6, 7, 8)],
+               outsider=chain[9])
+
+
+def bonds(net: Net, job: int) -> tuple[int, int, int]:
+    """(slot bond, outer bond, pipeline bond P) of a job."""
+    cp = net.chain.reader.collab.collab_params()
+    p = net.chain.reader.collab.get_collab(job).pipeline_bond
+    return cp.slot_bond + p, cp.outer_bond + p, p
+
+
+def work_from(net: Net, job: int, r: int, s0: bytes, slots: list[int] | None = None,
+              tag: str = "") -> None:
+    """Chosen slots' holders claim and commit round r's sub-jobs from S_0 ``s0``, evidence
+    on chain (as tests/test_collab_market.py's ``work``, with the S_0 a candidate gave)."""
+    for slot, jid in enumerate(sub_jobs(net, job, r)):
+        if jid == 0 or (slots is not None and slot not in slots):
+            continue
+        w = net.by_address(net.chain.reader.market.reserved_solver_of(jid))
+        w.market.claim_job(jid)
+        leaves, tree = fake_trace(jid, SEGS, K, tag=f"{tag}r{r}s{slot}", init=s0)
+        w.market.commit_trace(jid, leaves, tree)
+        net.chain.publish_sample(w, jid, leaves, tree)
+
+
+def candidate(net: Net, who: ChainClient, job: int, r: int, h: bytes | None = None,
+              nxt: bytes | None = None) -> None:
+    who.token.approve(who.collab.address, bonds(net, job)[1])
+    who.collab.post_outer(job, r, h or outer(r), nxt or init(r + 1))
+
+
+def pipelined_job(net: Net, rounds: int, depth: int) -> int:
+    job = post(net, terms(rounds=rounds, pipeline_depth=depth))
+    claim_all(net, job)
+    return job
+
+
+def test_depth_zero_is_sequential_and_depth_is_bounded(net: Net) -> None:
+    c = net.chain.reader.collab
+    e = revert(net.submitter.collab.post_collab_job, terms(pipeline_depth=5))
+    assert (e.error, e.error_args) == ("InvalidDepth", {"depth": 5})
+    job = pipelined_job(net, 2, 0)
+    j = c.get_collab(job)
+    assert (j.pipeline_depth, j.ahead, j.pipeline_bond) == (0, 0, 0)
+    assert bonds(net, job)[0] == c.collab_params().slot_bond  # no pipeline bond at D = 0
+    net.outsider.collab.start_round(job)
+    work_from(net, job, 0, init(0))
+    # every delta committed, yet no candidate and no round ahead: today's engine
+    assert revert(net.submitter.collab.post_outer, job, 0, outer(0), init(1)).error \
+        == "WrongRoundPhase"
+    assert revert(net.outsider.collab.start_round, job).error == "WrongRoundPhase"
+    e = revert(net.outsider.collab.settle_orphan, sub_jobs(net, job, 0)[0])
+    assert e.error == "NotOrphan"
+    conserved(net)
+
+
+def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> None:
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    sub, out = net.submitter, net.outsider.collab
+    job = pipelined_job(net, 4, 2)
+    slot_b, outer_b, p = bonds(net, job)
+    assert p == 2 * 3 * SUB_REWARD
+    assert c.total_owed() >= 3 * slot_b
+    out.start_round(job)
+    assert revert(out.start_round, job).error == "NothingPosted"  # no candidate for round 0 yet
+    work_from(net, job, 0, init(0), slots=[0, 1])
+    e = revert(sub.collab.post_outer, job, 0, outer(0), init(1))
+    # (the market has an error of the same signature: its argument is named jobId there)
+    assert (e.error, list(e.error_args.values())) == ("NotCommitted", [sub_jobs(net, job, 0)[2]])
+    work_from(net, job, 0, init(0), slots=[2])
+    candidate(net, sub, job, 0)  # theta_1 over all of round 0's committed deltas
+    conserved(net)
+    # round 1 starts on the candidate while round 0 is still open to challenge
+    out.start_round(job)
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (0, RoundPhase.RUNNING, 1)
+    for jid in sub_jobs(net, job, 1):
+        assert m.get_job(jid).init_state_hash == init(1)
+    assert revert(out.start_round, job).error == "NothingPosted"
+    work_from(net, job, 1, init(1))
+    candidate(net, sub, job, 1)  # a speculative round's candidate
+    out.start_round(job)  # round 2: two ahead of round 0, the last not finalized
+    assert c.get_collab(job).ahead == 2
+    e = revert(out.start_round, job)
+    assert (e.error, e.error_args) == ("PipelineFull", {"round": 3})
+    # in order only: nothing past round 0 settles, is challenged or accepted first
+    chain.advance(c.collab_params().outer_window + window(net))
+    e = revert(out.accept_outer, job, 1)
+    assert (e.error, e.error_args) == ("WrongRound", {"round": 1, "current": 0})
+    net.workers[0].token.approve(c.address, outer_b)
+    assert revert(net.workers[0].collab.challenge_outer, job, 1).error == "WrongRound"
+    assert revert(out.accept_outer, job, 0).error == "WrongRoundPhase"  # round 0 not settled
+    assert revert(net.workers[0].collab.leave_slot, job, 0).error == "WrongRoundPhase"
+    conserved(net)
+    out.settle_round(job)
+    out.accept_outer(job, 0)
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead, j.init_state_hash) == (1, RoundPhase.RUNNING, 1, init(1))
+    # round 1's candidate gets a full window now that it can be challenged
+    assert c.get_round(job, 1).window_end >= chain.timestamp() + c.collab_params().outer_window - 5
+    work_from(net, job, 2, init(2))
+    candidate(net, sub, job, 2)
+    out.start_round(job)  # round 3, two ahead of round 1
+    assert revert(out.start_round, job).error == "PipelineFull"
+    work_from(net, job, 3, init(3))
+    for r in (1, 2, 3):
+        chain.advance(window(net))
+        out.settle_round(job)
+        if r == 3:  # the only post after its settlement
+            candidate(net, sub, job, 3)
+            assert revert(out.accept_outer, job, r).error == "OuterWindowOpen"
+        chain.advance(c.collab_params().outer_window)
+        out.accept_outer(job, r)
+        conserved(net)
+    j = c.get_collab(job)
+    assert (j.status, j.round, j.outer_hash, j.ahead) == (CollabStatus.FINISHED, 4, outer(3), 0)
+    for w in net.workers:
+        assert m.credits(w.address) == 4 * SUB_REWARD
+        assert c.credits(w.address) == slot_b  # slot and pipeline bond back
+    assert c.credits(sub.address) == 4 * outer_b + (
+        terms(rounds=4).reward + terms(rounds=4).verification_budget - 12 * SUB_REWARD)
+    conserved(net)
+
+
+def _condemn(net: Net, jid: int, leaves: Any, tree: Any) -> None:
+    """A verifier challenges the sub-job's first segment; the cheat never answers."""
+    chain, m = net.chain, net.chain.reader.market
+    chain.extra(11, 1_000 * TOKEN)
+    v = chain.join(11, VERIFIER, 500 * TOKEN)  # free stake for the dispute bond
+    did = v.market.challenge(jid, 0, leaves[0], tree.proof(0), leaves[1], tree.proof(1))
+    chain.advance(int(chain.reader.dispute.call("params").clock) + 1)
+    r = net.outsider.dispute.timeout(did)
+    assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.SOLVER_TIMED_OUT
+
+
+def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    sub, out = net.submitter, net.outsider.collab
+    t = terms(rounds=3, pipeline_depth=2)
+    sub_balance0 = sub.token.balance_of(sub.address)
+    job = pipelined_job(net, 3, 2)
+    slot_b, outer_b, p = bonds(net, job)
+    honest, cheat = net.workers[:2], net.workers[2]
+    out.start_round(job)
+    ids0 = sub_jobs(net, job, 0)
+    work_from(net, job, 0, init(0), slots=[0, 1])
+    cheat.market.claim_job(ids0[2])
+    leaves, tree = fake_trace(ids0[2], SEGS, K, tag="cheat", init=init(0))
+    cheat.market.commit_trace(ids0[2], leaves, tree)
+    candidate(net, sub, job, 0)  # includes the cheat's delta
+    out.start_round(job)
+    work_from(net, job, 1, init(1))
+    candidate(net, sub, job, 1)
+    out.start_round(job)
+    work_from(net, job, 2, init(2))
+    orphans = sub_jobs(net, job, 1) + sub_jobs(net, job, 2)
+    _condemn(net, ids0[2], leaves, tree)
+    assert revert(out.settle_round, job).error == "RoundNotSettled"
+    # the cheat cannot take its pipeline bond out before the settlement condemns it
+    assert revert(cheat.collab.leave_slot, job, 2).error == "WrongRoundPhase"
+    assert revert(out.settle_orphan, orphans[0]).error == "NotOrphan"  # not rolled back yet
+    chain.advance(window(net) + mp.dispute_grace)
+    pool0 = c.get_collab(job).pool
+    credits0 = c.credits(sub.address)
+    r = out.settle_round(job)
+    # the roll-back: rounds 1..2, built on the bad theta_1; the cheat's P refills the pool
+    rb = c.events(r, "RoundsRolledBack")[0]["args"]
+    assert (rb["jobId"], rb["firstRound"], rb["lastRound"], rb["reason"], rb["poolRefund"]) == \
+        (job, 1, 2, 0, 6 * SUB_REWARD)
+    assert [e["args"]["round"] for e in c.events(r, "OuterWithdrawn")] == [0, 1]
+    assert c.credits(sub.address) - credits0 == 2 * outer_b  # its posts: no fault, bonds back
+    drop = c.events(r, "SubJobDropped")[0]["args"]
+    assert (drop["slot"], drop["worker"], drop["reason"]) == (2, cheat.address, 1)
+    bond = SUB_REWARD * mp.bond_factor_bps // BPS
+    to_sub = bond * mp.submitter_share_bps // BPS
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert (st["acceptedMask"], st["sharedPot"]) == (0b011, to_sub + p - 6 * SUB_REWARD)
+    assert c.credits(cheat.address) == slot_b - p  # its slot bond back, never P
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (0, RoundPhase.OUTER, 0)
+    assert j.pool - pool0 == 6 * SUB_REWARD + 2 * SUB_BUDGET + SUB_REWARD + SUB_BUDGET
+    for q in (1, 2):
+        rd = c.get_round(job, q)
+        assert (rd.sub_jobs, rd.poster) == ([0, 0, 0], ZERO)
+    assert c.is_excluded(job, cheat.address)
+    conserved(net)
+
+    # followers recompute theta_1 over the accepted deltas and the pipeline resumes from it
+    redo = keccak(b"init1 without the cheat")
+    assert revert(out.start_round, job).error == "NothingPosted"
+    candidate(net, sub, job, 0, keccak(b"outer1 redone"), redo)
+    out.start_round(job)
+    new1 = sub_jobs(net, job, 1)
+    assert new1[2] == 0 and all(new1[:2])
+    assert all(m.get_job(jid).init_state_hash == redo for jid in new1[:2])
+    assert revert(cheat.collab.claim_slot, job, 1, 10**9).error == "ExcludedWorker"
+    e = revert(out.settle_orphan, new1[0])
+    assert e.error == "NotOrphan"
+    conserved(net)
+
+    # the rolled-back runs were honest work from the S_0 they were given: paid in full
+    credit0 = {w.address: m.credits(w.address) for w in net.workers}
+    pool1 = c.get_collab(job).pool
+    for jid in orphans:
+        rs = out.settle_orphan(jid)
+        assert c.events(rs, "OrphanSettled")[0]["args"]["paid"]
+        assert m.get_job(jid).status == JobStatus.FINALIZED
+        conserved(net)
+    assert revert(out.settle_orphan, orphans[0]).error == "RoundNotSettled"  # settled once
+    for w in honest:
+        assert m.credits(w.address) - credit0[w.address] == 2 * SUB_REWARD
+    assert m.credits(cheat.address) - credit0[cheat.address] == 2 * SUB_REWARD
+    assert c.get_collab(job).pool - pool1 == 6 * SUB_BUDGET  # unpaid budget back
+    # so far the pool has spent 2 accepted runs of round 0 and escrowed round 1's re-run:
+    # the 6 wasted runs cost it nothing (the cheat's P paid them)
+    total = t.reward + t.verification_budget
+    assert c.get_collab(job).pool == total - 2 * SUB_REWARD - 2 * (SUB_REWARD + SUB_BUDGET)
+    conserved(net)
+
+    # the re-run: rounds 1 and 2 again on the recomputed states, two workers; the job ends
+    redo2 = keccak(b"init2 redone")
+    work_from(net, job, 1, redo, tag="redo")
+    candidate(net, sub, job, 1, keccak(b"outer2 redone"), redo2)
+    out.start_round(job)  # round 2, still one ahead of round 0 (its re-post is in its window)
+    work_from(net, job, 2, redo2, tag="redo")
+    chain.advance(c.collab_params().outer_window)
+    out.accept_outer(job, 0)
+    for rnd in (1, 2):
+        chain.advance(max(window(net), c.collab_params().outer_window))
+        out.settle_round(job)
+        if rnd == 2:
+            candidate(net, sub, job, 2, keccak(b"outer3 redone"), keccak(b"init3"))
+            chain.advance(c.collab_params().outer_window)
+        out.accept_outer(job, rnd)
+        conserved(net)
+    j = c.get_collab(job)
+    assert (j.status, j.outer_hash) == (CollabStatus.FINISHED, keccak(b"outer3 redone"))
+    # every token accounted for: once all withdraw, the CollabMarket holds none
+    for w in honest:
+        assert m.credits(w.address) - credit0[w.address] == 4 * SUB_REWARD  # 2 wasted, 2 redone
+    for who in [sub, *net.workers, *net.verifiers]:
+        if c.credits(who.address):
+            who.collab.withdraw()
+    assert c.total_owed() == 0
+    assert chain.reader.token.balance_of(c.address) == 0
+    # the submitter paid 2 + 2 + 2 accepted runs of its 3 rounds: nothing for the wasted ones
+    assert sub.token.balance_of(sub.address) == sub_balance0 - 6 * SUB_REWARD
+    conserved(net)
+
+
+def test_an_invalid_candidate_rolls_back_and_its_poster_pays(net: Net) -> None:
+    chain, c = net.chain, net.chain.reader.collab
+    sub, out, liar = net.submitter, net.outsider.collab, net.outsider
+    job = pipelined_job(net, 2, 1)
+    slot_b, outer_b, p = bonds(net, job)
+    chain.set_balance(liar.address, 10**20)
+    sub.token.transfer(liar.address, 2 * outer_b)
+    out.start_round(job)
+    work_from(net, job, 0, init(0))
+    candidate(net, liar, job, 0, keccak(b"forged"), keccak(b"forged init"))
+    out.start_round(job)
+    assert c.get_collab(job).ahead == 1
+    orphans = sub_jobs(net, job, 1)
+    work_from(net, job, 1, keccak(b"forged init"), slots=[0])
+    bond = c.collab_params().outer_bond
+    pool0 = c.get_collab(job).pool
+    case = _open_challenge(net, job, sub)
+    # the candidate's challenge is decided before its round settles
+    assert revert(out.settle_round, job).error == "ChallengeLive"
+    _, r = _finish_jury(net, job, case, vote=False)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.INVALID
+    rb = c.events(r, "RoundsRolledBack")[0]["args"]
+    assert (rb["firstRound"], rb["lastRound"], rb["reason"], rb["poolRefund"]) == \
+        (1, 1, 1, 3 * SUB_REWARD)
+    assert c.get_collab(job).pool - pool0 == 3 * SUB_REWARD
+    # the challenger: its bond back + the liar's outer bond less the jurors' half + P's rest
+    assert c.credits(sub.address) == 2 * bond - bond // 2 + p - 3 * SUB_REWARD
+    assert c.get_collab(job).ahead == 0
+    conserved(net)
+    chain.advance(window(net))
+    r = out.settle_round(job)
+    assert not c.events(r, "RoundsRolledBack") and not c.events(r, "SubJobDropped")
+    candidate(net, sub, job, 0)
+    out.start_round(job)
+    assert all(sub_jobs(net, job, 1)) and set(sub_jobs(net, job, 1)).isdisjoint(orphans)
+    for jid in orphans:  # committed (slot 0) or never claimed: cancelled at once
+        rs = out.settle_orphan(jid)
+        conserved(net)
+        assert c.events(rs, "OrphanSettled")[0]["args"]["paid"] == (jid == orphans[0])
+    assert c.credits(liar.address) == 0
+    conserved(net)
+
+
+def _open_challenge(net: Net, job: int, challenger: ChainClient) -> int:
+    case, _ = _challenge_and_draw(net, job, 0, challenger)
+    return case
+
+
+def _finish_jury(net: Net, job: int, case: int, vote: bool) -> tuple[list[Any], Any]:
+    chain, oj = net.chain, net.chain.reader.outer_jury
+    jp = oj.jury_params()
+    jury = oj.get_case(case).jury
+    salt = keccak(b"salt")
+    for a in jury:
+        net.by_address(a).outer_jury.commit_vote(case, vote, salt)
+    chain.advance(jp.commit_window)
+    for a in jury:
+        net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
+    chain.advance(jp.reveal_window)
+    return jury, net.outsider.collab.resolve_outer(job, 0)
+
+
+def test_a_withheld_delta_blocks_the_candidate_and_rolls_nothing_back(net: Net) -> None:
+    chain, c = net.chain, net.chain.reader.collab
+    sub, out = net.submitter, net.outsider.collab
+    job = pipelined_job(net, 2, 2)
+    slot_b, _, p = bonds(net, job)
+    out.start_round(job)
+    work_from(net, job, 0, init(0), slots=[0, 1])  # slot 2 withholds
+    assert revert(sub.collab.post_outer, job, 0, outer(0), init(1)).error == "NotCommitted"
+    assert revert(out.start_round, job).error == "NothingPosted"
+    chain.advance(ROUND + 1)
+    r = out.settle_round(job)
+    assert not c.events(r, "RoundsRolledBack")
+    holder = net.workers[2].address
+    assert c.credits(holder) == p  # a miss loses the slot bond only, never P
+    st = c.events(r, "RoundSettled")[0]["args"]
+    assert st["sharedPot"] == slot_b - p
+    # the round finished sequentially; the pipeline resumes from its ordinary post
+    candidate(net, sub, job, 0)
+    out.start_round(job)
+    assert c.get_collab(job).ahead == 1
+    assert revert(out.start_round, job).error == "PipelineFull"  # no round 2 in this job
+    conserved(net)
