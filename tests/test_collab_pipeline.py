@@ -386,3 +386,53 @@ def test_a_withheld_delta_blocks_the_candidate_and_rolls_nothing_back(net: Net) 
     assert c.get_collab(job).ahead == 1
     assert revert(out.start_round, job).error == "PipelineFull"  # no round 2 in this job
     conserved(net)
+
+
+def test_a_roll_back_never_fails_the_job_while_its_orphans_hold_the_escrow(net: Net) -> None:
+    """The pipeline bond refunds a rolled-back run's reward, not its verification budget:
+    that comes back only as the orphans settle. With a budget five times the reward, the
+    re-run's second (speculative) round cannot be funded right after the roll-back: its
+    start reverts PipelineUnfunded and the job stays live (it is not failed as a job whose
+    pool ran dry would be), and once the orphans settle the same start goes through. (The
+    base-round side of the rule, a base start waiting while orphans are out, is not played
+    here: in this geometry the base's re-run is always funded.)"""
+    c, m = net.chain.reader.collab, net.chain.reader.market
+    sub, out = net.submitter, net.outsider.collab
+    big = 5 * SUB_REWARD  # per sub-job
+    job = post(net, terms(rounds=3, pipeline_depth=2, verification_budget=9 * big + 1))
+    claim_all(net, job)
+    cheat = net.workers[2]
+    out.start_round(job)
+    ids0 = sub_jobs(net, job, 0)
+    work_from(net, job, 0, init(0), slots=[0, 1])
+    cheat.market.claim_job(ids0[2])
+    leaves, tree = fake_trace(ids0[2], SEGS, K, tag="cheat", init=init(0))
+    cheat.market.commit_trace(ids0[2], leaves, tree)
+    candidate(net, sub, job, 0)
+    out.start_round(job)
+    work_from(net, job, 1, init(1))
+    candidate(net, sub, job, 1)
+    out.start_round(job)
+    work_from(net, job, 2, init(2))
+    orphans = sub_jobs(net, job, 1) + sub_jobs(net, job, 2)
+    _condemn(net, ids0[2], leaves, tree)
+    net.chain.advance(window(net) + m.market_params().dispute_grace)
+    r = out.settle_round(job)
+    assert c.events(r, "RoundsRolledBack")[0]["args"]["firstRound"] == 1
+    redo = keccak(b"init1 without the cheat")
+    candidate(net, sub, job, 0, keccak(b"outer1 redone"), redo)
+    out.start_round(job)  # round 1 again: two workers' escrow, which the pool still has
+    work_from(net, job, 1, redo, tag="redo")
+    candidate(net, sub, job, 1, keccak(b"outer2 redone"), keccak(b"init2 redone"))
+    pool = c.get_collab(job).pool
+    assert pool < 2 * (SUB_REWARD + big)  # round 2's escrow is still in the orphans
+    assert revert(out.start_round, job).error == "PipelineUnfunded"
+    j = c.get_collab(job)
+    assert (j.status, j.ahead) == (CollabStatus.RUNNING, 1)  # live, nothing failed
+    conserved(net)
+    for jid in orphans:
+        out.settle_orphan(jid)
+    assert c.get_collab(job).pool >= 2 * (SUB_REWARD + big)
+    out.start_round(job)  # the same start, now funded
+    assert c.get_collab(job).ahead == 2 and all(sub_jobs(net, job, 2)[:2])
+    conserved(net)
