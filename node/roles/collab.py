@@ -656,19 +656,19 @@ class CollabFollower:
                         continue
                     job = await self.rt.chain(c.collab.get_collab, cid)
                     if job.status == RUNNING and job.phase == OUTER:
-                        await self._forge(cid, job.round)
+                        await self._forge(cid, job.round, job.pipeline_bond)
             except (PolnetError, OSError) as exc:
                 log.warning("collab_forge_failed", error=str(exc))
             await trio.sleep(0.2)
 
-    async def _forge(self, cid: int, r: int) -> None:
+    async def _forge(self, cid: int, r: int, pipe: int) -> None:
         rt, c = self.rt, self.rt.chain_client
         rnd = await rt.chain(c.collab.get_round, cid, r)
         if str(rnd.poster).lower() != ZERO_ADDRESS:
             return
         fake = hashlib.sha256(b"forged outer state" + cid.to_bytes(32, "big")
                               + r.to_bytes(32, "big")).digest()
-        await self._bond(c.collab.address)
+        await self._bond(c.collab.address, pipe=pipe)  # a forger posts the same bonds
         if await rt.transact_ok(c.collab.post_outer, cid, r, fake, fake, benign=POST_BENIGN):
             self._forged.add(cid)
             log.warning("collab_outer_forged", job=cid, round=r, outer_hash=fake.hex())
