@@ -78,12 +78,17 @@ def fresh_solver(chain: LocalChain, i: int) -> ChainClient:
     return solver(chain, i)
 
 
-@pytest.fixture
-def net(chain: LocalChain) -> Net:
+def make_net(chain: LocalChain) -> Net:
+    """3 workers, 4 verifiers, the submitter, an outsider."""
     return Net(chain, submitter=chain[5],
                workers=[solver(chain, i) for i in (1, 2, 3)],
                verifiers=[chain.join(i, VERIFIER, VSTAKE) for i in (4, 6, 7, 8)],
                outsider=chain[9])
+
+
+@pytest.fixture
+def net(chain: LocalChain) -> Net:
+    return make_net(chain)
 
 
 def terms(rounds: int = 2, min_workers: int = 2, max_workers: int = 3, **kw: Any) -> CollabTerms:

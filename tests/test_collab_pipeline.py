@@ -27,16 +27,15 @@ from tests.test_collab_market import (
     SEGS,
     SUB_BUDGET,
     SUB_REWARD,
-    VSTAKE,
     K,
     Net,
     _challenge_and_draw,
     claim_all,
     conserved,
     init,
+    make_net,
     outer,
     post,
-    solver,
     sub_jobs,
     terms,
     window,
@@ -48,11 +47,7 @@ ZERO = "0x" + "00" * 20
 
 @pytest.fixture
 def net(chain: LocalChain) -> Net:
-    """tests/test_collab_market.py's: 3 workers, 4 verifiers, the submitter, an outsider."""
-    return Net(chain, submitter=chain[5],
-               workers=[solver(chain, i) for i in (1, 2, 3)],
-               verifiers=[chain.join(i, VERIFIER, VSTAKE) for i in (4, 6, 7, 8)],
-               outsider=chain[9])
+    return make_net(chain)
 
 
 def bonds(net: Net, job: int) -> tuple[int, int, int]:
@@ -186,15 +181,10 @@ def _condemn(net: Net, jid: int, leaves: Any, tree: Any) -> None:
     assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.SOLVER_TIMED_OUT
 
 
-def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
-    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
-    mp = m.market_params()
-    sub, out = net.submitter, net.outsider.collab
-    t = terms(rounds=3, pipeline_depth=2)
-    sub_balance0 = sub.token.balance_of(sub.address)
-    job = pipelined_job(net, 3, 2)
-    slot_b, outer_b, p = bonds(net, job)
-    honest, cheat = net.workers[:2], net.workers[2]
+def _cheat_then_two_ahead(net: Net, job: int) -> tuple[list[int], list[int]]:
+    """Round 0 with the third worker's forged delta in its candidate, rounds 1 and 2 started
+    on it, then the forged sub-job condemned: (round 0's sub-jobs, rounds 1-2's sub-jobs)."""
+    sub, out, cheat = net.submitter, net.outsider.collab, net.workers[2]
     out.start_round(job)
     ids0 = sub_jobs(net, job, 0)
     work_from(net, job, 0, init(0), slots=[0, 1])
@@ -207,8 +197,20 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
     candidate(net, sub, job, 1)
     out.start_round(job)
     work_from(net, job, 2, init(2))
-    orphans = sub_jobs(net, job, 1) + sub_jobs(net, job, 2)
     _condemn(net, ids0[2], leaves, tree)
+    return ids0, sub_jobs(net, job, 1) + sub_jobs(net, job, 2)
+
+
+def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    sub, out = net.submitter, net.outsider.collab
+    t = terms(rounds=3, pipeline_depth=2)
+    sub_balance0 = sub.token.balance_of(sub.address)
+    job = pipelined_job(net, 3, 2)
+    slot_b, outer_b, p = bonds(net, job)
+    honest, cheat = net.workers[:2], net.workers[2]
+    ids0, orphans = _cheat_then_two_ahead(net, job)
     assert revert(out.settle_round, job).error == "RoundNotSettled"
     # the cheat cannot take its pipeline bond out before the settlement condemns it
     assert revert(cheat.collab.leave_slot, job, 2).error == "WrongRoundPhase"
@@ -401,21 +403,7 @@ def test_a_roll_back_never_fails_the_job_while_its_orphans_hold_the_escrow(net: 
     big = 5 * SUB_REWARD  # per sub-job
     job = post(net, terms(rounds=3, pipeline_depth=2, verification_budget=9 * big + 1))
     claim_all(net, job)
-    cheat = net.workers[2]
-    out.start_round(job)
-    ids0 = sub_jobs(net, job, 0)
-    work_from(net, job, 0, init(0), slots=[0, 1])
-    cheat.market.claim_job(ids0[2])
-    leaves, tree = fake_trace(ids0[2], SEGS, K, tag="cheat", init=init(0))
-    cheat.market.commit_trace(ids0[2], leaves, tree)
-    candidate(net, sub, job, 0)
-    out.start_round(job)
-    work_from(net, job, 1, init(1))
-    candidate(net, sub, job, 1)
-    out.start_round(job)
-    work_from(net, job, 2, init(2))
-    orphans = sub_jobs(net, job, 1) + sub_jobs(net, job, 2)
-    _condemn(net, ids0[2], leaves, tree)
+    ids0, orphans = _cheat_then_two_ahead(net, job)
     net.chain.advance(window(net) + m.market_params().dispute_grace)
     r = out.settle_round(job)
     assert c.events(r, "RoundsRolledBack")[0]["args"]["firstRound"] == 1
