@@ -113,8 +113,8 @@ def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> Non
     assert revert(out.start_round, job).error == "NothingPosted"  # no candidate for round 0 yet
     work_from(net, job, 0, init(0), slots=[0, 1])
     e = revert(sub.collab.post_outer, job, 0, outer(0), init(1))
-    # (the market has an error of the same signature: its argument is named jobId there)
-    assert (e.error, list(e.error_args.values())) == ("NotCommitted", [sub_jobs(net, job, 0)[2]])
+    assert (e.error, e.error_args) == ("SubJobNotCommitted",
+                                       {"marketJobId": sub_jobs(net, job, 0)[2]})
     work_from(net, job, 0, init(0), slots=[2])
     candidate(net, sub, job, 0)  # theta_1 over all of round 0's committed deltas
     conserved(net)
@@ -239,6 +239,7 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
         rd = c.get_round(job, q)
         assert (rd.sub_jobs, rd.poster) == ([0, 0, 0], ZERO)
     assert c.is_excluded(job, cheat.address)
+    assert c.orphans_of(job) == len(orphans) == 6
     conserved(net)
 
     # followers recompute theta_1 over the accepted deltas and the pipeline resumes from it
@@ -261,8 +262,10 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(net: Net) -> None:
         rs = out.settle_orphan(jid)
         assert c.events(rs, "OrphanSettled")[0]["args"]["paid"]
         assert m.get_job(jid).status == JobStatus.FINALIZED
+        assert c.orphans_of(job) == len(orphans) - 1 - orphans.index(jid)
         conserved(net)
-    assert revert(out.settle_orphan, orphans[0]).error == "RoundNotSettled"  # settled once
+    assert revert(out.settle_orphan, orphans[0]).error == "NotOrphan"  # settled once
+    assert c.orphans_of(job) == 0
     for w in honest:
         assert m.credits(w.address) - credit0[w.address] == 2 * SUB_REWARD
     assert m.credits(cheat.address) - credit0[cheat.address] == 2 * SUB_REWARD
@@ -373,7 +376,7 @@ def test_a_withheld_delta_blocks_the_candidate_and_rolls_nothing_back(net: Net) 
     slot_b, _, p = bonds(net, job)
     out.start_round(job)
     work_from(net, job, 0, init(0), slots=[0, 1])  # slot 2 withholds
-    assert revert(sub.collab.post_outer, job, 0, outer(0), init(1)).error == "NotCommitted"
+    assert revert(sub.collab.post_outer, job, 0, outer(0), init(1)).error == "SubJobNotCommitted"
     assert revert(out.start_round, job).error == "NothingPosted"
     chain.advance(ROUND + 1)
     r = out.settle_round(job)

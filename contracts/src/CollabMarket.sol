@@ -397,21 +397,8 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external nonReentrant {
         CollabRec storage c = _live(jobId);
         RoundRec storage rr = _rounds[jobId][round];
-        if (c.depth == 0 || (round == c.round && c.phase == RoundPhase.Outer)) {
-            _outerRound(jobId, round);
-        } else {
-            // A candidate: a started, unsettled round (the base Running, or speculative) whose
-            // every sub-job is committed, over all of them.
-            // (the base itself only while Running: when Idle nothing runs ahead either)
-            if (round > c.round + c.ahead || round < c.round + (c.phase == RoundPhase.Running ? 0 : 1)) {
-                revert WrongRound(round, c.round);
-            }
-            for (uint32 i; i < c.maxWorkers; ++i) {
-                if (rr.postedMask & (uint64(1) << i) == 0) continue;
-                uint256 id = _subJobs[jobId][round][i];
-                if (_jobFields(id).status != IJobMarket.JobStatus.Committed) revert NotCommitted(id);
-            }
-        }
+        if (c.depth == 0 || (round == c.round && c.phase == RoundPhase.Outer)) _outerRound(jobId, round);
+        else _requireCandidate(jobId, round, c, rr);
         if (rr.poster != address(0)) revert AlreadyPosted(jobId, round);
         if (outerHash == 0 || nextInitHash == 0) revert ZeroHash();
         rr.poster = msg.sender;
@@ -488,14 +475,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     }
 
     function settleOrphan(uint256 id) external nonReentrant {
-        uint256 p = _subJobOf[id];
-        uint256 jobId = p >> 64;
-        uint32 q = uint32(p >> 32);
-        uint32 slot = uint32(p);
+        (uint256 jobId, uint32 q, uint32 slot) = _unpackSubJob(_subJobOf[id]);
         CollabRec storage c = _collabs[jobId];
-        // An orphan: its round was rolled back and not restarted, or restarted without it.
+        // An orphan: its round was rolled back and not restarted, or restarted without it;
+        // and still open in the market (settled once: a second call is NotOrphan too).
+        IJobMarket.JobStatus st = _jobFields(id).status;
         if (
-            jobId == 0
+            jobId == 0 || st == IJobMarket.JobStatus.Finalized || st == IJobMarket.JobStatus.Cancelled
                 || (q <= c.round + c.ahead && _subJobs[jobId][q][slot] == id
                     && _rounds[jobId][q].postedMask & (uint64(1) << slot) != 0)
         ) revert NotOrphan(id);
@@ -595,8 +581,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     }
 
     function subJobOf(uint256 marketJobId) external view returns (uint256 collabJobId, uint32 round, uint32 slot) {
-        uint256 p = _subJobOf[marketJobId];
-        return (p >> 64, uint32(p >> 32), uint32(p));
+        return _unpackSubJob(_subJobOf[marketJobId]);
+    }
+
+    /// @inheritdoc ICollabMarket
+    /// @dev While any is open its escrow is out of the pool, and speculative rounds wait.
+    function orphansOf(uint256 jobId) external view returns (uint32) {
+        return _collabs[jobId].orphans;
     }
 
     function isExcluded(uint256 jobId, address node) external view returns (bool) {
@@ -640,6 +631,32 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             revert WrongRoundPhase(jobId, c.phase);
         }
         return _rounds[jobId][round];
+    }
+
+    /// @dev A candidate's round: started and unsettled (the base Running, or speculative),
+    ///      every posted sub-job Committed, so the candidate is over all of them. (The base
+    ///      only while Running: when Idle nothing runs ahead either.)
+    function _requireCandidate(uint256 jobId, uint32 round, CollabRec storage c, RoundRec storage rr)
+        internal
+        view
+    {
+        if (round > c.round + c.ahead || round < c.round + (c.phase == RoundPhase.Running ? 0 : 1)) {
+            revert WrongRound(round, c.round);
+        }
+        for (uint32 i; i < c.maxWorkers; ++i) {
+            if (rr.postedMask & (uint64(1) << i) == 0) continue;
+            uint256 id = _subJobs[jobId][round][i];
+            if (_jobFields(id).status != IJobMarket.JobStatus.Committed) revert SubJobNotCommitted(id);
+        }
+    }
+
+    /// @dev A market sub-job's (collab job, round, slot), one word: `_subJobOf`'s layout.
+    function _packSubJob(uint256 jobId, uint32 round, uint32 slot) internal pure returns (uint256) {
+        return (jobId << 64) | (uint256(round) << 32) | slot;
+    }
+
+    function _unpackSubJob(uint256 p) internal pure returns (uint256 jobId, uint32 round, uint32 slot) {
+        return (p >> 64, uint32(p >> 32), uint32(p));
     }
 
     function _posted(uint256 jobId, uint32 round) internal view returns (RoundRec storage rr) {
@@ -714,7 +731,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             ids[i] = id;
             mask |= uint64(1) << i;
             _subJobs[jobId][r][i] = id;
-            _subJobOf[id] = (jobId << 64) | (uint256(r) << 32) | i;
+            _subJobOf[id] = _packSubJob(jobId, r, i);
             emit SubJobPosted(jobId, r, i, id, h);
         }
     }

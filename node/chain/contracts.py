@@ -872,6 +872,10 @@ class Collab(Bound):
         c, r, s = self.call("subJobOf", market_job_id)
         return SubJobRef(int(c), int(r), int(s))
 
+    def orphans_of(self, job_id: int) -> int:
+        """Sub-jobs of the job's rolled-back rounds not settled yet (``settle_orphan``)."""
+        return int(self.call("orphansOf", job_id))
+
     def is_excluded(self, job_id: int, node: str) -> bool:
         """A sub-job of ``node`` in this job was condemned: it may not take a slot again."""
         return bool(self.call("isExcluded", job_id, node))

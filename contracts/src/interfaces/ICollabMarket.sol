@@ -201,7 +201,7 @@ interface ICollabMarket {
     error NothingToWithdraw();
     error InvalidDepth(uint8 depth);
     error PipelineFull(uint32 round); // D rounds ahead already, or no round left
-    error NotCommitted(uint256 marketJobId);
+    error SubJobNotCommitted(uint256 marketJobId);
     error PipelineUnfunded();
     error NotOrphan(uint256 marketJobId);
 
@@ -257,7 +257,7 @@ interface ICollabMarket {
     /// @notice Post round `round`'s outer state (after its settlement, nothing posted), with
     ///         `outerBond` (approve first). Accepted once `outerWindow` passed with no live
     ///         challenge (`acceptOuter`). Pipelined, also a candidate (outer + pipeline bond): a
-    ///         started, unsettled round whose every sub-job is Committed (`NotCommitted`), over
+    ///         started, unsettled round whose every sub-job is Committed (`SubJobNotCommitted`), over
     ///         all of them; the base round's may be challenged at once, a later round's once it
     ///         is the base (its window then restarts). A candidate's live challenge holds the
     ///         round's settlement (`ChallengeLive`).
@@ -301,6 +301,9 @@ interface ICollabMarket {
     /// @notice A market job posted by this contract: its collaborative job, round and slot
     ///         (collabJobId 0 for any other job).
     function subJobOf(uint256 marketJobId) external view returns (uint256 collabJobId, uint32 round, uint32 slot);
+
+    /// @notice Sub-jobs of rolled-back rounds not settled yet (`settleOrphan` each).
+    function orphansOf(uint256 jobId) external view returns (uint32);
     /// @notice The node's latest delivered throughput (milli-steps/s; 0 = no record).
     /// @notice Was a sub-job of `node` in job `jobId` condemned? Then it may not claim a slot there again.
     function isExcluded(uint256 jobId, address node) external view returns (bool);
