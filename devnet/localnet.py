@@ -277,15 +277,22 @@ class LocalNet:
         """What the contracts hold minus what they owe, all read at one block: daemons keep
         sending transactions (a withdrawal moves both sides), so reads spread over two
         blocks could see one side of a transfer and not the other."""
+        return sum(held - owed for held, owed in self.books().values())
+
+    def books(self) -> dict[str, tuple[int, int]]:
+        """Each contract's (tokens held, totalOwed), all read at one block; the outer jury
+        owes nothing, so what it holds counts against the collab market's books."""
         c = self.c
         block = c.w3.eth.block_number
         books: list[Any] = [c.market, c.registry, c.dispute]
         if "Availability" in self.deployment.contracts:  # type: ignore[union-attr]
             books.append(c.availability)  # bonds of pending availability requests
-        holders = [b.address for b in books]
         if self._has_collab:
             books.append(c.collab)
-            # the outer jury owes nothing, so holds nothing between calls
-            holders += [c.collab.address, c.outer_jury.address]
-        held = sum(int(c.token.call("balanceOf", a, block=block)) for a in holders)
-        return held - sum(int(b.call("totalOwed", block=block)) for b in books)
+        out: dict[str, tuple[int, int]] = {}
+        for b in books:
+            held = int(c.token.call("balanceOf", b.address, block=block))
+            if b is c.collab:
+                held += int(c.token.call("balanceOf", c.outer_jury.address, block=block))
+            out[b.name] = (held, int(b.call("totalOwed", block=block)))
+        return out

@@ -127,7 +127,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
             assert any(e.event == "OuterResolved" and e.args["round"] == f["round"]
                        and e.args["verdict"] == INVALID for e in events)
         assert gain[FORGER] < gain["worker-1"]
-        assert net.conserved()
+        assert net.conserved(), net.books()
         # The chain's final model is what the honest nodes recomputed, and it learned.
         losses = final_and_solo_loss(net.home, spec, text, cid, job.outer_hash,
                                      ["worker-1", "worker-2"], init)
@@ -223,7 +223,7 @@ def test_a_skipping_worker_is_slashed_and_the_others_are_paid_by_contribution(
             gain = net.holdings(net.address(workers[name][0])) - before[name]
             assert gain == owed, (name, gain, owed, len(mine))
         assert net.holdings(net.address(workers["worker-skip"][0])) < before["worker-skip"]
-        assert net.conserved()
+        assert net.conserved(), net.books()
 
 
 def finished(net: LocalNet, cid: int) -> tuple[Any, list[Any]]:
@@ -310,7 +310,7 @@ def test_a_submitter_withholding_theta_0_reaps_no_slot_bonds(tmp_path: Path) -> 
             assert _refused(log, f, what), f"job {f} ({what} forged) not refused; see {log}"
             assert not any(int(h, 16) for h in c.collab.slot_holders(f))
         assert [e.args["jobId"] for e in net.events() if e.event == "SlotClaimed"] == [cid]
-        assert net.conserved()
+        assert net.conserved(), net.books()
 
 
 def load_spec_init(spec_path: Path) -> str:

@@ -122,7 +122,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         assert any(e.event == "Attested" and e.args["verifier"] == seat[0]
                    and e.block_number >= committed.block_number for e in net.events())
         net.check_alive()
-        assert net.conserved()
+        assert net.conserved(), net.books()
 
 
 def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> None:
@@ -158,7 +158,7 @@ def test_honest_solver_challenged_by_malicious_verifier_wins(tmp_path: Path) -> 
         assert gained == reward + settled.args["paid"]
         assert net.holdings(net.address(V1)) < bad_before
         assert net.c.dispute.total_burned() > 0
-        assert net.conserved()
+        assert net.conserved(), net.books()
         def scrape() -> str:
             return urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics",
                                           timeout=10).read().decode()
@@ -244,7 +244,7 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
         # the bond is settled once, by finalize after the window and its grace
         net.wait_event("RoundSettled", 180, contract="JobMarket", jobId=job)
         assert net.holdings(net.address(CHEATER)) < liar_before
-        assert net.conserved()
+        assert net.conserved(), net.books()
 
 
 def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
@@ -264,7 +264,7 @@ def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
         # the bond is settled after the window (and the grace every dispute end leaves)
         net.wait_job(job, {0}, 150)  # reopened for another solver
         assert net.c.market.round_info(job, 1).first_winner > 0
-        assert net.conserved()
+        assert net.conserved(), net.books()
 
 
 def test_dark_solver_is_condemned_by_an_availability_request(tmp_path: Path) -> None:
@@ -285,4 +285,4 @@ def test_dark_solver_is_condemned_by_an_availability_request(tmp_path: Path) -> 
         net.wait_event("RoundSettled", 150, contract="JobMarket", jobId=job)
         assert net.holdings(net.address(CHEATER)) < before  # its bond, split
         assert not any(e.event in ("Challenged", "JuryDrawn", "Attested") for e in net.events())
-        assert net.conserved()
+        assert net.conserved(), net.books()

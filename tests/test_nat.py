@@ -255,7 +255,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
             assert len(fetched) >= 3, f"{v} fetched {len(fetched)} artifacts from the solver"
             fetched_from_solver[v] = len(fetched)
         net.check_alive()
-        assert net.conserved()
+        assert net.conserved(), net.books()
         print(json.dumps({"symmetric": symmetric, "solver_connection": kinds,
                           "fetched_from_solver": fetched_from_solver,
                           "reachable_after_s": round(reachable_after, 1),
@@ -366,7 +366,7 @@ def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Pat
                    for e in net.events()), "no Slashed event names the cheater"
         assert net.holdings(cheat) < cheat_before
         net.check_alive()
-        assert net.conserved()
+        assert net.conserved(), net.books()
         names = {net.address(V_PUB): "vpub", **nated}
         print(json.dumps({"symmetric": symmetric,
                           "challenger": names.get(challenger, challenger),

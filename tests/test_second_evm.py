@@ -160,7 +160,7 @@ def test_a_whole_job_with_real_daemons_settles_on_hardhat(tmp_path: Path) -> Non
         held = int(cast_call(net.c.rpc_url, token, "balanceOf(address)(uint256)", solver))
         assert held == net.c.token.balance_of(solver)  # cast and our client agree
         assert net.holdings(solver) >= reward
-        assert net.conserved()
+        assert net.conserved(), net.books()
 
 
 def test_devnet_up_hardhat_works_from_another_directory(tmp_path: Path) -> None:

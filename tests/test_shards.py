@@ -283,7 +283,7 @@ def _finalized(tmp_path: Path, spec_path: Path, manifest_path: Path,
         net.start_solver("solver", 2)
         job = net.submit("sub", 1, spec_path, manifest_path)
         net.wait_job(job, {3}, timeout)  # Finalized
-        assert net.conserved()
+        assert net.conserved(), net.books()
         yield net, job
 
 
