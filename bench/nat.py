@@ -126,9 +126,9 @@ def main() -> None:
     with NatLab(f"pb{os.getpid() % 10000}") as lab:
         try:
             relay = _line(spawn(lab, "p11", "relay", str(tmp / "relay"),
-                                "/ip4/198.51.100.11/tcp/0", "", "0", ""), 60)["addrs"][0]
+                                f"/ip4/{lab.public_ip(11)}/tcp/0", "", "0", ""), 60)["addrs"][0]
             pub = _line(spawn(lab, "p12", "provider", str(tmp / "pub"),
-                              "/ip4/198.51.100.12/tcp/0", relay, str(args.mb), ""), 120)
+                              f"/ip4/{lab.public_ip(12)}/tcp/0", relay, str(args.mb), ""), 120)
             home = _line(spawn(lab, "ha", "provider", str(tmp / "home"),
                                f"/ip4/{lab.home_ip('a')}/tcp/0", relay, str(args.mb), ""), 120)
             punch = _line(spawn(lab, "ha", "provider", str(tmp / "punch"),

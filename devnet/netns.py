@@ -6,12 +6,15 @@
 Topology (every address belongs to a namespace created here; no namespace has a
 default route, so nothing leaves them):
 
-- ``pub``: the public segment 198.51.100.0/24 (a documentation range) on a bridge;
-  each public host (``public_hosts``, .10 to .13 by default) is a namespace of its
-  own on it (``p10``...: ``public_ns(ip)``), so its connections come from its
-  address. The test's own root namespace is attached at 198.51.100.254 (only that
-  connected route: nothing forwards beyond), so the test can serve anvil's
-  JSON-RPC on the public side.
+- ``pub``: the public segment ``<public_net>.0/24`` (a documentation range,
+  198.51.100.0/24 for the first lab) on a bridge; each public host (``public_hosts``,
+  .10 to .13 by default) is a namespace of its own on it (``p10``...:
+  ``public_ns(ip)``), so its connections come from its address. The test's own root
+  namespace is attached at ``root_ip`` (.254; only that connected route: nothing
+  forwards beyond), so the test can serve anvil's JSON-RPC on the public side. Labs
+  alive at once (pytest-xdist workers) each hold one of ``PUBLIC_NETS`` (a lock file
+  per range): two labs on one range would give the root namespace two routes to it,
+  and its replies to one lab's hosts would reach the other's.
 - one router namespace per home (``r<home>``): ``wan`` on the public segment,
   ``lan`` on the home's private range, nftables masquerade out of ``wan`` and a
   forward/input policy that drops every unsolicited inbound packet.
@@ -25,18 +28,24 @@ destination: ``masquerade random``), which hole punching cannot cross.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 from node.errors import PolnetError
 
-PUBLIC_NET = "198.51.100"
-ROOT_IP = f"{PUBLIC_NET}.254"
+# Documentation and benchmarking ranges: "public" to polnet (not RFC 1918 or CGNAT), and
+# routed nowhere. One per lab alive at once; one the machine itself uses (a container's
+# own network may be a documentation range) is skipped.
+PUBLIC_NETS = ("198.51.100", "203.0.113", "198.18.0", "198.19.0", "192.0.2")
+SLOT_WAIT_S = 900.0  # a lab waits for a range at most this long (labs live minutes)
 
 
 class NetnsError(PolnetError, RuntimeError):
@@ -47,7 +56,7 @@ class NetnsError(PolnetError, RuntimeError):
 class Home:
     name: str          # "a", "b"
     subnet: int        # 10.0.<subnet>.0/24
-    wan_ip: str        # the router's public address
+    wan_host: int      # the router's public address: <public_net>.<wan_host>
     symmetric: bool = False
 
     @property
@@ -57,6 +66,12 @@ class Home:
     @property
     def host_ip(self) -> str:
         return f"10.0.{self.subnet}.2"
+
+
+def _in_use_here(net: str) -> bool:
+    """Does an interface of this (root) namespace have an address in ``net``.0/24?"""
+    out = _sh(["ip", "-4", "-o", "addr", "show"]).stdout
+    return f"inet {net}." in out
 
 
 def _sh(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -69,13 +84,25 @@ def _sh(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[
 @dataclass
 class NatLab:
     prefix: str                                   # unique per run, <= 6 chars
-    public_hosts: list[str] = field(default_factory=lambda: [f"{PUBLIC_NET}.{i}"
-                                                             for i in range(10, 14)])
-    homes: list[Home] = field(default_factory=lambda: [
-        Home("a", 1, f"{PUBLIC_NET}.2"), Home("b", 2, f"{PUBLIC_NET}.3")])
+    host_numbers: list[int] = field(default_factory=lambda: list(range(10, 14)))
+    homes: list[Home] = field(default_factory=lambda: [Home("a", 1, 2), Home("b", 2, 3)])
+    public_net: str = ""  # taken from PUBLIC_NETS on entry
     _made: list[str] = field(default_factory=list)
     _root_link: str | None = None
     _forwarders: list[socket.socket] = field(default_factory=list)
+    _slot: IO[bytes] | None = None
+
+    def public_ip(self, host: int) -> str:
+        return f"{self.public_net}.{host}"
+
+    @property
+    def public_hosts(self) -> list[str]:
+        return [self.public_ip(n) for n in self.host_numbers]
+
+    @property
+    def root_ip(self) -> str:
+        """The test's root namespace on the public segment (anvil's RPC is served there)."""
+        return self.public_ip(254)
 
     @staticmethod
     def unavailable() -> str | None:
@@ -122,8 +149,31 @@ class NatLab:
         _sh(["ip", "-n", b_ns, "link", "set", tmp_b, "name", b_name])
         self._made.append(f"link:{tmp_a}")
 
+    def _take_public_net(self) -> None:
+        """Hold one of PUBLIC_NETS while the lab lives (an flock, gone with the process
+        if it dies): no other lab on this machine uses that range meanwhile."""
+        end = time.monotonic() + SLOT_WAIT_S
+        while True:
+            for net in PUBLIC_NETS:
+                if _in_use_here(net):
+                    continue  # the machine's own network, or a lab that takes no lock
+                f = open(f"/tmp/polnet-natlab-{net}.lock", "wb")  # noqa: SIM115 - held
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    f.close()
+                    continue
+                self._slot, self.public_net = f, net
+                return
+            if time.monotonic() > end:
+                raise NetnsError(f"{len(PUBLIC_NETS)} network labs are running on this "
+                                 f"machine and none ended in {SLOT_WAIT_S:.0f}s: run fewer "
+                                 "NAT tests at once")
+            time.sleep(1)
+
     def __enter__(self) -> NatLab:
         try:
+            self._take_public_net()
             self._build()
         except BaseException:
             self.close()
@@ -148,7 +198,7 @@ class NatLab:
         root_dev = f"{self.prefix}root"[:15]
         self._veth(None, root_dev, pub, "toroot")
         _sh(["ip", "-n", pub, "link", "set", "toroot", "master", "br0", "up"])
-        _sh(["ip", "addr", "add", f"{ROOT_IP}/24", "dev", root_dev])
+        _sh(["ip", "addr", "add", f"{self.root_ip}/24", "dev", root_dev])
         _sh(["ip", "link", "set", root_dev, "up"])
         for home in self.homes:
             r = self._netns(f"r{home.name}")
@@ -156,7 +206,8 @@ class NatLab:
             self._veth(r, "wan", pub, f"to{home.name}")
             _sh(["ip", "-n", pub, "link", "set", f"to{home.name}", "master", "br0", "up"])
             self._veth(r, "lan", h, "eth0")
-            _sh(["ip", "-n", r, "addr", "add", f"{home.wan_ip}/24", "dev", "wan"])
+            _sh(["ip", "-n", r, "addr", "add", f"{self.public_ip(home.wan_host)}/24", "dev",
+                 "wan"])
             _sh(["ip", "-n", r, "addr", "add", f"{home.gateway}/24", "dev", "lan"])
             _sh(["ip", "-n", h, "addr", "add", f"{home.host_ip}/24", "dev", "eth0"])
             for ns, dev in ((r, "wan"), (r, "lan"), (h, "eth0")):
@@ -183,14 +234,14 @@ table inet fw {{
 
     @staticmethod
     def public_ns(ip: str) -> str:
-        """The namespace of public host `ip` (e.g. "p11" for 198.51.100.11)."""
+        """The namespace of public host `ip` (e.g. "p11" for <public_net>.11)."""
         return f"p{ip.rsplit('.', 1)[1]}"
 
     def home_ip(self, home: str) -> str:
         return next(h.host_ip for h in self.homes if h.name == home)
 
     def wan_ip(self, home: str) -> str:
-        return next(h.wan_ip for h in self.homes if h.name == home)
+        return self.public_ip(next(h.wan_host for h in self.homes if h.name == home))
 
     def wrap(self, short: str, argv: Sequence[str]) -> list[str]:
         """argv run inside namespace `short` ("pub", "ha", "ra", ...)."""
@@ -205,10 +256,10 @@ table inet fw {{
         return p
 
     def forward_tcp(self, port: int, to_port: int) -> None:
-        """Serve ROOT_IP:port (public side) by forwarding to 127.0.0.1:to_port."""
+        """Serve root_ip:port (public side) by forwarding to 127.0.0.1:to_port."""
         srv = socket.socket()
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        srv.bind((ROOT_IP, port))
+        srv.bind((self.root_ip, port))
         srv.listen(64)
         self._forwarders.append(srv)
 
@@ -258,3 +309,6 @@ table inet fw {{
                     os.kill(int(pid), 9)
             _sh(["ip", "netns", "del", name], check=False)
         self._made.clear()
+        if self._slot is not None:  # the range is free for another lab
+            self._slot.close()
+            self._slot = None

@@ -1,13 +1,14 @@
 """Volunteers at home: real daemons in Linux network namespaces behind real NAT
 (nftables masquerade), a whole job settled through a circuit relay (issue 34).
 
-Topology (devnet/netns.py): a public segment 198.51.100.0/24 with anvil (served at
-.254), the bootstrap node that is also the relay (.11), one verifier (.12) and the
-submitter (.13); home A (10.0.1.0/24, behind its own NAT) with the solver; home B
-(10.0.2.0/24, behind another NAT) with two verifiers. The home routers drop every
-unsolicited inbound packet and no namespace has a route out. The test creates and
-removes the namespaces itself (also when it fails) and skips, saying why, where it
-cannot (not root, no `ip` / `nft`: `make test` installs nftables).
+Topology (devnet/netns.py): a public segment (198.51.100.0/24, or another
+documentation range while another lab holds that one) with anvil (served at .254), the
+bootstrap node that is also the relay (.11), one verifier (.12) and the submitter
+(.13); home A (10.0.1.0/24, behind its own NAT) with the solver; home B (10.0.2.0/24,
+behind another NAT) with two verifiers. The home routers drop every unsolicited
+inbound packet and no namespace has a route out. The test creates and removes the
+namespaces itself (also when it fails) and skips, saying why, where it cannot (not
+root, no `ip` / `nft`: `make test` installs nftables).
 
 The dispute test puts a cheating solver at home A and three verifiers at home B
 (one more on the public segment): the cheat is challenged, bisected to one step and
@@ -33,7 +34,7 @@ from typing import Any
 import pytest
 
 from devnet.localnet import REPO, LocalNet
-from devnet.netns import PUBLIC_NET, ROOT_IP, Home, NatLab
+from devnet.netns import Home, NatLab
 from devnet.params import short_network_params
 from node.demo import pack_inputs, spec_for
 from node.errors import PolnetError
@@ -97,8 +98,7 @@ def lab(request: pytest.FixtureRequest) -> Iterator[NatLab]:
     if WHY_NOT is not None:
         pytest.skip(f"real-NAT test needs network namespaces and nftables: {WHY_NOT}")
     symmetric = request.param == "symmetric"
-    homes = [Home("a", 1, f"{PUBLIC_NET}.2", symmetric), Home("b", 2, f"{PUBLIC_NET}.3",
-                                                              symmetric)]
+    homes = [Home("a", 1, 2, symmetric), Home("b", 2, 3, symmetric)]
     with NatLab(f"pn{os.getpid() % 10000}", homes=homes) as lab_:
         try:
             yield lab_
@@ -158,11 +158,11 @@ def logs_on_failure(net: LocalNet) -> Iterator[None]:
 
 
 def _serve_chain(net: NatNet, lab: NatLab) -> None:
-    """Anvil's JSON-RPC on the public segment (ROOT_IP), for the daemons' RPC URL."""
+    """Anvil's JSON-RPC on the public segment (lab.root_ip), for the daemons' RPC URL."""
     assert net.deployment is not None
     anvil_port = int(net.deployment.rpc_url.rsplit(":", 1)[1])
     lab.forward_tcp(anvil_port, anvil_port)
-    net.rpc_url = f"http://{ROOT_IP}:{anvil_port}"
+    net.rpc_url = f"http://{lab.root_ip}:{anvil_port}"
 
 
 def _reach(net: NatNet, name: str) -> dict[str, Any]:
@@ -190,13 +190,13 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
     params.market.attestors_per_job = 3  # every verifier sits: both NATed ones fetch
     t0 = time.monotonic()
     net = NatNet(tmp_path / "net", params, lab=lab)
-    net.where = {"relay": ("p11", "198.51.100.11"), "vpub": ("p12", "198.51.100.12"),
-                 "sub": ("p13", "198.51.100.13"), "solver": ("ha", lab.home_ip("a")),
+    net.where = {"relay": ("p11", lab.public_ip(11)), "vpub": ("p12", lab.public_ip(12)),
+                 "sub": ("p13", lab.public_ip(13)), "solver": ("ha", lab.home_ip("a")),
                  "vb1": ("hb", lab.home_ip("b")), "vb2": ("hb", lab.home_ip("b"))}
     with net, logs_on_failure(net):
         _serve_chain(net, lab)
         relay = net.start_relay("relay")
-        assert "/ip4/198.51.100.11/" in relay
+        assert f"/ip4/{lab.public_ip(11)}/" in relay
         net.start_verifier("vpub", V_PUB)
         net.start_verifier("vb1", V_B1)
         net.start_verifier("vb2", V_B2)
@@ -285,8 +285,8 @@ def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Pat
     t0 = time.monotonic()
     net = NatNet(tmp_path / "net", params, lab=lab)
     hb = ("hb", lab.home_ip("b"))
-    net.where = {"relay": ("p11", "198.51.100.11"), "vpub": ("p12", "198.51.100.12"),
-                 "sub": ("p13", "198.51.100.13"), "cheat": ("ha", lab.home_ip("a")),
+    net.where = {"relay": ("p11", lab.public_ip(11)), "vpub": ("p12", lab.public_ip(12)),
+                 "sub": ("p13", lab.public_ip(13)), "cheat": ("ha", lab.home_ip("a")),
                  "vb1": hb, "vb2": hb, "vb3": hb}
     home_b = {"vb1": V_B1, "vb2": V_B2, "vb3": V_B3}
     with net, logs_on_failure(net):
