@@ -104,6 +104,7 @@ OUTER_FETCH_PER_SENDER_S = 30.0
 # pass its fetch timeout.
 INPUTS_RETRY_S = (10.0, 30.0, 60.0, 120.0)
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
+CHECKED_TTL_S = 2.0  # a round view read for theta's inputs serves one pass, at most this
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
 # ABIs when it is used, so a deployment without a CollabMarket never needs them.
@@ -191,7 +192,9 @@ class CollabFollower:
         # a retry or a dropped delta changes them and the stale state is forgotten.
         self._inputs: dict[tuple[int, int], list[int]] = {}
         self._final: set[tuple[int, int]] = set()  # theta_r whose round r - 1 is accepted
-        self._checked: dict[tuple[int, int], list[int] | None] = {}  # this tick's reads
+        # round views read this pass (a tick clears them; a follower that never ticks,
+        # the submitter's, reads again after CHECKED_TTL_S)
+        self._checked: dict[tuple[int, int], tuple[float, list[int] | None]] = {}
         self._depth: dict[int, int] = {}  # pipeline depth D per job (immutable)
         self._subs_seen: dict[int, set[int]] = {}  # per job: sub-jobs of started rounds
         self._subs_done: set[int] = set()  # of those, finalized or cancelled in the market
@@ -364,8 +367,8 @@ class CollabFollower:
         from node.chain.contracts import JobStatus  # noqa: PLC0415
 
         key = (cid, q)
-        if key in self._checked:
-            got = self._checked[key]
+        if key in self._checked and time.monotonic() - self._checked[key][0] < CHECKED_TTL_S:
+            got = self._checked[key][1]
             return None if got is None else (got, False)
         c = self.rt.chain_client
         out: list[int] | None = None
@@ -387,7 +390,7 @@ class CollabFollower:
                 break
             if not any(st in (JobStatus.FINALIZED, JobStatus.CANCELLED) for st in statuses):
                 break  # deltas still missing (only a settlement finalizes a sub-job)
-        self._checked[key] = out
+        self._checked[key] = (time.monotonic(), out)
         return None if out is None else (out, False)
 
     def _forget(self, cid: int, r: int, why: str) -> None:
@@ -738,8 +741,14 @@ class CollabFollower:
 
     async def _live_job(self, cid: int) -> Any:
         """The job's chain view, or None when there is nothing to do for it."""
-        job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.collab.get_collab, cid)
         if job.status in (FINISHED, FAILED):
+            if job.pipeline_depth and await self.rt.chain(c.collab.orphans_of, cid):
+                # a roll-back's orphans outlive the job: settled still (their workers
+                # are paid, the escrow goes back to the submitter)
+                await self._settle_orphans(cid, job)
+                return None
             self._over.add(cid)  # final: the tick reads it no more (a hot-path read saved)
             return None
         return None if job.status == 0 else job
@@ -817,7 +826,7 @@ class CollabFollower:
 
         rt, c = self.rt, self.rt.chain_client
         live: set[int] = set()
-        for q in range(job.round, job.round + job.ahead + 1):
+        for q in range(job.round, min(job.round + job.ahead + 1, job.rounds)):
             subs = (await rt.chain(c.collab.get_round, cid, q)).sub_jobs
             self._note_subs(cid, subs)
             live.update(subs)
@@ -1115,6 +1124,9 @@ async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
     c = rt.chain_client
     if follower.enabled and follower.is_sub_job(await rt.chain(c.market.get_job, jid)):
         ref = await rt.chain(c.collab.sub_job_of, jid)
+        rnd = await rt.chain(c.collab.get_round, ref.collab_job_id, ref.round)
+        if rnd.sub_jobs[ref.slot] != jid:  # its round was rolled back: an orphan (issue 35)
+            return await rt.transact_ok(c.collab.settle_orphan, jid, benign=ORPHAN_BENIGN)
         return await rt.transact_ok(c.collab.settle_round, ref.collab_job_id,
                                     benign=SETTLE_BENIGN)
     return await rt.transact_ok(c.market.finalize, jid, benign=benign)
