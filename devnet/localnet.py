@@ -145,11 +145,15 @@ class LocalNet:
 
     def submit_collab(self, name: str, dev_account: int, spec: Path, dataset: Path,
                       reward: float = 100, budget: float = 12,
-                      round_duration: int = 120, init_weights: Path | None = None) -> int:
+                      round_duration: int = 120, init_weights: Path | None = None,
+                      pipeline_depth: int = 0) -> int:
         """Post a collaborative job from a serving submitter process; returns its id.
-        ``init_weights``: theta_0's file, for a spec that names one (a warm start)."""
+        ``init_weights``: theta_0's file, for a spec that names one (a warm start);
+        ``pipeline_depth``: the job's D (issue 35)."""
         before = self.c.collab.collab_count()
         init = ["--init-weights", str(init_weights)] if init_weights is not None else []
+        if pipeline_depth:
+            init += ["--pipeline-depth", str(pipeline_depth)]
         self.polnet(name, "job", "submit", str(spec), "--dataset", str(dataset),
                     "--reward", str(reward), "--budget", str(budget),
                     "--round-duration", str(round_duration), *init,

@@ -77,6 +77,11 @@ def submit(
         help="S_0's weights of a fine-tuning job (theta_0 of a collaborative one): the file "
              "the spec's init_weights names (make one with `polnet job init-weights`); "
              "served beside the inputs."),
+    pipeline_depth: int = typer.Option(
+        0, "--pipeline-depth", min=0, metavar="D",
+        help="Collaborative jobs: rounds that may start on a posted candidate while the "
+             "last finalized one is still open (0..4; each slot and outer post then bonds "
+             "D x slots x sub-reward more)."),
     samples: int | None = typer.Option(
         None, "--samples", min=1, metavar="N",
         help="Segments the committee replays (default: the market's derived n). An edit "
@@ -107,7 +112,8 @@ def submit(
 
     if is_collaborative_file(spec):
         _submit_collab(spec, dataset, reward, budget, round_duration, serve, config, name,
-                       dev_account, keystore, bootstrap, dry_run, init_weights)
+                       dev_account, keystore, bootstrap, dry_run, init_weights,
+                       pipeline_depth)
         return
     if full_replay and samples is not None:
         raise ConfigError("--samples and --full-replay: give one")
@@ -141,7 +147,7 @@ def _submit_collab(spec: Path, dataset: Path, reward: str, budget: str, round_du
                    serve: bool, config: Path | None, name: str | None,
                    dev_account: int | None, keystore: Path | None,
                    bootstrap: list[str] | None, dry_run: bool,
-                   init_weights: Path | None) -> None:
+                   init_weights: Path | None, pipeline_depth: int = 0) -> None:
     import trio
 
     from node.roles.collab_submit import (
@@ -153,7 +159,8 @@ def _submit_collab(spec: Path, dataset: Path, reward: str, budget: str, round_du
     from node.roles.runtime import Runtime
 
     req = CollabRequest(spec, dataset, pol_to_wei(reward, "--reward"),
-                        pol_to_wei(budget, "--budget"), round_duration, init_weights)
+                        pol_to_wei(budget, "--budget"), round_duration, init_weights,
+                        pipeline_depth)
     cspec = check_collab_request(req)
     subs = cspec.outer_rounds * cspec.workers.max
     if dry_run:

@@ -104,12 +104,20 @@ OUTER_FETCH_PER_SENDER_S = 30.0
 # pass its fetch timeout.
 INPUTS_RETRY_S = (10.0, 30.0, 60.0, 120.0)
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
+CHECKED_TTL_S = 2.0  # a round view read for theta's inputs serves one pass, at most this
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
 # ABIs when it is used, so a deployment without a CollabMarket never needs them.
 START_BENIGN = ("WrongRoundPhase", "CollabNotLive", "TooFewWorkers")
-SETTLE_BENIGN = ("WrongRoundPhase", "CollabNotLive", "RoundNotSettled", "NoEvidence")
-POST_BENIGN = ("WrongRoundPhase", "CollabNotLive", "WrongRound", "AlreadyPosted")
+# A pipelined start (issue 35): the pipeline filled, the pool waits for orphans, or another
+# node's roll-back cleared the post we read.
+PIPE_START_BENIGN = (*START_BENIGN, "PipelineFull", "PipelineUnfunded", "NothingPosted")
+ORPHAN_BENIGN = ("NotOrphan", "RoundNotSettled")
+# ChallengeLive: pipelined, a challenged candidate holds its round's settlement.
+SETTLE_BENIGN = ("WrongRoundPhase", "CollabNotLive", "RoundNotSettled", "NoEvidence",
+                 "ChallengeLive")
+POST_BENIGN = ("WrongRoundPhase", "CollabNotLive", "WrongRound", "AlreadyPosted",
+               "SubJobNotCommitted")
 CHALLENGE_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowClosed", "ChallengeLive",
                     "NothingPosted", "AlreadyChallenged", "PosterCannotChallenge")
 ACCEPT_BENIGN = ("WrongRoundPhase", "WrongRound", "OuterWindowOpen", "ChallengeLive",
@@ -179,6 +187,17 @@ class CollabFollower:
         self._init_states: dict[int, OuterState] = {}  # warm-started jobs' theta_0, m_0
         self._outer: dict[tuple[int, int], OuterState] = {}
         self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
+        # theta_r's inputs: round r - 1's sub-job per slot whose delta it holds (0: none).
+        # Market ids are never reused, so equal inputs mean the same theta_r: a roll-back,
+        # a retry or a dropped delta changes them and the stale state is forgotten.
+        self._inputs: dict[tuple[int, int], list[int]] = {}
+        self._final: set[tuple[int, int]] = set()  # theta_r whose round r - 1 is accepted
+        # round views read this pass (a tick clears them; a follower that never ticks,
+        # the submitter's, reads again after CHECKED_TTL_S)
+        self._checked: dict[tuple[int, int], tuple[float, list[int] | None]] = {}
+        self._depth: dict[int, int] = {}  # pipeline depth D per job (immutable)
+        self._subs_seen: dict[int, set[int]] = {}  # per job: sub-jobs of started rounds
+        self._subs_done: set[int] = set()  # of those, finalized or cancelled in the market
         self._votes_path = self.dir / "outer-votes.json"
         self._votes: dict[int, _Vote] = load_votes(self._votes_path)  # by OuterJury case id
         self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
@@ -281,15 +300,31 @@ class CollabFollower:
 
     async def outer_state(self, cid: int, r: int) -> OuterState | None:
         """theta_r (and the outer momentum): round r's start. None while round r - 1 has
-        not settled or its accepted final states cannot be fetched yet."""
+        not settled (pipelined, D > 0: not every delta is committed yet) or its final
+        states cannot be fetched yet. A cached theta_r whose inputs the chain no longer
+        shows (a roll-back, a dropped delta, a retry) is forgotten with every later one."""
         from node.train import diloco  # noqa: PLC0415
 
-        if (cid, r) in self._outer:
-            return self._outer[(cid, r)]
+        key = (cid, r)
+        want: list[int] | None = None
+        final = r == 0 or (key in self._final and key in self._outer)
+        if not final:
+            got = await self._round_inputs(cid, r - 1)
+            if got is None:
+                if key in self._outer or self._path(cid, r).is_file():
+                    self._forget(cid, r, "inputs_gone")
+                return None
+            want, final = got
+            if key in self._outer and self._inputs.get(key) != want:
+                self._forget(cid, r, "inputs_changed")
+        if key in self._outer:
+            return self._outer[key]
         spec, _ = await self.inputs(cid)
-        state = await trio.to_thread.run_sync(self._load_cached, cid, r, spec)
-        if state is None and r > 0:
-            state = self._fetched.pop((cid, r), None)
+        state = await trio.to_thread.run_sync(self._load_cached, cid, r, spec, want, final)
+        if state is None and r > 0 and final:
+            # an announced state is used only once round r - 1 is accepted (it was checked
+            # against the accepted hash): the inputs are then final.
+            state = self._fetched.pop(key, None)
             if state is None:
                 self._start_fetch(cid, r)  # in the background; recomputing meanwhile
         if state is None:
@@ -304,28 +339,138 @@ class CollabFollower:
                     raise SpecError(f"collaborative job {cid}: outerInitHash is not the spec's "
                                     "theta_0", field="outer_init_hash")
             else:
-                state = await self._recompute(cid, r, spec)
+                assert want is not None
+                state = await self._recompute(cid, r, spec, want)
                 if state is None:
                     return None
-            await trio.to_thread.run_sync(self._save, cid, r, state)
-        self._outer[(cid, r)] = state
-        self._fetched.pop((cid, r), None)  # a fetch that finished after we recomputed
+            await trio.to_thread.run_sync(self._save, cid, r, state, want)
+        self._outer[key] = state
+        if want is not None:
+            self._inputs[key] = want
+        if final:
+            self._final.add(key)
+        self._fetched.pop(key, None)  # a fetch that finished after we recomputed
         return state
 
-    async def _recompute(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
+    async def _job_depth(self, cid: int) -> int:
+        """The job's pipeline depth D (immutable: read once)."""
+        if cid not in self._depth:
+            job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+            self._depth[cid] = job.pipeline_depth
+        return self._depth[cid]
+
+    async def _round_inputs(self, cid: int, q: int) -> tuple[list[int], bool] | None:
+        """(round q's sub-job per slot whose delta makes theta_{q+1}, 0 where none; whether
+        round q is accepted, so final): its accepted sub-jobs once settled; pipelined
+        (D > 0), before that every posted sub-job once all are committed (the candidate's
+        inputs). None while neither. Read once per tick."""
+        from node.chain.contracts import JobStatus  # noqa: PLC0415
+
+        key = (cid, q)
+        if key in self._checked and time.monotonic() - self._checked[key][0] < CHECKED_TTL_S:
+            got = self._checked[key][1]
+            return None if got is None else (got, False)
+        c = self.rt.chain_client
+        out: list[int] | None = None
+        for _ in range(2):  # read again once: a settlement may land between our reads
+            rnd = await self.rt.chain(c.collab.get_round, cid, q)
+            self._note_subs(cid, rnd.sub_jobs)
+            if rnd.settled:
+                out = [s if rnd.accepted_mask >> i & 1 else 0
+                       for i, s in enumerate(rnd.sub_jobs)]
+                if rnd.accepted:
+                    return out, True
+                break
+            if not any(rnd.sub_jobs) or await self._job_depth(cid) == 0:
+                break
+            statuses = [(await self.rt.chain(c.market.get_job, s)).status
+                        for s in rnd.sub_jobs if s]
+            if all(st == JobStatus.COMMITTED for st in statuses):
+                out = list(rnd.sub_jobs)
+                break
+            if not any(st in (JobStatus.FINALIZED, JobStatus.CANCELLED) for st in statuses):
+                break  # deltas still missing (only a settlement finalizes a sub-job)
+        self._checked[key] = (time.monotonic(), out)
+        return None if out is None else (out, False)
+
+    def _forget(self, cid: int, r: int, why: str) -> None:
+        """Drop theta_r and every later state of the job, in memory and on disk: each
+        descends from one the chain no longer shows."""
+        dropped = sorted(k[1] for k in self._outer if k[0] == cid and k[1] >= r)
+        for key in [k for k in self._outer if k[0] == cid and k[1] >= r]:
+            self._outer.pop(key, None)
+        for d in (self._outer_hashes, self._inputs, self._published, self._fetched):
+            for key in [k for k in d if k[0] == cid and k[1] >= r]:
+                d.pop(key, None)
+        self._final = {k for k in self._final if not (k[0] == cid and k[1] >= r)}
+        folder = self.dir / str(cid)
+        if folder.is_dir():
+            for f in folder.glob("outer-*"):
+                try:
+                    if int(f.name[6:12]) >= r:
+                        f.unlink(missing_ok=True)
+                except ValueError:
+                    continue
+        log.info("collab_outer_forgotten", job=cid, from_round=r, rounds=dropped, reason=why)
+
+    def _prune(self, cid: int, keep_from: int) -> None:
+        """A pipelined job's states below round ``keep_from`` (the base: final, and never
+        read again by this follower), in memory and on disk."""
+        for key in [k for k in self._outer if k[0] == cid and k[1] < keep_from]:
+            self._outer.pop(key, None)
+            self._outer_hashes.pop(key, None)
+            self._inputs.pop(key, None)
+            self._published.pop(key, None)
+            self._final.discard(key)
+        folder = self.dir / str(cid)
+        if not folder.is_dir():
+            return
+        for f in folder.glob("outer-*"):
+            try:
+                if int(f.name[6:12]) < keep_from:
+                    f.unlink(missing_ok=True)
+            except ValueError:
+                continue
+
+    def _note_subs(self, cid: int, subs: list[int]) -> None:
+        """Remember a started round's sub-jobs (on disk): after a roll-back the chain no
+        longer lists them, and they are the orphans to settle."""
+        seen = self._subs_seen.get(cid)
+        if seen is None:
+            seen = self._subs_seen[cid] = set(self._read_subs(cid))
+        new = {s for s in subs if s} - seen
+        if not new:
+            return
+        seen |= new
+        path = self.dir / str(cid) / "sub-jobs.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(seen)))
+        os.replace(tmp, path)
+
+    def _read_subs(self, cid: int) -> list[int]:
+        try:
+            return [int(x) for x in json.loads((self.dir / str(cid) / "sub-jobs.json")
+                                               .read_text())]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError) as exc:
+            log.warning("collab_sub_jobs_unreadable", job=cid, error=repr(exc))
+            return []
+
+    async def _recompute(self, cid: int, r: int, spec: CollaborativeSpec,
+                         subs: list[int]) -> OuterState | None:
+        """theta_r: the outer step from theta_{r-1} over the deltas of ``subs`` (round
+        r - 1's sub-jobs, per slot; 0 where none)."""
         from node.train import diloco  # noqa: PLC0415
         from node.train.rounds import delta_from_final  # noqa: PLC0415
 
         prev = await self.outer_state(cid, r - 1)
         if prev is None:
             return None
-        c = self.rt.chain_client
-        rnd = await self.rt.chain(c.collab.get_round, cid, r - 1)
-        if not rnd.settled:
-            return None
         deltas = {}
-        for slot, sub in enumerate(rnd.sub_jobs):
-            if not (rnd.accepted_mask >> slot) & 1:
+        for slot, sub in enumerate(subs):
+            if not sub:
                 continue
             ev = await self.evidence.for_job(sub)
             if ev is None:
@@ -418,6 +563,10 @@ class CollabFollower:
 
         latest: dict[int, int] = {}
         for cid, r in self._outer:
+            # Pipelined, a state ahead of the accepted ones may still be rolled back: a
+            # joiner would find it not the accepted one and ban us. Only final ones.
+            if self._depth.get(cid, 0) and (cid, r) not in self._final:
+                continue
             latest[cid] = max(r, latest.get(cid, -1))
         for cid, r in latest.items():
             if r == 0:
@@ -432,7 +581,12 @@ class CollabFollower:
             await self.rt.p2p.announce("outer_state", OuterStateServed(
                 collab_job_id=cid, round=r, outer_hash="0x" + h.hex(), artifact_id=aid))
 
-    def _save(self, cid: int, r: int, state: OuterState) -> None:
+    def _inputs_path(self, cid: int, r: int) -> Path:
+        return self.dir / str(cid) / f"outer-{r:06d}.inputs.json"
+
+    def _save(self, cid: int, r: int, state: OuterState, inputs: list[int] | None) -> None:
+        """theta_r and its inputs (round r - 1's sub-jobs it holds the deltas of), the
+        inputs first: a state file is never read without the inputs it was made from."""
         from safetensors.torch import save  # noqa: PLC0415
 
         from node.datasets import atomic_write  # noqa: PLC0415
@@ -440,11 +594,28 @@ class CollabFollower:
 
         path = self._path(cid, r)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if inputs is not None:
+            atomic_write(self._inputs_path(cid, r), json.dumps(inputs).encode())
         tensors = {k: v.contiguous() for k, v in outer_tensors(state).items()}
         atomic_write(path, save(tensors))
 
-    def _load_cached(self, cid: int, r: int, spec: CollaborativeSpec) -> OuterState | None:
+    def _load_cached(self, cid: int, r: int, spec: CollaborativeSpec,
+                     want: list[int] | None, final: bool) -> OuterState | None:
+        """theta_r from disk, if made from ``want`` (round r - 1's sub-jobs; a file
+        without recorded inputs counts only when they are final, as every state of a
+        follower before issue 35 was)."""
         path = self._path(cid, r)
+        if r > 0 and want is not None and path.is_file():
+            try:
+                have = json.loads(self._inputs_path(cid, r).read_text())
+            except FileNotFoundError:
+                have = want if final else None
+            except (OSError, ValueError) as exc:
+                log.warning("collab_outer_inputs_unreadable", path=str(path), error=str(exc))
+                have = None
+            if have != want:
+                path.unlink(missing_ok=True)
+                return None
         try:
             return load_outer_file(path, r, spec)
         except Exception as exc:  # noqa: BLE001 - a damaged cache is recomputed, not fatal
@@ -487,6 +658,17 @@ class CollabFollower:
             return None
         ctx = await self.round_context(cid, r, slot)
         theta = state.theta
+        if await self._job_depth(cid) > 0:
+            # Pipelined, a round may start on a candidate we do not hold (one rolled back
+            # since, or another's): train only from the S_0 the sub-job fixes.
+            from node.train.rounds import round_initial_hash  # noqa: PLC0415
+
+            mj = await self.rt.chain(c.market.get_job, market_job_id)
+            if await trio.to_thread.run_sync(round_initial_hash, ctx, theta) \
+                    != mj.init_state_hash:
+                log.info("collab_sub_job_start_unknown", job=cid, round=r,
+                         sub_job=market_job_id)
+                return None
         return ctx, (lambda: round_start_state(ctx, theta))
 
     # --- one pass -----------------------------------------------------------------------
@@ -495,6 +677,7 @@ class CollabFollower:
         if not self.enabled:
             return
         c = self.rt.chain_client
+        self._checked.clear()  # round views are read afresh each pass
         n = await self.rt.chain(c.collab.collab_count)
         if time.monotonic() - self._announced_at > ANNOUNCE_EVERY_S:
             self._announced_at = time.monotonic()
@@ -517,12 +700,16 @@ class CollabFollower:
         # chain's clock (issue 37). Then what may wait: round starts, settlements.
         self._start_claim(jobs)
         for cid, job in jobs:
-            if job.phase == OUTER:
+            # Pipelined, the base round's candidate is posted (and challenged) while the
+            # round still runs.
+            if job.phase == OUTER or (job.pipeline_depth and job.phase == ROUND_RUNNING):
                 await self._contained(cid, self._outer_moves, cid, job.round,
-                                      job.pipeline_bond)
+                                      job.pipeline_bond, job.phase == OUTER)
         for cid, job in jobs:
             if cid not in self._bad:
                 await self._contained(cid, self._follow, cid, job)
+            if cid not in self._bad and job.pipeline_depth:
+                await self._pipeline(cid, job)
 
     def _start_claim(self, jobs: list[tuple[int, Any]]) -> None:
         """Start one job's slot claim in the background unless one runs; the jobs take
@@ -554,8 +741,14 @@ class CollabFollower:
 
     async def _live_job(self, cid: int) -> Any:
         """The job's chain view, or None when there is nothing to do for it."""
-        job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+        c = self.rt.chain_client
+        job = await self.rt.chain(c.collab.get_collab, cid)
         if job.status in (FINISHED, FAILED):
+            if job.pipeline_depth and await self.rt.chain(c.collab.orphans_of, cid):
+                # a roll-back's orphans outlive the job: settled still (their workers
+                # are paid, the escrow goes back to the submitter)
+                await self._settle_orphans(cid, job)
+                return None
             self._over.add(cid)  # final: the tick reads it no more (a hot-path read saved)
             return None
         return None if job.status == 0 else job
@@ -567,12 +760,101 @@ class CollabFollower:
         if job.phase == IDLE:
             if r == 0 and job.retries == 0 and not await self._join_window_over(cid):
                 return
-            await rt.transact_ok(c.collab.start_round, cid, benign=START_BENIGN)
+            # pipelined, another node may have started the base meanwhile: then ours is
+            # a start ahead, which may find nothing posted yet
+            await rt.transact_ok(c.collab.start_round, cid, benign=PIPE_START_BENIGN
+                                 if job.pipeline_depth else START_BENIGN)
             return
         if job.phase == ROUND_RUNNING:
             rnd = await rt.chain(c.collab.get_round, cid, r)
             if await self._round_may_settle(rnd):
                 await rt.transact_ok(c.collab.settle_round, cid, benign=SETTLE_BENIGN)
+
+    async def _pipeline(self, cid: int, job: Any) -> None:
+        """A pipelined job's moves past the base round (issue 35), each contained on its
+        own (one failing call is logged and retried next pass, never stops the others):
+        post the speculative rounds' candidates, start the next round on the newest post
+        we agree with, settle the orphans of rolled-back rounds, prune old states."""
+        b = job.round
+        for q in range(b + 1, b + job.ahead + 1):
+            await self._contained(cid, self._post_candidate, cid, q, job.pipeline_bond)
+        await self._contained(cid, self._start_ahead, cid, job)
+        await self._contained(cid, self._settle_orphans, cid, job)
+        self._prune(cid, b)
+
+    async def _post_candidate(self, cid: int, q: int, pipe: int) -> None:
+        """Round q's candidate theta_{q+1} (over all its deltas, once all are committed),
+        unless someone posted one. A speculative post cannot be challenged: one we
+        disagree with is challenged by ``_outer_moves`` when its round is the base."""
+        rt, c = self.rt, self.rt.chain_client
+        rnd = await rt.chain(c.collab.get_round, cid, q)
+        if str(rnd.poster).lower() != ZERO_ADDRESS:
+            return
+        mine = await self.next_hashes(cid, q)
+        if mine is None:
+            return
+        await self._bond(c.collab.address, pipe=pipe)
+        if await rt.transact_ok(c.collab.post_outer, cid, q, mine[0], mine[1],
+                                benign=POST_BENIGN):
+            log.info("collab_candidate_posted", job=cid, round=q, outer_hash=mine[0].hex())
+
+    async def _start_ahead(self, cid: int, job: Any) -> None:
+        """Start round base + ahead + 1 while the base is still open, on round base +
+        ahead's post, when the chain allows it (at most D ahead, not past the last round)
+        and the post is the state we recompute (no run is wasted on a forged one)."""
+        rt, c = self.rt, self.rt.chain_client
+        q = job.round + job.ahead + 1
+        if job.phase == IDLE or job.ahead >= job.pipeline_depth or q >= job.rounds:
+            return
+        prev = await rt.chain(c.collab.get_round, cid, q - 1)
+        if str(prev.poster).lower() == ZERO_ADDRESS:
+            return
+        mine = await self.next_hashes(cid, q - 1)
+        if mine is None:
+            return
+        if mine != (prev.outer_hash, prev.next_init_hash):
+            log.info("collab_pipeline_waits", job=cid, round=q, reason="post_disagrees")
+            return
+        if await rt.transact_ok(c.collab.start_round, cid, benign=PIPE_START_BENIGN):
+            log.info("collab_round_started_ahead", job=cid, round=q, base=job.round)
+
+    async def _settle_orphans(self, cid: int, job: Any) -> None:
+        """``settleOrphan`` each sub-job of a rolled-back round that is due (anyone may:
+        its worker is paid, or its escrow comes back to the pool). Each call on its own:
+        one failure is logged and retried next pass."""
+        from node.chain.contracts import JobStatus  # noqa: PLC0415
+
+        rt, c = self.rt, self.rt.chain_client
+        live: set[int] = set()
+        for q in range(job.round, min(job.round + job.ahead + 1, job.rounds)):
+            subs = (await rt.chain(c.collab.get_round, cid, q)).sub_jobs
+            self._note_subs(cid, subs)
+            live.update(subs)
+        if not await rt.chain(c.collab.orphans_of, cid):
+            return
+        if cid not in self._subs_seen:
+            self._subs_seen[cid] = set(self._read_subs(cid))
+        now = await rt.chain(c.timestamp)
+        for sub in sorted(self._subs_seen[cid] - live - self._subs_done):
+            try:
+                mj = await rt.chain(c.market.get_job, sub)
+                if mj.status in (JobStatus.FINALIZED, JobStatus.CANCELLED):
+                    self._subs_done.add(sub)
+                    continue
+                due = mj.status == JobStatus.OPEN \
+                    or (mj.status == JobStatus.CLAIMED and now > mj.deadline) \
+                    or (mj.status == JobStatus.COMMITTED and now >= mj.window_end
+                        and mj.open_disputes == 0)
+                if not due:
+                    continue
+                ref = await rt.chain(c.collab.sub_job_of, sub)
+                if (await rt.chain(c.collab.get_round, cid, ref.round)).sub_jobs[ref.slot] \
+                        == sub and ref.round <= job.round + job.ahead:
+                    continue  # still live (its round restarted since we read it)
+                if await rt.transact_ok(c.collab.settle_orphan, sub, benign=ORPHAN_BENIGN):
+                    log.info("collab_orphan_settled", job=cid, sub_job=sub, round=ref.round)
+            except (PolnetError, OSError) as exc:
+                log.warning("collab_orphan_settle_failed", job=cid, sub_job=sub, error=str(exc))
 
     async def _claim_in_background(self, cid: int, job: Any) -> None:
         """Slot claims, one job at a time: a task of its own, nothing escapes it."""
@@ -609,8 +891,10 @@ class CollabFollower:
                 return False
         return True
 
-    async def _outer_moves(self, cid: int, r: int, pipe: int = 0) -> None:
-        """``pipe``: the job's pipeline bond, on top of a post's outer bond (issue 35)."""
+    async def _outer_moves(self, cid: int, r: int, pipe: int = 0, settled: bool = True) -> None:
+        """``pipe``: the job's pipeline bond, on top of a post's outer bond (issue 35);
+        ``settled``: the round is (a pipelined base round's candidate is posted and
+        challenged before, accepted only after)."""
         rt, c = self.rt, self.rt.chain_client
         mine = await self.next_hashes(cid, r)
         if mine is None:
@@ -632,7 +916,7 @@ class CollabFollower:
                                         benign=CHALLENGE_BENIGN):
                     log.warning("collab_outer_challenged", job=cid, round=r,
                                 posted=rnd.outer_hash.hex(), recomputed=mine[0].hex())
-            elif agrees and now >= rnd.window_end:
+            elif agrees and now >= rnd.window_end and settled:
                 await rt.transact_ok(c.collab.accept_outer, cid, r, benign=ACCEPT_BENIGN)
             return
         # A live challenge: its jury is drawn and votes in the OuterJury contract.
@@ -840,6 +1124,9 @@ async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
     c = rt.chain_client
     if follower.enabled and follower.is_sub_job(await rt.chain(c.market.get_job, jid)):
         ref = await rt.chain(c.collab.sub_job_of, jid)
+        rnd = await rt.chain(c.collab.get_round, ref.collab_job_id, ref.round)
+        if rnd.sub_jobs[ref.slot] != jid:  # its round was rolled back: an orphan (issue 35)
+            return await rt.transact_ok(c.collab.settle_orphan, jid, benign=ORPHAN_BENIGN)
         return await rt.transact_ok(c.collab.settle_round, ref.collab_job_id,
                                     benign=SETTLE_BENIGN)
     return await rt.transact_ok(c.market.finalize, jid, benign=benign)

@@ -28,6 +28,7 @@ from node.spec import CollaborativeSpec, load_collaborative_spec
 from node.units import wei_to_pol
 
 log = get_logger("polnet.submitter")
+MAX_PIPELINE_DEPTH = 4  # the CollabMarket's bound (InvalidDepth above)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class CollabRequest:
     budget: int
     round_duration: int
     init_weights_path: Path | None = None  # theta_0's file, if the spec names one
+    pipeline_depth: int = 0  # D: rounds that may start on a candidate (issue 35), 0..4
 
 
 def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
@@ -60,6 +62,8 @@ def check_collab_request(req: CollabRequest) -> CollaborativeSpec:
         raise ConfigError("--reward/--budget exceed the market's bounds: lower them")
     if req.round_duration < 10:
         raise ConfigError("--round-duration must be at least 10 seconds")
+    if not 0 <= req.pipeline_depth <= MAX_PIPELINE_DEPTH:
+        raise ConfigError(f"--pipeline-depth must be 0..{MAX_PIPELINE_DEPTH}")
     return spec
 
 
@@ -113,7 +117,8 @@ async def post_collab(rt: Runtime, req: CollabRequest) -> int:
         verification_budget=req.budget, min_workers=spec.workers.min,
         max_workers=spec.workers.max, inner_steps=spec.inner_steps,
         steps_per_segment=spec.inner.checkpoint_interval, rounds=spec.outer_rounds,
-        round_duration=req.round_duration, init_state_hash=init_hash, outer_init_hash=outer0)
+        round_duration=req.round_duration, init_state_hash=init_hash, outer_init_hash=outer0,
+        pipeline_depth=req.pipeline_depth)
     cid = await rt.chain(c.collab.post_collab_job, terms)
     log.info("collab_job_posted", job=cid, spec=spec_id, dataset=ds_id,
              reward_pol=wei_to_pol(req.reward), rounds=spec.outer_rounds,

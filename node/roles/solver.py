@@ -555,6 +555,7 @@ class Solver:
                              loss=round(p.segment_loss, 4))
 
             keep = self.state.data.jobs[jid].keep_every
+            t0 = time.monotonic()
             if self.world_size > 1 and jid not in self._initial:  # sub-jobs: one process
                 from node.train.distributed import launch  # noqa: PLC0415
 
@@ -569,8 +570,10 @@ class Solver:
                 manifest = await trio.to_thread.run_sync(
                     lambda: run_training(ctx, out, jid, self.behavior, progress,
                                          keep_every=keep, initial=self._initial.get(jid)))
+            train_s = time.monotonic() - t0  # the run itself (bench/collab_pipeline.py)
             manifest_id = await self._publish_trace(jid, out)
-            log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id)
+            log.info("trace_published", job=jid, root=manifest.root, manifest=manifest_id,
+                     train_s=round(train_s, 3))
             leaves, tree = build_trace_tree(jid, manifest.k,
                                             [bytes.fromhex(h) for h in manifest.state_hashes],
                                             manifest.losses_e9)
