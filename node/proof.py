@@ -106,6 +106,19 @@ def _tensor_prefix(name: str, dtype: Any, shape: tuple[int, ...], nbytes: int) -
     return len(header).to_bytes(8, "little") + header + nbytes.to_bytes(8, "little")
 
 
+def _tensor_bytes(t: torch.Tensor) -> Any:
+    """A CPU tensor's little-endian contiguous bytes, in place where it can be."""
+    import torch  # noqa: PLC0415 - lazy, see module docstring
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    # a view as uint8 gives the raw little-endian bytes (x86/ARM are LE)
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
 def state_hash(tensors: Mapping[str, torch.Tensor],
                scheme: StateHashScheme = STATE_HASH_SCHEME) -> bytes:
     """``scheme`` over tensors in name order: for each, the name, dtype, shape and
@@ -114,7 +127,7 @@ def state_hash(tensors: Mapping[str, torch.Tensor],
     import torch  # noqa: PLC0415 - lazy, see module docstring
 
     h = _hasher(scheme)
-    for name in sorted(tensors):
+    for name in sorted(tensors):  # StateHasher is this loop cut into pieces
         t = tensors[name].detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -125,6 +138,61 @@ def state_hash(tensors: Mapping[str, torch.Tensor],
         if n:  # a view as uint8 gives the raw little-endian bytes (x86/ARM are LE)
             h.update(t.reshape(-1).view(torch.uint8).numpy())
     return bytes(h.digest())
+
+
+class StateHasher:
+    """``state_hash`` fed one piece at a time: the same rule, so the same 32 bytes.
+
+    For each tensor, in name order, ``begin(name, dtype, shape)`` then its row-major
+    bytes in any number of ``update`` calls (a dim-0 sharded tensor's bytes are its
+    shards' in rank order: nobody needs to hold it whole). ``begin`` refuses a
+    name out of order and a tensor whose byte count its updates did not meet, so a
+    streamed hash cannot silently differ from ``state_hash`` of the same tensors.
+    ``largest`` is the largest single piece it was given (what a caller held)."""
+
+    def __init__(self, scheme: StateHashScheme = STATE_HASH_SCHEME) -> None:
+        self._h = _hasher(scheme)
+        self._name: str | None = None
+        self._dtype: Any = None
+        self._left = 0
+        self.largest = 0
+
+    def begin(self, name: str, dtype: torch.dtype, shape: Sequence[int]) -> None:
+        self._close()
+        if self._name is not None and name <= self._name:
+            raise ValueError(f"tensor {name!r} comes after {self._name!r}: names must be "
+                             "hashed in sorted order, each once")
+        shape = tuple(int(d) for d in shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        self._h.update(_tensor_prefix(name, dtype, shape, nbytes))
+        self._name, self._dtype, self._left = name, dtype, nbytes
+
+    def update(self, piece: torch.Tensor) -> None:
+        """The next bytes of the current tensor: ``piece`` in its (the tensor's) dtype."""
+        if self._name is None:
+            raise ValueError("update before begin")
+        if piece.dtype != self._dtype:
+            raise ValueError(f"{self._name}: a {piece.dtype} piece of a {self._dtype} tensor")
+        n = piece.numel() * piece.element_size()
+        if n > self._left:
+            raise ValueError(f"{self._name}: {n} bytes where {self._left} are left")
+        if n:
+            self._h.update(_tensor_bytes(piece))
+        self._left -= n
+        self.largest = max(self.largest, n)
+
+    def tensor(self, name: str, t: torch.Tensor) -> None:
+        """A whole tensor: ``begin`` and one ``update``."""
+        self.begin(name, t.dtype, t.shape)
+        self.update(t)
+
+    def digest(self) -> bytes:
+        self._close()
+        return bytes(self._h.digest())
+
+    def _close(self) -> None:
+        if self._left:
+            raise ValueError(f"{self._name}: {self._left} bytes never given")
 
 
 # --- trace leaves ------------------------------------------------------------------
