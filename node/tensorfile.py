@@ -13,6 +13,7 @@ Public API::
     read_header(f, file_size, max_header=..., what=..., error=...) -> Header
     parse_header(raw, max_header=..., what=..., error=...) -> Header   # whole file in memory
     tensor_file_parts(tensors, metadata) -> [header, buffers...]   # a file, unjoined
+    file_header(layout, metadata) -> (header bytes, tensor order)   # to stream one
     st_dtype(torch dtype) -> safetensors dtype name
     DTYPE_BYTES                                  # safetensors dtype -> item size
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -153,6 +154,25 @@ def st_dtype(dtype: torch.dtype) -> str:
     return names[dtype]
 
 
+def file_header(layout: Mapping[str, tuple[torch.dtype, Sequence[int]]],
+                metadata: Mapping[str, str]) -> tuple[bytes, list[str]]:
+    """A safetensors file's header (length prefix included) for tensors of ``layout``
+    (name -> dtype, shape) and the order their bytes follow it in: a file can be
+    streamed one tensor at a time (node.train.shardckpt) in ``tensor_file_parts``'s bytes."""
+    names = sorted(layout, key=lambda n: (-_ST_ORDER.index(st_dtype(layout[n][0])), n))
+    header: dict[str, Any] = {METADATA_KEY: dict(metadata)} if metadata else {}
+    pos = 0
+    for name in names:
+        dtype, shape = layout[name]
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": st_dtype(dtype), "shape": [int(d) for d in shape],
+                        "data_offsets": [pos, pos + nbytes]}
+        pos += nbytes
+    body = json.dumps(header, separators=(",", ":")).encode()
+    body += b" " * (-len(body) % 8)  # safetensors aligns the data section to 8 bytes
+    return len(body).to_bytes(8, "little") + body, names
+
+
 def tensor_file_parts(tensors: Mapping[str, torch.Tensor],
                       metadata: Mapping[str, str]) -> list[bytes | memoryview]:
     """A safetensors file as its parts, the tensors' own buffers (no copy of a CPU
@@ -161,18 +181,11 @@ def tensor_file_parts(tensors: Mapping[str, torch.Tensor],
     parts are the same bytes."""
     import torch  # noqa: PLC0415
 
-    names = sorted(tensors, key=lambda n: (-_ST_ORDER.index(st_dtype(tensors[n].dtype)), n))
-    header: dict[str, Any] = {METADATA_KEY: dict(metadata)} if metadata else {}
+    head, names = file_header({n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()},
+                              metadata)
     data: list[bytes | memoryview] = []
-    pos = 0
     for name in names:
         t = tensors[name].detach().cpu().contiguous()
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": st_dtype(t.dtype), "shape": list(t.shape),
-                        "data_offsets": [pos, pos + nbytes]}
-        if nbytes:
+        if t.numel():
             data.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
-        pos += nbytes
-    body = json.dumps(header, separators=(",", ":")).encode()
-    body += b" " * (-len(body) % 8)  # safetensors aligns the data section to 8 bytes
-    return [len(body).to_bytes(8, "little") + body, *data]
+    return [head, *data]

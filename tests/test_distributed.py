@@ -6,6 +6,8 @@ trace replays on one rank (issue 33)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import signal
 import subprocess
 import sys
@@ -15,16 +17,19 @@ from pathlib import Path
 
 import psutil
 import pytest
+from torch.distributed.checkpoint import FileSystemReader
 
 from node.errors import CheckpointError, TrainingError
 from node.roles.runtime import measure_profile
 from node.train.budget import estimate, estimate_world
 from node.train.dist_plan import check_world, rank_rows
 from node.train.distributed import launch
+from node.train.shardckpt import dcp_name
 from node.train.step import TrainContext
 from node.train.trace import (
     TraceManifest,
     checkpoint_name,
+    kept_file,
     read_manifest,
     regenerate_many,
     run_training,
@@ -46,10 +51,11 @@ def _spec_file(ctx: TrainContext, tmp: Path) -> Path:
     return p
 
 
-def _reference(ctx: TrainContext, tmp: Path, ranks: int = 2) -> TraceManifest:
+def _reference(ctx: TrainContext, tmp: Path, ranks: int = 2,
+               keep_every: int = 1) -> TraceManifest:
     """The single-process trace with micro_batches = ranks (dist_plan's equivalence)."""
     two = TrainContext.create(ctx.spec, ctx.dataset, micro_batches=ranks)
-    return run_training(two, tmp / "single", job_id=1)
+    return run_training(two, tmp / "single", job_id=1, keep_every=keep_every)
 
 
 def _verdicts(ctx: TrainContext, trace: Path) -> list[bool]:
@@ -164,7 +170,7 @@ def test_fsdp2_sharded_job_replays_on_one_rank(cache: Path, tmp_path: Path) -> N
     ctx = job("lm", cache, k=K, total_steps=10)
     got = launch(_spec_file(ctx, tmp_path), dataset_path("text", cache), tmp_path / "fsdp",
                  job_id=1, world_size=2, mode="fsdp")
-    # Rank 0 gathers each shard in turn for the checkpoint: the ordinary state hash.
+    # Hashed from the shards, rank 0 receiving one at a time: the ordinary state hash.
     assert got.state_hashes == _reference(ctx, tmp_path).state_hashes
     assert _verdicts(ctx, tmp_path / "fsdp") == [True, True]
 
@@ -206,3 +212,58 @@ def test_a_sparse_distributed_trace_regenerates_on_one_process(cache: Path,
     regenerate_many(two, out, [K, K + 2])  # raises unless leaf K hashes as committed
     with pytest.raises(CheckpointError, match="does not reproduce"):
         regenerate_many(ctx, out, [K])  # hence the solver's micro-batched context
+
+
+@pytest.mark.parallel
+def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path) -> None:
+    """Each leaf's hash is built from the ranks' shards (rank 0 never holds the whole
+    state), kept leaves are DCP checkpoints converted on demand to the very file a
+    one-process run writes, hash-checked; a corrupt shard is refused and costs nothing."""
+    ctx = job("lm", cache, k=K, total_steps=3 * K)
+    out = tmp_path / "fsdp"
+    got = launch(_spec_file(ctx, tmp_path), dataset_path("text", cache), out, job_id=1,
+                 world_size=2, mode="fsdp", keep_every=2)
+    ref = _reference(ctx, tmp_path, keep_every=2)
+    assert got.state_hashes == ref.state_hashes and got.losses == ref.losses
+    timing = json.loads((tmp_path / "fsdp.ranks" / "timing.json").read_text())
+    # The largest piece rank 0 held to hash a leaf: one tensor's shard, not the state.
+    assert 0 < timing["leaf_largest_bytes"] < timing["state_bytes"] / 4
+    # S_0 (rank 0 builds it whole) is a file; kept leaves 2 and 3 only DCP shards;
+    # leaf 1 is not kept (hashed from the shards, nothing written).
+    assert [c.step for c in got.checkpoints] == [0, 2 * K, 3 * K]
+    assert (out / checkpoint_name(0)).is_file()
+    for step in (2 * K, 3 * K):
+        assert (out / dcp_name(step)).is_dir() and not (out / checkpoint_name(step)).exists()
+    assert not (out / dcp_name(K)).exists()
+    # A corrupt shard: refused with a clear error, nothing written, nothing deleted.
+    sharded = out / dcp_name(3 * K)
+    shard = sharded / "__1_0.distcp"
+    good = shard.read_bytes()
+    files = sorted(p.name for p in sharded.iterdir())
+    item = max((v for v in FileSystemReader(str(sharded)).read_metadata().storage_data.values()
+                if v.relative_path == shard.name), key=lambda v: v.length)
+    flipped = bytearray(good)
+    flipped[item.offset + item.length // 2] ^= 1  # one bit of its largest tensor's bytes
+    for bad, message in [(bytes(flipped), "converts to state .* a shard is corrupt"),
+                         (good[:len(good) // 2], "cannot be read, a shard file is corrupt")]:
+        shard.write_bytes(bad)
+        with pytest.raises(CheckpointError, match=message):
+            kept_file(out, got, 3)
+        assert not (out / checkpoint_name(3 * K)).exists()
+        assert sorted(p.name for p in sharded.iterdir()) == files
+        assert [p.name for p in out.glob(".*")] == []
+    shard.write_bytes(good)
+    # Converted on demand: the bytes a one-process run keeps (the manifest names them).
+    for index in (2, 3):
+        path = kept_file(out, got, index)
+        entry = got.checkpoint_at(index)
+        assert entry is not None and entry == ref.checkpoint_at(index)
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256
+        assert path.read_bytes() == (tmp_path / "single" / entry.file).read_bytes()
+        before = path.stat().st_mtime_ns
+        assert kept_file(out, got, index) == path and path.stat().st_mtime_ns == before
+    # A verifier that splits like the solver replays every segment exactly; leaf 1 is
+    # regenerated from S_0 and hashes to the leaf committed from the shards.
+    two = TrainContext.create(ctx.spec, ctx.dataset, micro_batches=2)
+    assert all(verify_trace_segment(two, out, s).distance == 0 for s in range(3))
+    assert _rank_processes(out) == []

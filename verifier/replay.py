@@ -47,7 +47,7 @@ from node.train.step import (
     train_step,
 )
 from node.train.trace import (
-    checkpoint_name,
+    kept_file,
     load_checkpoint,
     merkle_proof,
     read_manifest,
@@ -259,7 +259,8 @@ def committed_from_trace(trace_dir: str | Path, index: int,
     leaf, proof = merkle_proof(manifest, index)
     scheme = manifest.state_hash_scheme
     if manifest.checkpoint_at(index) is not None:
-        ck = load_checkpoint(Path(trace_dir) / checkpoint_name(index * manifest.k))
+        # kept_file: a sharded run's DCP checkpoint is converted (once, hash-checked)
+        ck = load_checkpoint(kept_file(trace_dir, manifest, index))
         return CommittedState(ck.tensors, leaf, proof, scheme)
     if ctx is None:
         raise VerificationError(f"leaf {index} is not kept in {trace_dir} (keep_every "

@@ -594,7 +594,7 @@ class Solver:
             self._busy.discard(key)
 
     async def _publish_trace(self, jid: int, out: Path) -> str:
-        from node.train.trace import MANIFEST_NAME, read_manifest  # noqa: PLC0415
+        from node.train.trace import MANIFEST_NAME, kept_file, read_manifest  # noqa: PLC0415
 
         manifest = read_manifest(out)
         if not self.behavior.serves_data:  # a test cheat: announce nothing, serve nothing
@@ -602,7 +602,10 @@ class Solver:
                 st.jobs[jid].manifest = ""  # "published" for the machine, never announced
             return ""
         for entry in manifest.checkpoints:
-            aid = await self.rt.p2p.publish_file(out / entry.file)
+            # A sharded run's kept leaf is converted to its single file here (once).
+            path = await trio.to_thread.run_sync(kept_file, out, manifest,
+                                                 entry.step // manifest.k)
+            aid = await self.rt.p2p.publish_file(path)
             if aid != entry.sha256:
                 raise PolnetError(f"checkpoint {entry.file} changed on disk since training")
         manifest_id = await self.rt.p2p.publish_file(out / MANIFEST_NAME)

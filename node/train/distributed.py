@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,9 +60,11 @@ from node.train.behavior import SegmentBehavior
 from node.train.dist_plan import check_world, rank_rows
 from node.train.step import (
     STEP_KEY,
+    ShardedLeaf,
     TrainContext,
     TrainState,
     _export,
+    _export_dtype,
     _live_pairs,
     batch,
     init_state,
@@ -112,6 +115,7 @@ class _Rank:
         self._mesh: Any = None
         self._stale: list[torch.Tensor] | None = None
         self._last_part = torch.zeros(())
+        self.largest_held = 0  # the largest piece a leaf hash held (rank 0)
 
     # State in and out.
 
@@ -145,18 +149,70 @@ class _Rank:
         fresh.step = plain.step
         return fresh
 
-    def gather(self) -> dict[str, torch.Tensor] | None:
-        """Every rank: take part in gathering the live state; rank 0 gets it."""
-        assert self.live is not None
-        out: dict[str, torch.Tensor] = {}
-        for name, t in _live_pairs(self.live):
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            if self.rank == 0:
-                out[name] = _export(full, self.live.compute_dtype)
-        if self.rank != 0:
+    def leaf(self, partial_dir: str | None) -> ShardedLeaf | None:
+        """Every rank, at a leaf of a sharded run: build the state hash from the shards
+        (rank 0 gets it; None elsewhere) and, given ``partial_dir`` (a kept leaf), write
+        each rank's shards there with torch.distributed.checkpoint.
+
+        The hash is ``state_hash`` of ``state_tensors``, streamed (node.proof.StateHasher):
+        per tensor in name order rank 0 hashes its header, then its own dim-0 shard,
+        then each other rank's, received in rank order one at a time and dropped once
+        hashed. The row-major bytes of a Shard(0) tensor are its shards' in rank order,
+        so no rank ever holds more than its own shards plus one peer shard."""
+        from torch.distributed.tensor import DTensor, Shard  # noqa: PLC0415
+
+        from node.proof import StateHasher  # noqa: PLC0415
+
+        state = self.live
+        assert state is not None
+        cd = state.compute_dtype
+        h = StateHasher() if self.rank == 0 else None
+        save: dict[str, torch.Tensor] = {}
+        pairs = dict(_live_pairs(state))
+        pairs[STEP_KEY] = torch.tensor(state.step, dtype=torch.int64)
+        for name in sorted(pairs):
+            t = pairs[name].detach()
+            if isinstance(t, DTensor) and tuple(t.placements) == (Shard(0),):
+                local = t.to_local()
+                dtype = _export_dtype(local, cd)
+                mine = local if local.dtype == dtype and local.is_contiguous() \
+                    else _export(local, cd)
+                if h is not None:
+                    h.begin(name, dtype, t.shape)
+                    h.update(mine)
+                    for src in range(1, self.world):
+                        n = torch.zeros((), dtype=torch.int64)
+                        dist.recv(n, src=src)
+                        if int(n):
+                            piece = torch.empty(int(n), dtype=dtype)
+                            dist.recv(piece, src=src)
+                            h.update(piece)
+                            del piece
+                else:
+                    dist.send(torch.tensor(mine.numel(), dtype=torch.int64), dst=0)
+                    if mine.numel():
+                        dist.send(mine.reshape(-1), dst=0)
+                if partial_dir is not None:
+                    save[name] = DTensor.from_local(mine, t.device_mesh, t.placements,
+                                                    shape=t.shape, stride=t.stride(),
+                                                    run_check=False)
+                continue
+            # Not sharded on dim 0 (replicated optimizer steps, buffers, meta.step): whole.
+            full = _export(t.full_tensor() if isinstance(t, DTensor) else t, cd)
+            if h is not None:
+                h.tensor(name, full)
+            if partial_dir is not None:
+                save[name] = full
+        if partial_dir is not None:
+            from node.train.shardckpt import save_shards  # noqa: PLC0415
+
+            if self.rank == 0:  # a killed run's leftovers; the others write after the plan
+                shutil.rmtree(partial_dir, ignore_errors=True)
+            save_shards(save, partial_dir)
+        if h is None:
             return None
-        out[STEP_KEY] = torch.tensor(self.live.step, dtype=torch.int64)
-        return out
+        self.largest_held = max(self.largest_held, h.largest)
+        return ShardedLeaf(h.digest(), partial_dir)
 
     # One step.
 
@@ -250,16 +306,20 @@ class _Leader(SegmentBehavior):
 
     name = "distributed"
 
-    def __init__(self, rank: _Rank) -> None:
+    def __init__(self, rank: _Rank, kept: set[int]) -> None:
         self.r = rank
+        self.kept = kept  # leaf indices kept as checkpoints (node.train.sparse)
         self.train_seconds = 0.0  # inside the ranks' steps: the rest is recording
         self.sync_seconds = 0.0   # the one state broadcast of a run
+        self.leaf_seconds = 0.0   # fsdp: hashes from shards and DCP saves, all ranks
 
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
                     start_step: int, k: int) -> tuple[TrainState, float]:
         r = self.r
         first = r.live is None
-        dist.broadcast(torch.tensor([1, start_step, int(first)], dtype=torch.int64), src=0)
+        keep = segment_index + 1 in self.kept
+        dist.broadcast(torch.tensor([1, start_step, int(first), int(keep)], dtype=torch.int64),
+                       src=0)
         if first:
             t0 = time.perf_counter()
             r.sync_from(state_tensors(state), start_step)
@@ -271,31 +331,46 @@ class _Leader(SegmentBehavior):
         t0 = time.perf_counter()
         loss = r.segment(start_step, k)
         self.train_seconds += time.perf_counter() - t0
+        assert r.live is not None
         if r.cfg.mode == "ddp":
-            assert r.live is not None
             return r.live, loss
-        tensors = r.gather()
-        assert tensors is not None
-        return load_state(ctx, tensors, step=start_step + k), loss
+        # fsdp: the live state stays sharded; the trace writer gets its hash (and the
+        # kept leaf's DCP shards), never its tensors.
+        t0 = time.perf_counter()
+        r.live.leaf = r.leaf(_partial(r.cfg, start_step + k) if keep else None)
+        self.leaf_seconds += time.perf_counter() - t0
+        return r.live, loss
 
     def stop(self) -> None:
-        dist.broadcast(torch.tensor([0, 0, 0], dtype=torch.int64), src=0)
+        dist.broadcast(torch.tensor([0, 0, 0, 0], dtype=torch.int64), src=0)
+
+
+def _partial(cfg: RankConfig, step: int) -> str:
+    from node.train.shardckpt import partial_name  # noqa: PLC0415
+
+    return str(Path(cfg.out_dir) / partial_name(step))
 
 
 def _follow(r: _Rank) -> None:
     """Ranks 1..N-1: run whatever segment rank 0 announces until it says stop."""
     k = r.ctx.spec.checkpoint_interval
     while True:
-        cmd = torch.zeros(3, dtype=torch.int64)
+        cmd = torch.zeros(4, dtype=torch.int64)
         dist.broadcast(cmd, src=0)
-        go, start, first = (int(v) for v in cmd)
+        go, start, first, keep = (int(v) for v in cmd)
         if not go:
             return
         if first:
             r.sync_from(None, start)
         r.segment(start, k)
         if r.cfg.mode == "fsdp":
-            r.gather()
+            r.leaf(_partial(r.cfg, start + k) if keep else None)
+
+
+def _state_bytes(ctx: TrainContext) -> int:
+    from node.train.layout import expected_bytes  # noqa: PLC0415
+
+    return expected_bytes(ctx.spec)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -327,13 +402,20 @@ def rank_main(cfg: RankConfig) -> None:
     try:
         r = _Rank(ctx, cfg)
         if cfg.rank == 0:
-            leader = _Leader(r)
+            from node.train.sparse import kept_indices  # noqa: PLC0415
+
+            leader = _Leader(r, set(kept_indices(spec.segment_count, cfg.keep_every)))
             t0 = time.perf_counter()
             m = run_training(ctx, cfg.out_dir, cfg.job_id, leader, keep_every=cfg.keep_every)
             leader.stop()
             # Where rank 0's time went (bench/distributed.py reads it): steps vs the rest.
             timing = {"run_s": time.perf_counter() - t0, "train_s": leader.train_seconds,
-                      "sync_s": leader.sync_seconds, "segments": m.segment_count}
+                      "sync_s": leader.sync_seconds, "segments": m.segment_count,
+                      "leaf_s": leader.leaf_seconds,
+                      # fsdp: the largest piece rank 0 held to hash a leaf, against the
+                      # whole state's bytes (tests: never the whole state)
+                      "leaf_largest_bytes": r.largest_held,
+                      "state_bytes": _state_bytes(ctx)}
             out = Path(cfg.out_dir)
             (out.parent / f"{out.name}.ranks" / "timing.json").write_text(json.dumps(timing))
         else:

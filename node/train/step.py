@@ -205,6 +205,19 @@ class TrainState:
     step: int
     param_names: dict[int, str]  # id(param) -> name, for optimizer state naming
     compute_dtype: torch.dtype = torch.float32
+    #: Set by a behaviour whose state no process holds whole (node.train.distributed,
+    #: fsdp): the leaf's hash, built from the shards, stands in for its tensors.
+    leaf: ShardedLeaf | None = None
+
+
+@dataclass(frozen=True)
+class ShardedLeaf:
+    """A leaf state given by its hash (built from its shards in a fixed order: the
+    ordinary state hash) and, for a kept leaf, the directory its ranks wrote its
+    ``torch.distributed.checkpoint`` shards into (node.train.shardckpt), else None."""
+
+    state_hash: bytes
+    partial_dir: str | None = None
 
 
 def _make_optimizer(ctx: TrainContext, model: PolnetModel) -> torch.optim.Optimizer:

@@ -11,6 +11,10 @@ Directory layout (``out_dir``)::
                                     spec_hash, segment_loss (float, null for S_0),
                                     loss_e9, skipped: [[state hash, loss], ...] of the
                                     leaves since the previous kept one}
+    ckpt-00000010.dcp/              a sharded (FSDP2) run's kept leaf: its ranks'
+                                    torch.distributed.checkpoint shards, converted to
+                                    the .safetensors file above when first needed
+                                    (node.train.shardckpt; the manifest names that file)
     trace.json                      the manifest (written last)
 
 Every file is written atomically (tmp + rename); states are hashed (small ones on
@@ -28,6 +32,7 @@ Public API::
     load_checkpoint(path, expected_hash=None, spec=None) -> Checkpoint  # CheckpointError if bad
     read_manifest(out_dir) -> TraceManifest      # .kept, .checkpoint_at(i), .state_hash_scheme
     merkle_proof(manifest, index) -> tuple[TraceLeaf, list[bytes]]
+    kept_file(trace_dir, manifest, index) -> Path  # a sharded run's converted on demand
     regenerate(ctx, trace_dir, step) -> dict[str, Tensor]   # bitwise S_step
     regenerate_many(ctx, trace_dir, steps, step_fn=train_step, behavior=None)
     checkpoint_name(step) -> str
@@ -39,6 +44,7 @@ import hashlib
 import math
 import os
 import re
+import shutil
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -69,6 +75,7 @@ from node.train.layout import check_layout, max_file_bytes, max_header_bytes
 from node.train.sparse import MAX_KEEP_EVERY as MAX_KEEP
 from node.train.sparse import check_keep_every, kept_indices, nearest_kept
 from node.train.step import (
+    ShardedLeaf,
     TrainContext,
     TrainState,
     init_state,
@@ -326,6 +333,7 @@ class _Record:
     file_sha256: str    # "" for a state that is not kept as a checkpoint
     segment_loss: float | None
     loss_e9: int
+    size: int = -1      # the checkpoint file's bytes; -1: read it off the file
 
     @classmethod
     def of(cls, ck: Checkpoint) -> _Record:
@@ -338,16 +346,36 @@ class _Record:
         return cls(step, state_hash, "", segment_loss, loss_to_e9(segment_loss))
 
 
+def _meta(job_id: int, spec_hash: str, step: int, h: bytes, segment_loss: float | None,
+          skipped: list[_Record]) -> dict[str, Any]:
+    # "skipped": the leaves since the previous kept checkpoint, so a resumed run can
+    # still write them into its manifest.
+    return {"format": CKPT_FORMAT, "job_id": job_id, "step": step, "state_hash": h.hex(),
+            "spec_hash": spec_hash, "segment_loss": segment_loss,
+            "loss_e9": 0 if segment_loss is None else loss_to_e9(segment_loss),
+            "skipped": [[r.state_hash.hex(), r.segment_loss] for r in skipped]}
+
+
+def _seal_sharded(out: Path, job_id: int, spec_hash: str, step: int, leaf: ShardedLeaf,
+                  segment_loss: float | None, skipped: list[_Record]) -> _Record:
+    """A kept leaf of a sharded run: its ranks wrote its DCP shards; add the metadata,
+    check them and name them (node.train.shardckpt). The manifest names the single
+    file they convert to, by that file's sha256 and size, as for any checkpoint."""
+    from node.train import shardckpt  # noqa: PLC0415
+
+    assert leaf.partial_dir is not None
+    meta = _meta(job_id, spec_hash, step, leaf.state_hash, segment_loss, skipped)
+    (out / checkpoint_name(step)).unlink(missing_ok=True)  # a stale conversion
+    sha, size = shardckpt.seal(leaf.partial_dir, out / shardckpt.dcp_name(step), meta)
+    return _Record(step, leaf.state_hash, sha, segment_loss, meta["loss_e9"], size)
+
+
 def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
                       tensors: dict[str, torch.Tensor], segment_loss: float | None,
                       skipped: list[_Record]) -> _Record:
     h = compute_state_hash(tensors)
-    loss_e9 = 0 if segment_loss is None else loss_to_e9(segment_loss)
-    # "skipped": the leaves since the previous kept checkpoint, so a resumed run can
-    # still write them into its manifest.
-    meta = {"format": CKPT_FORMAT, "job_id": job_id, "step": step, "state_hash": h.hex(),
-            "spec_hash": spec_hash, "segment_loss": segment_loss, "loss_e9": loss_e9,
-            "skipped": [[r.state_hash.hex(), r.segment_loss] for r in skipped]}
+    meta = _meta(job_id, spec_hash, step, h, segment_loss, skipped)
+    loss_e9 = meta["loss_e9"]
     # Streamed from the tensors (no in-memory file) and fsynced here, on the writer
     # thread while training goes on; the directory once, before the manifest (the
     # commit point) is written durably.
@@ -396,7 +424,21 @@ class _Writer:
 
     def submit(self, state: TrainState, segment_loss: float | None, keep: bool = True) -> None:
         entry: _Record | Future[_Record]
-        if not keep:
+        leaf, state.leaf = state.leaf, None
+        if leaf is not None:  # a sharded state: hashed from its shards, no tensors here
+            if keep != (leaf.partial_dir is not None):
+                raise TrainingError(f"leaf at step {state.step}: the behaviour "
+                                    f"{'did not write' if keep else 'wrote'} a checkpoint")
+            if segment_loss is None:
+                raise TrainingError("S_0 is a whole state, never a sharded leaf")
+            if not keep:
+                entry = _Record.skipped(state.step, leaf.state_hash, segment_loss)
+                self._skipped.append(entry)
+            else:
+                entry = self._pool.submit(_seal_sharded, *self._args, state.step, leaf,
+                                          segment_loss, self._skipped)
+                self._skipped = []
+        elif not keep:
             assert segment_loss is not None  # S_0 is always kept
             # Hashed here, before training goes on: the live buffers, no copy.
             entry = _Record.skipped(state.step, compute_state_hash(state_views(state)),
@@ -467,11 +509,19 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec,
     done: list[_Record] = []
     last: Checkpoint | None = None
     keep: set[str] = set()
+    from node.train import shardckpt  # noqa: PLC0415
+
+    for stale in out.glob(".ckpt-*.dcp.partial"):  # a sharded save a killed run began
+        shutil.rmtree(stale, ignore_errors=True)
     for i in kept_indices(segments, keep_every):
         path = out / checkpoint_name(i * k)
-        if not path.exists():
-            break
         try:
+            # A sharded run's kept leaf: converted once (its hash checked) and resumed
+            # from like any other; the resumed ranks get their shards by broadcast.
+            if not path.exists() and (out / shardckpt.dcp_name(i * k)).is_dir():
+                shardckpt.convert(out / shardckpt.dcp_name(i * k), path)
+            if not path.exists():
+                break
             ck = load_checkpoint(path, spec=spec)
         except CheckpointError:
             break
@@ -482,11 +532,14 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec,
         if skipped is None:  # another keep_every, or an old format: recompute from here
             break
         done += [*skipped, _Record.of(ck)]
-        keep.add(path.name)
+        keep.update((path.name, shardckpt.dcp_name(ck.step)))
         last = ck
     for stale in out.glob("ckpt-*.safetensors"):  # never leave a stale suffix behind
         if stale.name not in keep:
             stale.unlink(missing_ok=True)
+    for stale in out.glob("ckpt-*.dcp"):
+        if stale.name not in keep:
+            shutil.rmtree(stale, ignore_errors=True)
     if len(done) <= segments:  # a manifest only ever describes a finished run
         (out / MANIFEST_NAME).unlink(missing_ok=True)
     return done, last
@@ -569,7 +622,8 @@ def _write_manifest(out: Path, ctx: TrainContext, job_id: int, spec_hash: str,
     hashes = [r.state_hash for r in done]
     _, tree = build_trace_tree(job_id, ctx.spec.checkpoint_interval, hashes, losses_e9)
     entries = [CheckpointEntry(r.step, checkpoint_name(r.step), r.file_sha256,
-                               (out / checkpoint_name(r.step)).stat().st_size)
+                               r.size if r.size >= 0
+                               else (out / checkpoint_name(r.step)).stat().st_size)
                for r in done if r.file_sha256]
     manifest = TraceManifest(
         job_id=job_id, spec_hash=spec_hash, dataset_hash=ctx.spec.dataset_hash,
@@ -606,9 +660,30 @@ def regenerate(ctx: TrainContext, trace_dir: str | Path, step: int) -> dict[str,
     return regenerate_many(ctx, trace_dir, [step])[step]
 
 
+def kept_file(trace_dir: str | Path, manifest: TraceManifest, index: int) -> Path:
+    """The single file of kept leaf ``index``: a sharded run's DCP checkpoint is converted
+    to it the first time it is needed (then kept), and must hash to the committed leaf
+    (CheckpointError otherwise; the DCP form is left as it was). The path may not exist
+    when neither form does."""
+    from node.train import shardckpt  # noqa: PLC0415
+
+    trace = Path(trace_dir)
+    step = index * manifest.k
+    path = trace / checkpoint_name(step)
+    sharded = trace / shardckpt.dcp_name(step)
+    if not path.exists() and sharded.is_dir():
+        sha, _ = shardckpt.convert(sharded, path, manifest.state_hashes[index])
+        entry = manifest.checkpoint_at(index)
+        if entry is not None and entry.sha256 != sha:
+            path.unlink(missing_ok=True)
+            raise CheckpointError(f"{sharded} converts to a file of sha256 {sha}, the "
+                                  f"manifest names {entry.sha256}")
+    return path
+
+
 def _kept_checkpoint(ctx: TrainContext, trace_dir: Path, manifest: TraceManifest,
                      index: int, wanted: int) -> Checkpoint:
-    path = trace_dir / checkpoint_name(index * manifest.k)
+    path = kept_file(trace_dir, manifest, index)
     if not path.exists():
         raise CheckpointError(f"kept checkpoint {path.name} (leaf {index}) is missing from "
                               f"{trace_dir}: leaf {wanted} is regenerated from it and cannot "

@@ -1,0 +1,227 @@
+"""Kept checkpoints of a sharded (FSDP2) run, written with ``torch.distributed.checkpoint``
+(each rank its own shards) and converted on demand to the single-file layout that
+verifiers, ``job fetch`` and a resumed run read (issue 33).
+
+Layout, beside the single files of node.train.trace::
+
+    .ckpt-00000010.dcp.partial/     being written by the ranks (never read; removed)
+    ckpt-00000010.dcp/              .metadata, __<rank>_0.distcp, polnet.json: the
+                                    checkpoint's metadata (what the single file's
+                                    "polnet" key holds), written last by rank 0
+    ckpt-00000010.safetensors       the conversion, once something needed it
+
+Its tensors are those of ``state_tensors`` (names, exported dtypes and shapes); a
+sharded tensor is a DTensor of its ranks' local shards. Conversion reads one tensor at
+a time (the converter never holds the whole state) and streams the safetensors file
+of ``tensor_file_parts``: the same bytes as the single file a one-process run writes
+for the same state. The converted file's state hash must be the one committed
+(CheckpointError otherwise, the partial file removed, the DCP form left as it was).
+
+Public API::
+
+    dcp_name(step) -> str;  partial_name(step) -> str
+    save_shards(tensors, directory)                       # every rank (collective)
+    seal(partial, final, meta) -> (sha256 hex, bytes)     # rank 0: the single file's
+    convert(dcp_dir, dest, expected_hash) -> (sha256 hex, bytes)
+    dcp_meta(dcp_dir) -> dict
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from node.boundary import check_fields, decode_json_object
+from node.datasets import atomic_write, fsync_dir
+from node.errors import CheckpointError
+from node.proof import StateHasher, canonical_json
+from node.tensorfile import file_header
+
+META_FILE = "polnet.json"
+
+
+def dcp_name(step: int) -> str:
+    return f"ckpt-{step:08d}.dcp"
+
+
+def partial_name(step: int) -> str:
+    return f".ckpt-{step:08d}.dcp.partial"
+
+
+def save_shards(tensors: Mapping[str, torch.Tensor], directory: str | Path) -> None:
+    """Every rank, together: write ``tensors`` (DTensors of local shards, plain tensors
+    for the replicated ones) into ``directory``. Collective: call on every rank."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+
+    dcp.save(dict(tensors), checkpoint_id=str(directory))
+
+
+def _bad(message: str) -> CheckpointError:
+    return CheckpointError(f"{message}; the sharded checkpoint is left as it was")
+
+
+def dcp_meta(dcp_dir: str | Path) -> dict[str, Any]:
+    from node.train.trace import _META_FIELDS, MAX_META_BYTES  # noqa: PLC0415 - a cycle
+
+    path = Path(dcp_dir) / META_FILE
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise _bad(f"{path} cannot be read: {exc.strerror}") from None
+    meta = decode_json_object(raw, max_bytes=MAX_META_BYTES, what=str(path), error=_bad)
+    check_fields(meta, _META_FIELDS, what=str(path), extra_ok=True, error=_bad)
+    return meta
+
+
+def _layout(dcp_dir: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata  # noqa: PLC0415
+
+    try:
+        md = FileSystemReader(str(dcp_dir)).read_metadata()
+    except Exception as exc:  # noqa: BLE001 - a pickle of a peer's or a damaged disk's
+        raise _bad(f"{dcp_dir}: its DCP metadata cannot be read ({exc!r:.200})") from None
+    out = {}
+    for name, item in md.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise _bad(f"{dcp_dir}: {name[:80]!r} is not a tensor")
+        out[name] = (item.properties.dtype, tuple(item.size))
+    return out
+
+
+def _loader(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+            ) -> Callable[[str], torch.Tensor]:
+    """Reads one whole tensor of the checkpoint at a time (its shards, from each rank's
+    file), in this process, with no process group."""
+    import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+    from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
+
+    def load(name: str) -> torch.Tensor:
+        dtype, shape = layout[name]
+        t = torch.empty(shape, dtype=dtype)
+        try:
+            dcp.load({name: t}, checkpoint_id=str(dcp_dir), no_dist=True)
+        # a truncated, damaged or missing shard file (DCP's error is a BaseException)
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001
+            raise _bad(f"{dcp_dir}: tensor {name[:80]!r} cannot be read, a shard file is "
+                       f"corrupt or missing ({type(exc).__name__})") from None
+        return t
+
+    return load
+
+
+def _stream(dcp_dir: Path, meta: dict[str, Any]
+            ) -> tuple[Iterator[bytes | memoryview], Callable[[], tuple[str, int, bytes]]]:
+    """The single file's bytes, one tensor read at a time, and, once they are consumed,
+    (its sha256 hex, its size, the state hash of its tensors).
+
+    The state hash takes the tensors in name order, the file in safetensors' order;
+    the hash is taken in a second pass (one tensor at a time again)."""
+    from node.train.trace import CKPT_SCHEMES, _file_meta  # noqa: PLC0415 - a cycle
+
+    layout = _layout(dcp_dir)
+    load = _loader(dcp_dir, layout)
+    head, order = file_header(layout, _file_meta(meta))
+    digest, size = hashlib.sha256(), 0
+
+    def parts() -> Iterator[bytes | memoryview]:
+        nonlocal size
+        for part in (head, *(_bytes(load(n)) for n in order)):
+            digest.update(part)
+            size += len(part) if isinstance(part, bytes) else part.nbytes
+            yield part
+
+    def result() -> tuple[str, int, bytes]:
+        h = StateHasher(CKPT_SCHEMES[meta["format"]])
+        for name in sorted(layout):
+            h.tensor(name, load(name))
+        return digest.hexdigest(), size, h.digest()
+
+    return parts(), result
+
+
+def _bytes(t: torch.Tensor) -> bytes | memoryview:
+    if not t.numel():
+        return b""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def _check_meta(dcp_dir: Path, meta: dict[str, Any]) -> None:
+    from node.train.trace import CKPT_FORMAT  # noqa: PLC0415 - a cycle
+
+    if meta["format"] != CKPT_FORMAT:  # sharded checkpoints came with /2
+        raise _bad(f"{dcp_dir} is in format {meta['format'][:40]!r}, not {CKPT_FORMAT}")
+
+
+def seal(partial: str | Path, final: str | Path, meta: dict[str, Any]) -> tuple[str, int]:
+    """Rank 0, once every rank's shards are in ``partial``: add the metadata, check the
+    shards hash to ``meta["state_hash"]`` (the hash built from the live shards) and
+    rename it to ``final``. Returns what the converted single file's sha256 and size
+    will be (the manifest names that file), without writing it."""
+    partial, final = Path(partial), Path(final)
+    _check_meta(partial, meta)
+    atomic_write(partial / META_FILE, canonical_json(meta), durable=True)
+    parts, result = _stream(partial, meta)
+    for _ in parts:
+        pass
+    sha, size, got = result()
+    if got.hex() != meta["state_hash"]:
+        raise CheckpointError(f"the shards written to {partial} hash to {got.hex()}, the "
+                              f"leaf to {meta['state_hash']}: the sharded save is not the state")
+    for f in partial.iterdir():  # the ranks' files, written by the ranks' processes
+        _fsync(f)
+    fsync_dir(partial)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    fsync_dir(final.parent)
+    return sha, size
+
+
+def convert(dcp_dir: str | Path, dest: str | Path, expected_hash: bytes | str | None = None
+            ) -> tuple[str, int]:
+    """Write the single-file checkpoint of ``dcp_dir`` to ``dest`` (atomically): its
+    state hash must be the metadata's and ``expected_hash`` (the committed leaf's)
+    when given, else CheckpointError, ``dest`` not written and ``dcp_dir`` untouched.
+    Returns (sha256 hex, size) of the file."""
+    src, dest = Path(dcp_dir), Path(dest)
+    meta = dcp_meta(src)
+    _check_meta(src, meta)
+    want = meta["state_hash"]
+    if expected_hash is not None:
+        exp = expected_hash.hex() if isinstance(expected_hash, bytes) \
+            else expected_hash.lower().removeprefix("0x")
+        if exp != want:
+            raise _bad(f"{src} claims state {want[:80]}, the trace commits {exp}")
+    tmp = dest.with_name(f".{dest.name}.tmp-convert-{os.getpid()}")
+    parts, result = _stream(src, meta)
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        sha, size, got = result()
+        if got.hex() != want:
+            raise _bad(f"{src} converts to state {got.hex()}, the committed leaf is "
+                       f"{want}: a shard is corrupt (re-train from the previous kept "
+                       "checkpoint, or re-fetch it)")
+        os.replace(tmp, dest)
+        fsync_dir(dest.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return sha, size
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
