@@ -131,22 +131,27 @@ def test_a_cheating_rank_fails_replay(cache: Path, tmp_path: Path, cheat: str) -
 
 
 @pytest.mark.parallel
-def test_a_killed_rank_restarts_from_the_last_checkpoint(cache: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_killed_rank_restarts_from_the_last_checkpoint(cache: Path, tmp_path: Path,
+                                                         mode: str) -> None:
+    """fsdp: the kept leaves it resumes from are DCP shards, converted as it resumes."""
     ctx = job("cnn", cache, k=K, total_steps=60)
+    kept = checkpoint_name if mode == "ddp" else dcp_name
     spec, data, out = _spec_file(ctx, tmp_path), dataset_path("digits", cache), tmp_path / "dist"
     pids: list[int] = []
     errors: list[BaseException] = []
 
     def first_run() -> None:
         try:
-            launch(spec, data, out, job_id=1, world_size=2, on_start=pids.extend)
+            launch(spec, data, out, job_id=1, world_size=2, on_start=pids.extend,
+                   mode=mode)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - collected for the assertion
             errors.append(exc)
 
     runner = threading.Thread(target=first_run)
     runner.start()
     deadline = time.monotonic() + 120
-    while not (out / checkpoint_name(2 * K)).exists() and runner.is_alive() \
+    while not (out / kept(2 * K)).exists() and runner.is_alive() \
             and time.monotonic() < deadline:
         time.sleep(0.01)
     assert runner.is_alive() and len(pids) == 2, "the run ended before a rank could be killed"
@@ -157,11 +162,14 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(cache: Path, tmp_path: 
     assert "rank 1 of 2 exited with -9" in str(errors[0])
     assert not (out / "trace.json").exists()  # nothing partial to commit
     assert not any(psutil.pid_exists(p) for p in pids) and _rank_processes(out) == []
-    kept_before = sorted(out.glob("ckpt-*.safetensors"))
-    assert len(kept_before) >= 3  # it resumes from these, not from S_0
+    kept_before = sorted(out.glob("ckpt-*.safetensors" if mode == "ddp" else "ckpt-*.dcp"))
+    assert len(kept_before) >= 2  # it resumes from these, not from S_0
     # The restart resumes and ends with the honest trace of an unbroken run.
-    got = launch(spec, data, out, job_id=1, world_size=2)
-    assert got.state_hashes == _reference(ctx, tmp_path).state_hashes
+    got = launch(spec, data, out, job_id=1, world_size=2, mode=mode)  # type: ignore[arg-type]
+    timing = json.loads((tmp_path / "dist.ranks" / "timing.json").read_text())
+    assert timing["resumed_from"] >= 2 * K
+    ref = _reference(ctx, tmp_path)
+    assert got.state_hashes == ref.state_hashes and got.checkpoints == ref.checkpoints
     assert _rank_processes(out) == []
 
 

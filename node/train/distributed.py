@@ -312,6 +312,7 @@ class _Leader(SegmentBehavior):
         self.train_seconds = 0.0  # inside the ranks' steps: the rest is recording
         self.sync_seconds = 0.0   # the one state broadcast of a run
         self.leaf_seconds = 0.0   # fsdp: hashes from shards and DCP saves, all ranks
+        self.resumed_from = -1    # the step the run's first segment started from
 
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
                     start_step: int, k: int) -> tuple[TrainState, float]:
@@ -321,6 +322,7 @@ class _Leader(SegmentBehavior):
         dist.broadcast(torch.tensor([1, start_step, int(first), int(keep)], dtype=torch.int64),
                        src=0)
         if first:
+            self.resumed_from = start_step
             t0 = time.perf_counter()
             r.sync_from(state_tensors(state), start_step)
             self.sync_seconds = time.perf_counter() - t0
@@ -411,7 +413,7 @@ def rank_main(cfg: RankConfig) -> None:
             # Where rank 0's time went (bench/distributed.py reads it): steps vs the rest.
             timing = {"run_s": time.perf_counter() - t0, "train_s": leader.train_seconds,
                       "sync_s": leader.sync_seconds, "segments": m.segment_count,
-                      "leaf_s": leader.leaf_seconds,
+                      "leaf_s": leader.leaf_seconds, "resumed_from": leader.resumed_from,
                       # fsdp: the largest piece rank 0 held to hash a leaf, against the
                       # whole state's bytes (tests: never the whole state)
                       "leaf_largest_bytes": r.largest_held,
