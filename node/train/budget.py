@@ -89,8 +89,9 @@ def estimate(spec: JobSpec, dataset_bytes: int = 0) -> Budget:
 
 @dataclass(frozen=True)
 class WorldBudget:
-    """A distributed run's memory (node.train.distributed): rank 0 (which also gathers
-    the full state for the trace under FSDP2) and each other rank; ``total_mb`` is
+    """A distributed run's memory (node.train.distributed): rank 0 (which under FSDP2
+    still holds the full state once a run: S_0 or the checkpoint it resumes from, before
+    it is sharded; leaves are hashed from shards) and each other rank; ``total_mb`` is
     the aggregate a solver compares with its aggregate memory."""
 
     world_size: int
@@ -107,7 +108,7 @@ def estimate_world(spec: JobSpec, world_size: int, mode: str = "ddp",
     """Per-rank memory of ``spec`` over ``world_size`` ranks. Every rank loads the
     dataset and a runtime; activations and the batch are a 1/N share. ``ddp``: every
     rank holds the whole state; ``fsdp``: weights, gradients and optimizer state
-    are 1/N each (rounded up), plus the full state rank 0 gathers at a leaf."""
+    are 1/N each (rounded up), plus the full state rank 0 starts a run from."""
     one = estimate(spec, dataset_bytes)
     if world_size <= 1:
         return WorldBudget(1, one, one)

@@ -14,13 +14,15 @@ Two modes:
   step, so every rank applies the same update bit for bit.
 * ``fsdp``: FSDP2 (``fully_shard``) shards weights, gradients and optimizer state
   over the ranks (gradients averaged by its reduce-scatter of unscaled losses). The
-  state hash is the ordinary one: at each leaf every rank takes part in gathering
-  each tensor in turn (``full_tensor``) and rank 0 exports the full state for its
-  trace writer, so existing hash vectors, checkpoints and verifiers are unchanged
-  and a 1-rank verifier replays the segments. Rank 0 needs the full state's memory
-  at a leaf, the others only their shards.
+  state hash is the ordinary one, built from the shards (``_Rank.leaf``): per tensor
+  in name order rank 0 hashes its own dim-0 shard, then each other rank's, received
+  one at a time; nobody gathers the state, so existing hash vectors and verifiers
+  are unchanged and a 1-rank verifier replays the segments. Kept leaves are written
+  with torch.distributed.checkpoint, each rank its shards, and converted to the
+  single-file layout on demand (node.train.shardckpt, trace.kept_file). Rank 0
+  holds the whole state once a run (S_0 or the checkpoint it resumes from).
 
-Control: before each segment rank 0 broadcasts ``[go, start step]``; the first
+Control: before each segment rank 0 broadcasts ``[go, start step, first, keep]``; the first
 segment of a run also broadcasts the state rank 0 started from (S_0 or the kept
 checkpoint it resumed from), so a restart after a killed rank resumes every rank
 from the last kept checkpoint. A rank that dies ends the launch: the launcher
