@@ -21,6 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from node.errors import CheckpointError, TrainingError
 from node.roles.runtime import measure_profile
+from node.train import shardckpt
 from node.train.budget import estimate, estimate_world
 from node.train.dist_plan import check_world, rank_rows
 from node.train.distributed import launch
@@ -223,7 +224,8 @@ def test_a_sparse_distributed_trace_regenerates_on_one_process(cache: Path,
 
 
 @pytest.mark.parallel
-def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path) -> None:
+def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Each leaf's hash is built from the ranks' shards (rank 0 never holds the whole
     state), kept leaves are DCP checkpoints converted on demand to the very file a
     one-process run writes, hash-checked; a corrupt shard is refused and costs nothing."""
@@ -261,7 +263,9 @@ def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path)
         assert sorted(p.name for p in sharded.iterdir()) == files
         assert [p.name for p in out.glob(".*")] == []
     shard.write_bytes(good)
-    # Converted on demand: the bytes a one-process run keeps (the manifest names them).
+    # Converted on demand: the bytes a one-process run keeps (the manifest names them),
+    # read a few tensors at a time here (the ranks sealed them in one batch each).
+    monkeypatch.setattr(shardckpt, "BATCH_BYTES", 4096)
     for index in (2, 3):
         path = kept_file(out, got, index)
         entry = got.checkpoint_at(index)

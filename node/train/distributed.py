@@ -42,7 +42,6 @@ import contextlib
 import ctypes
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -208,8 +207,8 @@ class _Rank:
         if partial_dir is not None:
             from node.train.shardckpt import save_shards  # noqa: PLC0415
 
-            if self.rank == 0:  # a killed run's leftovers; the others write after the plan
-                shutil.rmtree(partial_dir, ignore_errors=True)
+            # A killed run's leftover partial directory is gone: run_training's resume
+            # removed it before the first segment (rank 0 alone, the ranks waiting).
             save_shards(save, partial_dir)
         if h is None:
             return None

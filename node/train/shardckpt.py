@@ -29,6 +29,7 @@ Public API::
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
@@ -95,52 +96,76 @@ def _layout(dcp_dir: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     return out
 
 
-def _loader(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
-            ) -> Callable[[str], torch.Tensor]:
-    """Reads one whole tensor of the checkpoint at a time (its shards, from each rank's
-    file), in this process, with no process group."""
+#: Tensors are read in batches of at most this many bytes (one DCP load each: a load
+#: re-reads the checkpoint's metadata, so one per tensor is quadratic in their count);
+#: a tensor larger than this is read alone. The converter holds one batch at a time.
+BATCH_BYTES = 64 * 2**20
+
+
+def _reader(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+            ) -> Callable[[list[str]], Iterator[tuple[str, torch.Tensor]]]:
+    """Reads whole tensors of the checkpoint (each from its shards in the ranks' files),
+    ``BATCH_BYTES`` at a time, in the order asked, in this process, no process group."""
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
     from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
 
-    def load(name: str) -> torch.Tensor:
-        dtype, shape = layout[name]
-        t = torch.empty(shape, dtype=dtype)
+    def load(names: list[str]) -> dict[str, torch.Tensor]:
+        batch = {n: torch.empty(layout[n][1], dtype=layout[n][0]) for n in names}
         try:
-            dcp.load({name: t}, checkpoint_id=str(dcp_dir), no_dist=True)
+            dcp.load(batch, checkpoint_id=str(dcp_dir), no_dist=True)
         # a truncated, damaged or missing shard file (DCP's error is a BaseException)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001
-            raise _bad(f"{dcp_dir}: tensor {name[:80]!r} cannot be read, a shard file is "
-                       f"corrupt or missing ({type(exc).__name__})") from None
-        return t
+            raise _bad(f"{dcp_dir}: tensors {names[0][:80]!r}.. cannot be read, a shard "
+                       f"file is corrupt or missing ({type(exc).__name__})") from None
+        return batch
 
-    return load
+    def read(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        group: list[str] = []
+        size = 0
+        for name in [*names, None]:
+            nbytes = 0 if name is None else \
+                math.prod(layout[name][1]) * layout[name][0].itemsize
+            if group and (name is None or size + nbytes > BATCH_BYTES):
+                batch = load(group)
+                for n in group:
+                    yield n, batch.pop(n)
+                group, size = [], 0
+            if name is not None:
+                group.append(name)
+                size += nbytes
+
+    return read
 
 
 def _stream(dcp_dir: Path, meta: dict[str, Any]
             ) -> tuple[Iterator[bytes | memoryview], Callable[[], tuple[str, int, bytes]]]:
-    """The single file's bytes, one tensor read at a time, and, once they are consumed,
-    (its sha256 hex, its size, the state hash of its tensors).
+    """The single file's bytes, a batch of tensors read at a time, and, once they are
+    consumed, (its sha256 hex, its size, the state hash of its tensors).
 
     The state hash takes the tensors in name order, the file in safetensors' order;
-    the hash is taken in a second pass (one tensor at a time again)."""
+    the hash is taken in a second pass (a batch at a time again)."""
     from node.train.trace import CKPT_SCHEMES, _file_meta  # noqa: PLC0415 - a cycle
 
     layout = _layout(dcp_dir)
-    load = _loader(dcp_dir, layout)
+    read = _reader(dcp_dir, layout)
     head, order = file_header(layout, _file_meta(meta))
     digest, size = hashlib.sha256(), 0
 
     def parts() -> Iterator[bytes | memoryview]:
         nonlocal size
-        for part in (head, *(_bytes(load(n)) for n in order)):
+        digest.update(head)
+        size += len(head)
+        yield head
+        for _, t in read(order):
+            part = _bytes(t)
             digest.update(part)
             size += len(part) if isinstance(part, bytes) else part.nbytes
             yield part
 
     def result() -> tuple[str, int, bytes]:
         h = StateHasher(CKPT_SCHEMES[meta["format"]])
-        for name in sorted(layout):
-            h.tensor(name, load(name))
+        for name, t in read(sorted(layout)):
+            h.tensor(name, t)
         return digest.hexdigest(), size, h.digest()
 
     return parts(), result
