@@ -232,12 +232,12 @@ def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
     ctx = job("lm", cache, k=K, total_steps=3 * K)
     out = tmp_path / "fsdp"
     got = launch(_spec_file(ctx, tmp_path), dataset_path("text", cache), out, job_id=1,
-                 world_size=2, mode="fsdp", keep_every=2)
+                 world_size=2, mode="fsdp", keep_every=2, hash_batch_bytes=32 * 1024)
     ref = _reference(ctx, tmp_path, keep_every=2)
     assert got.state_hashes == ref.state_hashes and got.losses == ref.losses
     timing = json.loads((tmp_path / "fsdp.ranks" / "timing.json").read_text())
-    # The largest piece rank 0 held to hash a leaf: one tensor's shard, not the state.
-    assert 0 < timing["leaf_largest_bytes"] < timing["state_bytes"] / 4
+    # What rank 0 held of its peer's shards at a time: one batch, not the state.
+    assert 0 < timing["leaf_largest_bytes"] <= 32 * 1024 < timing["state_bytes"] / 4
     # S_0 (rank 0 builds it whole) is a file; kept leaves 2 and 3 only DCP shards;
     # leaf 1 is not kept (hashed from the shards, nothing written).
     assert [c.step for c in got.checkpoints] == [0, 2 * K, 3 * K]

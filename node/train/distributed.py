@@ -32,7 +32,8 @@ launcher (PR_SET_PDEATHSIG), so no rank outlives it.
 Public API::
 
     launch(spec_path, dataset_path, out_dir, job_id, world_size, threads=1,
-           mode="ddp", keep_every=1, cheat=None, on_start=None) -> TraceManifest
+           mode="ddp", keep_every=1, cheat=None, on_start=None,
+           hash_batch_bytes=HASH_BATCH_BYTES) -> TraceManifest
     python -m node.train.distributed '<rank config json>'   # one rank (internal)
 """
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import signal
 import subprocess
@@ -85,6 +87,9 @@ STORE_TIMEOUT = timedelta(seconds=120)
 # than the job hanging (the launcher kills it sooner when a rank exits).
 PG_TIMEOUT = timedelta(seconds=600)
 _PR_SET_PDEATHSIG = 1
+#: fsdp: a leaf's shards travel to rank 0 in batches of about this many bytes per rank
+#: (fewer messages; rank 0 holds one batch per peer at a time, never the state).
+HASH_BATCH_BYTES = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ class RankConfig:
     keep_every: int
     parent_pid: int
     cheat: str | None = None
+    hash_batch_bytes: int = 0
 
 
 # --- one rank ------------------------------------------------------------------------
@@ -117,6 +123,7 @@ class _Rank:
         self._stale: list[torch.Tensor] | None = None
         self._last_part = torch.zeros(())
         self.largest_held = 0  # the largest piece a leaf hash held (rank 0)
+        self.save_seconds = 0.0  # inside leaf(): the DCP saves
 
     # State in and out.
 
@@ -157,9 +164,11 @@ class _Rank:
 
         The hash is ``state_hash`` of ``state_tensors``, streamed (node.proof.StateHasher):
         per tensor in name order rank 0 hashes its header, then its own dim-0 shard,
-        then each other rank's, received in rank order one at a time and dropped once
-        hashed. The row-major bytes of a Shard(0) tensor are its shards' in rank order,
-        so no rank ever holds more than its own shards plus one peer shard."""
+        then each other rank's in rank order. The row-major bytes of a Shard(0) tensor
+        are its shards' in rank order. Shards travel in batches: consecutive tensors (in
+        name order) whose largest shards come to at most ``hash_batch_bytes``, one
+        message per rank and batch (a tensor with a larger shard alone), dropped once
+        hashed; so rank 0 holds its own shards plus one batch per peer, never the state."""
         from torch.distributed.tensor import DTensor, Shard  # noqa: PLC0415
 
         from node.proof import StateHasher  # noqa: PLC0415
@@ -171,48 +180,70 @@ class _Rank:
         save: dict[str, torch.Tensor] = {}
         pairs = dict(_live_pairs(state))
         pairs[STEP_KEY] = torch.tensor(state.step, dtype=torch.int64)
-        for name in sorted(pairs):
+        names = sorted(pairs)
+        # (global tensor, this rank's exported shard) of each Shard(0) tensor
+        sharded: dict[str, tuple[Any, torch.Tensor]] = {}
+        for name in names:
             t = pairs[name].detach()
             if isinstance(t, DTensor) and tuple(t.placements) == (Shard(0),):
                 local = t.to_local()
+                if local.shape[0] != _rows(t.shape[0], self.world, self.rank):
+                    raise TrainingError(f"{name}: rank {self.rank} holds {local.shape[0]} "
+                                        f"rows of {t.shape[0]}, not torch.chunk's share")
                 dtype = _export_dtype(local, cd)
-                mine = local if local.dtype == dtype and local.is_contiguous() \
-                    else _export(local, cd)
-                if h is not None:
-                    h.begin(name, dtype, t.shape)
-                    h.update(mine)
-                    for src in range(1, self.world):
-                        n = torch.zeros((), dtype=torch.int64)
-                        dist.recv(n, src=src)
-                        if int(n):
-                            piece = torch.empty(int(n), dtype=dtype)
-                            dist.recv(piece, src=src)
-                            h.update(piece)
-                            del piece
-                else:
-                    dist.send(torch.tensor(mine.numel(), dtype=torch.int64), dst=0)
-                    if mine.numel():
-                        dist.send(mine.reshape(-1), dst=0)
-                if partial_dir is not None:
-                    save[name] = DTensor.from_local(mine, t.device_mesh, t.placements,
-                                                    shape=t.shape, stride=t.stride(),
-                                                    run_check=False)
-                continue
-            # Not sharded on dim 0 (replicated optimizer steps, buffers, meta.step): whole.
-            full = _export(t.full_tensor() if isinstance(t, DTensor) else t, cd)
+                sharded[name] = (t, local if local.dtype == dtype and local.is_contiguous()
+                                 else _export(local, cd))
+        for group in _batches(names, sharded, self.world, self.cfg.hash_batch_bytes, cd):
+            if h is None:
+                mine = [sharded[n][1].reshape(-1).view(torch.uint8)
+                        for n in group if n in sharded]
+                flat = torch.cat(mine) if mine else torch.zeros(0, dtype=torch.uint8)
+                if flat.numel():
+                    dist.send(flat, dst=0)
+            peers: list[torch.Tensor] = []
             if h is not None:
-                h.tensor(name, full)
-            if partial_dir is not None:
-                save[name] = full
+                for src in range(1, self.world):
+                    n = sum(_shard_bytes(sharded[m][0], self.world, src, cd)
+                            for m in group if m in sharded)
+                    buf = torch.empty(n, dtype=torch.uint8)
+                    if n:
+                        dist.recv(buf, src=src)
+                    peers.append(buf)
+                self.largest_held = max(self.largest_held, sum(b.numel() for b in peers))
+            at = [0] * len(peers)
+            for name in group:
+                if name in sharded:
+                    t, mine_t = sharded[name]
+                    if h is not None:
+                        h.begin(name, mine_t.dtype, t.shape)
+                        h.update(mine_t)
+                        for i, buf in enumerate(peers):
+                            n = _shard_bytes(t, self.world, i + 1, cd)
+                            h.update(buf[at[i]:at[i] + n].view(mine_t.dtype))
+                            at[i] += n
+                    if partial_dir is not None:
+                        save[name] = DTensor.from_local(mine_t, t.device_mesh, t.placements,
+                                                        shape=t.shape, stride=t.stride(),
+                                                        run_check=False)
+                    continue
+                # Not sharded on dim 0 (optimizer steps, buffers, meta.step): whole.
+                t = pairs[name].detach()
+                full = _export(t.full_tensor() if isinstance(t, DTensor) else t, cd)
+                if h is not None:
+                    h.tensor(name, full)
+                if partial_dir is not None:
+                    save[name] = full
+            del peers
         if partial_dir is not None:
             from node.train.shardckpt import save_shards  # noqa: PLC0415
 
             # A killed run's leftover partial directory is gone: run_training's resume
             # removed it before the first segment (rank 0 alone, the ranks waiting).
+            t0 = time.perf_counter()
             save_shards(save, partial_dir)
+            self.save_seconds += time.perf_counter() - t0
         if h is None:
             return None
-        self.largest_held = max(self.largest_held, h.largest)
         return ShardedLeaf(h.digest(), partial_dir)
 
     # One step.
@@ -285,6 +316,35 @@ class _Rank:
         for t in range(start + 1, start + k + 1):
             total += self.step(t)
         return total / k
+
+
+def _rows(d0: int, world: int, rank: int) -> int:
+    """Rows of a dim-0 size ``d0`` that rank ``rank`` holds under Shard(0): torch.chunk's
+    split (chunks of ceil(d0 / world), the last ones short or empty)."""
+    c = -(-d0 // world)
+    return max(0, min(d0, (rank + 1) * c) - rank * c)
+
+
+def _shard_bytes(t: Any, world: int, rank: int, cd: torch.dtype) -> int:
+    """Bytes of rank ``rank``'s exported shard of the Shard(0) tensor ``t``."""
+    return _rows(t.shape[0], world, rank) * math.prod(t.shape[1:]) \
+        * _export_dtype(t, cd).itemsize
+
+
+def _batches(names: list[str], sharded: dict[str, tuple[Any, torch.Tensor]], world: int,
+             limit: int, cd: torch.dtype) -> list[list[str]]:
+    """``names`` in order, cut where the largest (rank 0's) shards of a batch would pass
+    ``limit`` bytes; every rank computes the same cut from the global shapes."""
+    out: list[list[str]] = [[]]
+    size = 0
+    for name in names:
+        n = _shard_bytes(sharded[name][0], world, 0, cd) if name in sharded else 0
+        if out[-1] and size + n > limit:
+            out.append([])
+            size = 0
+        out[-1].append(name)
+        size += n
+    return out
 
 
 def _fresh_optimizer_state(ctx: TrainContext, model: Any) -> TrainState:
@@ -414,7 +474,8 @@ def rank_main(cfg: RankConfig) -> None:
             # Where rank 0's time went (bench/distributed.py reads it): steps vs the rest.
             timing = {"run_s": time.perf_counter() - t0, "train_s": leader.train_seconds,
                       "sync_s": leader.sync_seconds, "segments": m.segment_count,
-                      "leaf_s": leader.leaf_seconds, "resumed_from": leader.resumed_from,
+                      "leaf_s": leader.leaf_seconds, "leaf_save_s": r.save_seconds,
+                      "resumed_from": leader.resumed_from,
                       # fsdp: the largest piece rank 0 held to hash a leaf, against the
                       # whole state's bytes (tests: never the whole state)
                       "leaf_largest_bytes": r.largest_held,
@@ -449,7 +510,8 @@ def _tail(path: Path, n: int = 1500) -> str:
 def launch(spec_path: str | Path, dataset_path: str | Path, out_dir: str | Path, job_id: int,
            world_size: int, threads: int = 1, mode: Mode = "ddp", keep_every: int = 1,
            cheat: Cheat | None = None,
-           on_start: Callable[[list[int]], None] | None = None) -> Any:
+           on_start: Callable[[list[int]], None] | None = None,
+           hash_batch_bytes: int = HASH_BATCH_BYTES) -> Any:
     """Train the job with ``world_size`` rank processes into ``out_dir`` (resuming what
     is there, as ``run_training`` does); return its TraceManifest. TrainingError if a
     rank fails; every rank is dead by the time this returns or raises."""
@@ -475,7 +537,8 @@ def launch(spec_path: str | Path, dataset_path: str | Path, out_dir: str | Path,
     try:
         for rank in range(world_size):
             cfg = RankConfig(rank, world_size, store.port, str(spec_path), str(dataset_path),
-                             str(out), job_id, threads, mode, keep_every, os.getpid(), cheat)
+                             str(out), job_id, threads, mode, keep_every, os.getpid(), cheat,
+                             hash_batch_bytes)
             with open(logs / f"rank{rank}.log", "wb") as log:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "node.train.distributed", json.dumps(asdict(cfg))],
