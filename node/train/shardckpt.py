@@ -60,7 +60,9 @@ def save_shards(tensors: Mapping[str, torch.Tensor], directory: str | Path) -> N
     for the replicated ones) into ``directory``. Collective: call on every rank."""
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
 
-    dcp.save(dict(tensors), checkpoint_id=str(directory))
+    # The plan is the same at every leaf of a run (same tensors, same shards): cached.
+    dcp.save(dict(tensors), checkpoint_id=str(directory),
+             planner=dcp.DefaultSavePlanner(enable_plan_caching=True))
 
 
 def _bad(message: str) -> CheckpointError:
