@@ -14,6 +14,7 @@ for its share; "stale": its previous gradient every other step), against the spe
 rho: honest must sit below rho, every cheat above.
 
 Usage: python bench/distributed.py [--steps 4] [--k 2] [--worlds 1,2,4] [--model lm25m|lm]
+       [--mode ddp|fsdp]   (fsdp: world sizes > 1 shard; the cheats stay ddp)
 The last stdout line is the JSON (also written to bench/results/distributed_cpu.json).
 """
 
@@ -52,11 +53,11 @@ def spec_for(model: str, steps: int, k: int, data_hash: str) -> JobSpec:
     return parse_spec(d)
 
 
-def run(spec_file: Path, data: Path, out: Path, world: int, cheat: str | None = None
-        ) -> dict[str, Any]:
+def run(spec_file: Path, data: Path, out: Path, world: int, cheat: str | None = None,
+        mode: str = "ddp") -> dict[str, Any]:
     t0 = time.perf_counter()
     launch(spec_file, data, out, job_id=1, world_size=world, cheat=cheat,  # type: ignore[arg-type]
-           keep_every=1)
+           keep_every=1, mode=mode)  # type: ignore[arg-type]
     wall = time.perf_counter() - t0
     timing = json.loads((out.parent / f"{out.name}.ranks" / "timing.json").read_text())
     return {"wall_s": round(wall, 2), **timing}
@@ -73,6 +74,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--worlds", default="1,2,4")
     ap.add_argument("--model", choices=("lm25m", "lm"), default="lm25m")
+    ap.add_argument("--mode", choices=("ddp", "fsdp"), default="ddp",
+                    help="fsdp: leaves hashed from shards, kept ones DCP checkpoints")
     args = ap.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="polnet-dist-"))
@@ -83,11 +86,12 @@ def main() -> None:
     spec_file.write_bytes(spec.canonical_json())
     ctx = TrainContext.create(spec, ds)
     rho = spec.tolerance.rho
-    out: dict[str, Any] = {"model": args.model, "params": spec.model.param_count(),
+    out: dict[str, Any] = {"model": args.model, "mode": args.mode,
+                           "params": spec.model.param_count(),
                            "steps": args.steps, "k": args.k, "rho": rho, "backend": "gloo",
                            "threads_per_rank": 1, "worlds": {}}
     for w in worlds:
-        t = run(spec_file, data, tmp / f"w{w}", w)
+        t = run(spec_file, data, tmp / f"w{w}", w, mode=args.mode if w > 1 else "ddp")
         ratio, passed = max_ratio(ctx, tmp / f"w{w}")
         out["worlds"][str(w)] = {
             "steps_per_s": round(args.steps / t["train_s"], 4),
@@ -97,7 +101,10 @@ def main() -> None:
                 100 * (t["run_s"] - t["train_s"] - t.get("sync_s", 0.0)) / t["train_s"], 1),
             "recording_s_per_segment": round(
                 (t["run_s"] - t["train_s"] - t.get("sync_s", 0.0)) / t["segments"], 3),
-            "launch_wall_s": t["wall_s"], "max_replay_ratio": ratio, "all_passed": passed}
+            "launch_wall_s": t["wall_s"], "max_replay_ratio": ratio, "all_passed": passed,
+            # fsdp: what rank 0 held of its peers' shards to hash a leaf, and the state
+            **({"leaf_largest_bytes": t["leaf_largest_bytes"], "state_bytes": t["state_bytes"],
+                "leaf_save_s": round(t["leaf_save_s"], 3)} if args.mode == "fsdp" else {})}
         print(json.dumps({f"world_{w}": out["worlds"][str(w)]}), flush=True)
     cheats: dict[str, Any] = {}
     for cheat in ("skip", "stale"):
@@ -119,7 +126,8 @@ def main() -> None:
     line = json.dumps(out, sort_keys=True)
     results = ROOT / "bench" / "results"
     results.mkdir(exist_ok=True)
-    (results / f"distributed_cpu_{args.model}.json").write_text(line + "\n")
+    suffix = "" if args.mode == "ddp" else f"_{args.mode}"
+    (results / f"distributed_cpu_{args.model}{suffix}.json").write_text(line + "\n")
     print(line)
 
 
