@@ -11,8 +11,8 @@ Layout, beside the single files of node.train.trace::
     ckpt-00000010.safetensors       the conversion, once something needed it
 
 Its tensors are those of ``state_tensors`` (names, exported dtypes and shapes); a
-sharded tensor is a DTensor of its ranks' local shards. Conversion reads one tensor at
-a time (the converter never holds the whole state) and streams the safetensors file
+sharded tensor is a DTensor of its ranks' local shards. Conversion reads a batch of
+tensors at a time (``BATCH_BYTES``; never the whole state) and streams the safetensors file
 of ``tensor_file_parts``: the same bytes as the single file a one-process run writes
 for the same state. The converted file's state hash must be the one committed
 (CheckpointError otherwise, the partial file removed, the DCP form left as it was).
