@@ -32,6 +32,7 @@ import hashlib
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,9 @@ def _reader(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ..
     def load(names: list[str]) -> dict[str, torch.Tensor]:
         batch = {n: torch.empty(layout[n][1], dtype=layout[n][0]) for n in names}
         try:
-            dcp.load(batch, checkpoint_id=str(dcp_dir), no_dist=True)
+            with warnings.catch_warnings():  # "assuming ... a single process": it is
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+                dcp.load(batch, checkpoint_id=str(dcp_dir), no_dist=True)
         # a truncated, damaged or missing shard file (DCP's error is a BaseException)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001
             raise _bad(f"{dcp_dir}: tensors {names[0][:80]!r}.. cannot be read, a shard "
