@@ -6,6 +6,7 @@ trace replays on one rank (issue 33)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import signal
@@ -14,9 +15,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
+import trio
 from torch.distributed.checkpoint import FileSystemReader
 
 from node.errors import CheckpointError, TrainingError
@@ -223,6 +226,26 @@ def test_a_sparse_distributed_trace_regenerates_on_one_process(cache: Path,
         regenerate_many(ctx, out, [K])  # hence the solver's micro-batched context
 
 
+async def _publish(out: Path) -> list[str]:
+    """``Solver._publish_trace`` of trace ``out`` with a p2p that files by sha256."""
+    from node.roles.solver import Solver  # noqa: PLC0415
+    from node.train.behavior import HonestBehavior  # noqa: PLC0415
+
+    published: list[str] = []
+
+    async def publish_file(path: Path) -> str:
+        published.append(hashlib.sha256(Path(path).read_bytes()).hexdigest())
+        return published[-1]
+
+    rec = SimpleNamespace(manifest=None, root=None, final=None)
+    state = SimpleNamespace(jobs={1: rec})
+    fake = SimpleNamespace(rt=SimpleNamespace(p2p=SimpleNamespace(publish_file=publish_file)),
+                           behavior=HonestBehavior(), state=contextlib.nullcontext(state))
+    await Solver._publish_trace(fake, 1, out)  # type: ignore[arg-type]
+    assert rec.manifest == published[-1]
+    return sorted(published[:-1])
+
+
 @pytest.mark.parallel
 def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
@@ -263,9 +286,12 @@ def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
         assert sorted(p.name for p in sharded.iterdir()) == files
         assert [p.name for p in out.glob(".*")] == []
     shard.write_bytes(good)
-    # Converted on demand: the bytes a one-process run keeps (the manifest names them),
-    # read a few tensors at a time here (the ranks sealed them in one batch each).
+    # The solver daemon publishing the trace converts them (its p2p store checks the
+    # bytes against the manifest's sha256 as the artifact id), reading a few tensors at
+    # a time here (the ranks sealed them in one batch each).
     monkeypatch.setattr(shardckpt, "BATCH_BYTES", 4096)
+    assert trio.run(_publish, out) == sorted(c.sha256 for c in got.checkpoints)
+    # Converted on demand and kept: the bytes a one-process run keeps.
     for index in (2, 3):
         path = kept_file(out, got, index)
         entry = got.checkpoint_at(index)
