@@ -16,14 +16,15 @@ Two modes:
   over the ranks (gradients averaged by its reduce-scatter of unscaled losses). The
   state hash is the ordinary one, built from the shards (``_Rank.leaf``): per tensor
   in name order rank 0 hashes its own dim-0 shard, then each other rank's, received
-  one at a time; nobody gathers the state, so existing hash vectors and verifiers
-  are unchanged and a 1-rank verifier replays the segments. Kept leaves are written
-  with torch.distributed.checkpoint, each rank its shards, and converted to the
-  single-file layout on demand (node.train.shardckpt, trace.kept_file). Rank 0
-  holds the whole state once a run (S_0 or the checkpoint it resumes from).
+  in batches of ``hash_batch_bytes``; nobody gathers the state, so existing hash
+  vectors and verifiers are unchanged and a 1-rank verifier replays the segments.
+  Kept leaves are written with torch.distributed.checkpoint, each rank its shards,
+  and converted to the single-file layout on demand (node.train.shardckpt,
+  trace.kept_file). Rank 0 holds the whole state once a run (S_0 or the checkpoint
+  it resumes from).
 
-Control: before each segment rank 0 broadcasts ``[go, start step, first, keep]``; the first
-segment of a run also broadcasts the state rank 0 started from (S_0 or the kept
+Control: before each segment rank 0 broadcasts ``[go, start step, first, keep]``; the
+first segment of a run also broadcasts the state rank 0 started from (S_0 or the kept
 checkpoint it resumed from), so a restart after a killed rank resumes every rank
 from the last kept checkpoint. A rank that dies ends the launch: the launcher
 kills every other rank's process group and raises; the ranks also die with the

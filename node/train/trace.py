@@ -506,11 +506,11 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec,
     file is deleted), the leaf records it covers, and its last checkpoint, to
     continue from."""
     spec_hash, k, segments = spec.spec_hash_hex(), spec.checkpoint_interval, spec.segment_count
+    from node.train import shardckpt  # noqa: PLC0415
+
     done: list[_Record] = []
     last: Checkpoint | None = None
     keep: set[str] = set()
-    from node.train import shardckpt  # noqa: PLC0415
-
     for stale in out.glob(".ckpt-*.dcp.partial"):  # a sharded save a killed run began
         shutil.rmtree(stale, ignore_errors=True)
     for i in kept_indices(segments, keep_every):
