@@ -19,14 +19,28 @@ from __future__ import annotations
 
 import math
 import threading
+from typing import Any
 
 from node.errors import CheckpointError
+from node.proof import StateHashScheme, canonical_json
 from node.spec import JobSpec
 from node.tensorfile import DTYPE_BYTES, Header, st_dtype
 from node.train.models import build_skeleton
 from node.train.step import STEP_KEY, _optim_keys
 
 Layout = dict[str, tuple[str, tuple[int, ...]]]
+
+# A checkpoint file's format and the state hash it uses. /1 (sha256, every checkpoint
+# kept) still loads and verifies; /2 hashes with BLAKE3 and may keep only every M-th
+# checkpoint (node.train.sparse).
+CKPT_FORMAT = "polnet-checkpoint/2"
+CKPT_SCHEMES: dict[str, StateHashScheme] = {"polnet-checkpoint/1": "sha256",
+                                            "polnet-checkpoint/2": "blake3"}
+META_KEY = "polnet"  # the safetensors metadata entry that holds a checkpoint's metadata
+# A kept checkpoint's metadata (its single file's, or a sharded one's polnet.json).
+MAX_META_BYTES = 8192  # its "skipped" list: <= 31 x ~100 bytes
+META_FIELDS = {"format": "str", "job_id": "int", "step": "int", "state_hash": "str",
+               "spec_hash": "str", "segment_loss": "float?", "loss_e9": "int"}
 
 # Header JSON per tensor: its name twice as long as any real one, dtype, a rank-4
 # shape and two 12-digit offsets come to < 200 bytes; the metadata is < 1 KiB.
@@ -82,3 +96,8 @@ def compare_layout(want: Layout, got: Layout, what: str, whose: str) -> None:
         if got[name] != (dtype, shape):
             raise CheckpointError(f"{what}: {name} is {got[name][0]}{list(got[name][1])} "
                                   f"where {whose} needs {dtype}{list(shape)}")
+
+
+def file_meta(meta: dict[str, Any]) -> dict[str, str]:
+    """A checkpoint's metadata as its safetensors header holds it."""
+    return {META_KEY: canonical_json(meta).decode("utf-8")}

@@ -44,6 +44,7 @@ from node.datasets import atomic_write, fsync_dir
 from node.errors import CheckpointError
 from node.proof import StateHasher, canonical_json
 from node.tensorfile import file_header
+from node.train.layout import CKPT_FORMAT, CKPT_SCHEMES, MAX_META_BYTES, META_FIELDS, file_meta
 
 META_FILE = "polnet.json"
 
@@ -71,15 +72,13 @@ def _bad(message: str) -> CheckpointError:
 
 
 def dcp_meta(dcp_dir: str | Path) -> dict[str, Any]:
-    from node.train.trace import _META_FIELDS, MAX_META_BYTES  # noqa: PLC0415 - a cycle
-
     path = Path(dcp_dir) / META_FILE
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise _bad(f"{path} cannot be read: {exc.strerror}") from None
     meta = decode_json_object(raw, max_bytes=MAX_META_BYTES, what=str(path), error=_bad)
-    check_fields(meta, _META_FIELDS, what=str(path), extra_ok=True, error=_bad)
+    check_fields(meta, META_FIELDS, what=str(path), extra_ok=True, error=_bad)
     return meta
 
 
@@ -149,11 +148,9 @@ def _stream(dcp_dir: Path, meta: dict[str, Any]
 
     The state hash takes the tensors in name order, the file in safetensors' order;
     the hash is taken in a second pass (a batch at a time again)."""
-    from node.train.trace import CKPT_SCHEMES, _file_meta  # noqa: PLC0415 - a cycle
-
     layout = _layout(dcp_dir)
     read = _reader(dcp_dir, layout)
-    head, order = file_header(layout, _file_meta(meta))
+    head, order = file_header(layout, file_meta(meta))
     digest, size = hashlib.sha256(), 0
 
     def parts() -> Iterator[bytes | memoryview]:
@@ -183,8 +180,6 @@ def _bytes(t: torch.Tensor) -> bytes | memoryview:
 
 
 def _check_meta(dcp_dir: Path, meta: dict[str, Any]) -> None:
-    from node.train.trace import CKPT_FORMAT  # noqa: PLC0415 - a cycle
-
     if meta["format"] != CKPT_FORMAT:  # sharded checkpoints came with /2
         raise _bad(f"{dcp_dir} is in format {meta['format'][:40]!r}, not {CKPT_FORMAT}")
 

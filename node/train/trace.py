@@ -70,8 +70,19 @@ from node.proof import (
 from node.proof import state_hash as compute_state_hash
 from node.spec import MAX_CHECKPOINT_INTERVAL, MAX_STEPS, JobSpec
 from node.tensorfile import Header, read_header, tensor_file_parts
+from node.train import shardckpt
 from node.train.behavior import HonestBehavior, SegmentBehavior
-from node.train.layout import check_layout, max_file_bytes, max_header_bytes
+from node.train.layout import (
+    CKPT_FORMAT,
+    CKPT_SCHEMES,
+    MAX_META_BYTES,
+    META_FIELDS,
+    META_KEY,
+    check_layout,
+    file_meta,
+    max_file_bytes,
+    max_header_bytes,
+)
 from node.train.sparse import MAX_KEEP_EVERY as MAX_KEEP
 from node.train.sparse import check_keep_every, kept_indices, nearest_kept
 from node.train.step import (
@@ -85,30 +96,23 @@ from node.train.step import (
     train_step,
 )
 
-CKPT_FORMAT = "polnet-checkpoint/2"
 MANIFEST_FORMAT = "polnet-trace/2"
 # Format -> its state hash. /1 (sha256, every checkpoint kept) still loads and verifies;
 # /2 hashes with BLAKE3 and may keep only every M-th checkpoint (node.train.sparse).
-CKPT_SCHEMES: dict[str, StateHashScheme] = {"polnet-checkpoint/1": "sha256",
-                                            "polnet-checkpoint/2": "blake3"}
 MANIFEST_SCHEMES: dict[str, StateHashScheme] = {"polnet-trace/1": "sha256",
                                                 "polnet-trace/2": "blake3"}
 # ~300 bytes per segment: 64 MiB is > 200,000 checkpoints, far past any real job.
 MAX_MANIFEST_BYTES = 64 * 2**20
 # A checkpoint's own (unknown-spec) header bound; with a spec it is much tighter.
 MAX_CKPT_HEADER = 16 * 2**20
-MAX_META_BYTES = 8192  # a kept checkpoint's "skipped" list: <= 31 x ~100 bytes
 _MANIFEST_FIELDS = {"job_id": "int", "spec_hash": "str", "dataset_hash": "str", "k": "int",
                     "total_steps": "int", "segment_count": "int", "state_hashes": "[str]",
                     "losses": "[float]", "losses_e9": "[int]", "root": "str",
                     "checkpoints": "list"}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _ENTRY_FIELDS = {"step": "int", "file": "str", "sha256": "str", "bytes": "int"}
-_META_FIELDS = {"format": "str", "job_id": "int", "step": "int", "state_hash": "str",
-                "spec_hash": "str", "segment_loss": "float?", "loss_e9": "int"}
 MANIFEST_NAME = "trace.json"
 SPEC_NAME = "spec.json"
-META_KEY = "polnet"
 
 
 def checkpoint_name(step: int) -> str:
@@ -236,10 +240,6 @@ def _check_kept(d: dict[str, Any]) -> None:
 # --- checkpoints ----------------------------------------------------------------------
 
 
-def _file_meta(meta: dict[str, Any]) -> dict[str, str]:
-    return {META_KEY: canonical_json(meta).decode("utf-8")}
-
-
 def write_tensor_file(path: Path, tensors: Mapping[str, torch.Tensor],
                       metadata: Mapping[str, str], durable: bool = False) -> tuple[str, int]:
     """A safetensors file streamed from the tensors' buffers (``tensor_file_parts``,
@@ -259,7 +259,7 @@ def write_tensor_file(path: Path, tensors: Mapping[str, torch.Tensor],
 
 def _encode_checkpoint(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
     """The checkpoint file in memory (tests; ``write_tensor_file`` writes the same)."""
-    return st_save(tensors, metadata=_file_meta(meta))
+    return st_save(tensors, metadata=file_meta(meta))
 
 
 def _corrupt(message: str) -> CheckpointError:
@@ -271,7 +271,7 @@ def _checkpoint_meta(header: Header, what: str) -> dict[str, Any]:
         raise _corrupt(f"{what} has no {META_KEY!r} metadata")
     meta = decode_json_object(header.metadata[META_KEY], max_bytes=MAX_META_BYTES,
                               what=f"{what} metadata", error=_corrupt)
-    check_fields(meta, _META_FIELDS, what=f"{what} metadata", extra_ok=True, error=_corrupt)
+    check_fields(meta, META_FIELDS, what=f"{what} metadata", extra_ok=True, error=_corrupt)
     return meta
 
 
@@ -361,8 +361,6 @@ def _seal_sharded(out: Path, job_id: int, spec_hash: str, step: int, leaf: Shard
     """A kept leaf of a sharded run: its ranks wrote its DCP shards; add the metadata,
     check them and name them (node.train.shardckpt). The manifest names the single
     file they convert to, by that file's sha256 and size, as for any checkpoint."""
-    from node.train import shardckpt  # noqa: PLC0415
-
     assert leaf.partial_dir is not None
     meta = _meta(job_id, spec_hash, step, leaf.state_hash, segment_loss, skipped)
     (out / checkpoint_name(step)).unlink(missing_ok=True)  # a stale conversion
@@ -380,7 +378,7 @@ def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
     # thread while training goes on; the directory once, before the manifest (the
     # commit point) is written durably.
     path = out / checkpoint_name(step)
-    sha, _ = write_tensor_file(path, tensors, _file_meta(meta))
+    sha, _ = write_tensor_file(path, tensors, file_meta(meta))
     _fsync(path)
     return _Record(step, h, sha, segment_loss, loss_e9)
 
@@ -506,8 +504,6 @@ def _resume_point(out: Path, job_id: int, spec: JobSpec,
     file is deleted), the leaf records it covers, and its last checkpoint, to
     continue from."""
     spec_hash, k, segments = spec.spec_hash_hex(), spec.checkpoint_interval, spec.segment_count
-    from node.train import shardckpt  # noqa: PLC0415
-
     done: list[_Record] = []
     last: Checkpoint | None = None
     keep: set[str] = set()
@@ -665,8 +661,6 @@ def kept_file(trace_dir: str | Path, manifest: TraceManifest, index: int) -> Pat
     to it the first time it is needed (then kept), and must hash to the committed leaf
     (CheckpointError otherwise; the DCP form is left as it was). The path may not exist
     when neither form does."""
-    from node.train import shardckpt  # noqa: PLC0415
-
     trace = Path(trace_dir)
     step = index * manifest.k
     path = trace / checkpoint_name(step)
@@ -752,5 +746,5 @@ def write_state_file(path: str | Path, tensors: dict[str, torch.Tensor], job_id:
             "spec_hash": "", "segment_loss": None, "loss_e9": 0}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    write_tensor_file(p, tensors, _file_meta(meta), durable=True)  # file and directory
+    write_tensor_file(p, tensors, file_meta(meta), durable=True)  # file and directory
     return h
