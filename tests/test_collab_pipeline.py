@@ -131,12 +131,16 @@ def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> Non
     assert c.get_collab(job).ahead == 2
     e = revert(out.start_round, job)
     assert (e.error, e.error_args) == ("PipelineFull", {"round": 3})
-    # in order only: nothing past round 0 settles, is challenged or accepted first
+    # in order only: nothing past round 0 settles or is accepted first; a speculative
+    # candidate is challengeable within its window from its post (now closed), not later
+    posted1 = c.get_round(job, 1)
+    assert posted1.window_end == posted1.posted_at + c.collab_params().outer_window
     chain.advance(c.collab_params().outer_window + window(net))
     e = revert(out.accept_outer, job, 1)
     assert (e.error, e.error_args) == ("WrongRound", {"round": 1, "current": 0})
     net.workers[0].token.approve(c.address, outer_b)
-    assert revert(net.workers[0].collab.challenge_outer, job, 1).error == "WrongRound"
+    assert revert(net.workers[0].collab.challenge_outer, job, 1).error == "OuterWindowClosed"
+    assert revert(net.workers[0].collab.challenge_outer, job, 3).error == "WrongRound"
     assert revert(out.accept_outer, job, 0).error == "WrongRoundPhase"  # round 0 not settled
     assert revert(net.workers[0].collab.leave_slot, job, 0).error == "WrongRoundPhase"
     conserved(net)
@@ -144,8 +148,8 @@ def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> Non
     out.accept_outer(job, 0)
     j = c.get_collab(job)
     assert (j.round, j.phase, j.ahead, j.init_state_hash) == (1, RoundPhase.RUNNING, 1, init(1))
-    # round 1's candidate gets a full window now that it can be challenged
-    assert c.get_round(job, 1).window_end >= chain.timestamp() + c.collab_params().outer_window - 5
+    # round 1's candidate keeps its window from its post: no fresh window as the base
+    assert c.get_round(job, 1).window_end == posted1.window_end < chain.timestamp()
     work_from(net, job, 2, init(2))
     candidate(net, sub, job, 2)
     out.start_round(job)  # round 3, two ahead of round 1
@@ -350,12 +354,13 @@ def test_an_invalid_candidate_rolls_back_and_its_poster_pays(net: Net) -> None:
     conserved(net)
 
 
-def _open_challenge(net: Net, job: int, challenger: ChainClient) -> int:
-    case, _ = _challenge_and_draw(net, job, 0, challenger)
+def _open_challenge(net: Net, job: int, challenger: ChainClient, r: int = 0) -> int:
+    case, _ = _challenge_and_draw(net, job, r, challenger)
     return case
 
 
-def _finish_jury(net: Net, job: int, case: int, vote: bool) -> tuple[list[Any], Any]:
+def _vote(net: Net, case: int, vote: bool) -> None:
+    """The case's jurors all commit and reveal ``vote``; its reveal window then ends."""
     chain, oj = net.chain, net.chain.reader.outer_jury
     jp = oj.jury_params()
     jury = oj.get_case(case).jury
@@ -366,7 +371,20 @@ def _finish_jury(net: Net, job: int, case: int, vote: bool) -> tuple[list[Any], 
     for a in jury:
         net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
     chain.advance(jp.reveal_window)
-    return jury, net.outsider.collab.resolve_outer(job, 0)
+
+
+def _finish_jury(net: Net, job: int, case: int, vote: bool, r: int = 0) -> tuple[list[Any], Any]:
+    chain, oj = net.chain, net.chain.reader.outer_jury
+    jp = oj.jury_params()
+    jury = oj.get_case(case).jury
+    salt = keccak(b"salt")
+    for a in jury:
+        net.by_address(a).outer_jury.commit_vote(case, vote, salt)
+    chain.advance(jp.commit_window)
+    for a in jury:
+        net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
+    chain.advance(jp.reveal_window)
+    return jury, net.outsider.collab.resolve_outer(job, r)
 
 
 def test_a_withheld_delta_blocks_the_candidate_and_rolls_nothing_back(net: Net) -> None:
@@ -426,4 +444,227 @@ def test_a_roll_back_never_fails_the_job_while_its_orphans_hold_the_escrow(net: 
     assert c.get_collab(job).pool >= 2 * (SUB_REWARD + big)
     out.start_round(job)  # the same start, now funded
     assert c.get_collab(job).ahead == 2 and all(sub_jobs(net, job, 2)[:2])
+    conserved(net)
+
+
+def _fund(net: Net, who: ChainClient, job: int, posts: int = 2) -> None:
+    net.chain.set_balance(who.address, 10**20)
+    net.submitter.token.transfer(who.address, posts * bonds(net, job)[1])
+
+
+def test_an_invalid_speculative_candidate_rolls_back_only_the_rounds_after_it(net: Net) -> None:
+    """A wrong candidate for a speculative round is challenged from its post, while the base
+    still runs: the base's settlement waits for the verdict; Invalid removes the candidate
+    (its poster's outer bond and P forfeit), rolls back only the rounds built on it, refills
+    the pool from P; the base and the round itself go on and the job finishes."""
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    sub, out, liar = net.submitter, net.outsider.collab, net.outsider
+    job = pipelined_job(net, 3, 2)
+    _, _, p = bonds(net, job)
+    bond = c.collab_params().outer_bond
+    _fund(net, liar, job)
+    out.start_round(job)
+    work_from(net, job, 0, init(0))
+    candidate(net, sub, job, 0)
+    out.start_round(job)
+    work_from(net, job, 1, init(1))
+    forged = keccak(b"forged init")
+    candidate(net, liar, job, 1, keccak(b"forged"), forged)  # speculative and wrong
+    out.start_round(job)  # round 2, on the forged state
+    orphans = sub_jobs(net, job, 2)
+    assert all(m.get_job(jid).init_state_hash == forged for jid in orphans)
+    work_from(net, job, 2, forged, slots=[0])
+    case = _open_challenge(net, job, sub, r=1)  # speculative: challengeable at once
+    _vote(net, case, False)
+    chain.advance(window(net))
+    # the base's settlement could run now, but a live challenge of a round in flight holds it
+    e = revert(out.settle_round, job)
+    assert (e.error, e.error_args) == ("ChallengeLive", {"jobId": job, "round": 1})
+    conserved(net)
+    pool0 = c.get_collab(job).pool
+    credits0 = c.credits(sub.address)
+    r = out.resolve_outer(job, 1)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.INVALID
+    rb = c.events(r, "RoundsRolledBack")[0]["args"]
+    assert (rb["firstRound"], rb["lastRound"], rb["reason"], rb["poolRefund"]) == \
+        (2, 2, 1, 3 * SUB_REWARD)
+    assert not c.events(r, "OuterWithdrawn")  # round 2 had no candidate
+    assert c.get_collab(job).pool - pool0 == 3 * SUB_REWARD
+    assert c.credits(sub.address) - credits0 == 2 * bond - bond // 2 + p - 3 * SUB_REWARD
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (0, RoundPhase.RUNNING, 1)
+    assert c.orphans_of(job) == 3
+    # only round 2 is gone: round 0's candidate and round 1's sub-jobs stand
+    assert c.get_round(job, 0).poster == sub.address
+    assert all(sub_jobs(net, job, 1)) and sub_jobs(net, job, 2) == [0, 0, 0]
+    rd1 = c.get_round(job, 1)
+    assert (rd1.poster, rd1.last_verdict) == (ZERO, OuterVerdict.INVALID)
+    conserved(net)
+
+    # the base settles and is accepted at once (its window from post is long over); round 1
+    # is re-posted honestly and round 2 restarts on it
+    r = out.settle_round(job)
+    assert not c.events(r, "RoundsRolledBack")
+    out.accept_outer(job, 0)
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (1, RoundPhase.RUNNING, 0)
+    candidate(net, sub, job, 1)
+    out.start_round(job)
+    assert all(sub_jobs(net, job, 2)) and set(sub_jobs(net, job, 2)).isdisjoint(orphans)
+    for jid in orphans:
+        out.settle_orphan(jid)
+        conserved(net)
+    assert c.orphans_of(job) == 0
+    work_from(net, job, 2, init(2), tag="redo")
+    chain.advance(max(window(net), c.collab_params().outer_window))
+    out.settle_round(job)
+    out.accept_outer(job, 1)
+    chain.advance(window(net))
+    out.settle_round(job)
+    candidate(net, sub, job, 2)
+    chain.advance(c.collab_params().outer_window)
+    out.accept_outer(job, 2)
+    assert c.get_collab(job).status == CollabStatus.FINISHED
+    assert c.credits(liar.address) == 0  # its outer bond and P forfeit
+    for who in [sub, *net.workers, *net.verifiers]:
+        if c.credits(who.address):
+            who.collab.withdraw()
+    assert c.total_owed() == 0 and chain.reader.token.balance_of(c.address) == 0
+    conserved(net)
+
+
+def test_a_speculative_challenge_holds_the_settlement_that_would_roll_it_back(net: Net) -> None:
+    """Round 1's candidate is challenged while round 0 carries a forged delta. The forged
+    sub-job is condemned before the jury decides; round 0's settlement (which would roll
+    round 1 back) waits for the verdict, so the verdict lands on a round still in flight,
+    and only then does the settlement roll rounds 1 and 2 back."""
+    chain, c, m = net.chain, net.chain.reader.collab, net.chain.reader.market
+    mp = m.market_params()
+    sub, out, poster, cheat = net.submitter, net.outsider.collab, net.outsider, net.workers[2]
+    job = pipelined_job(net, 3, 2)
+    _fund(net, poster, job)
+    out.start_round(job)
+    ids0 = sub_jobs(net, job, 0)
+    work_from(net, job, 0, init(0), slots=[0, 1])
+    cheat.market.claim_job(ids0[2])
+    leaves, tree = fake_trace(ids0[2], SEGS, K, tag="cheat", init=init(0))
+    cheat.market.commit_trace(ids0[2], leaves, tree)
+    candidate(net, sub, job, 0)
+    out.start_round(job)
+    work_from(net, job, 1, init(1))
+    candidate(net, poster, job, 1)  # right given theta_1, which holds the forged delta
+    out.start_round(job)
+    work_from(net, job, 2, init(2))
+    case = _open_challenge(net, job, sub, r=1)
+    # the forged run is disputed and condemned while the jury votes
+    chain.extra(11, 1_000 * TOKEN)
+    v = chain.join(11, VERIFIER, 500 * TOKEN)
+    did = v.market.challenge(ids0[2], 0, leaves[0], tree.proof(0), leaves[1], tree.proof(1))
+    _vote(net, case, True)
+    chain.advance(max(int(chain.reader.dispute.call("params").clock) + 1,
+                      window(net) + mp.dispute_grace))
+    r = net.outsider.dispute.timeout(did)
+    assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.SOLVER_TIMED_OUT
+    e = revert(out.settle_round, job)
+    assert (e.error, e.error_args) == ("ChallengeLive", {"jobId": job, "round": 1})
+    r = out.resolve_outer(job, 1)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VALID
+    assert not c.events(r, "RoundsRolledBack")
+    assert c.get_round(job, 1).poster == poster.address and c.get_collab(job).ahead == 2
+    conserved(net)
+    r = out.settle_round(job)
+    rb = c.events(r, "RoundsRolledBack")[0]["args"]
+    assert (rb["firstRound"], rb["lastRound"], rb["reason"]) == (1, 2, 0)
+    assert [e["args"]["round"] for e in c.events(r, "OuterWithdrawn")] == [0, 1]
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (0, RoundPhase.OUTER, 0)
+    assert c.is_excluded(job, cheat.address)
+    conserved(net)
+
+
+def test_a_valid_speculative_candidate_is_accepted_in_order_without_a_fresh_window(
+        net: Net) -> None:
+    """Round 1's candidate is challenged from its post and found Valid while round 0 is the
+    base; acceptOuter(0) gives it no fresh window, so once round 1 settles it is accepted
+    at once (its window from its post, or the verdict's half window, long over)."""
+    chain, c = net.chain, net.chain.reader.collab
+    sub, out, poster = net.submitter, net.outsider.collab, net.outsider
+    job = pipelined_job(net, 2, 1)
+    _, outer_b, _ = bonds(net, job)
+    bond = c.collab_params().outer_bond
+    _fund(net, poster, job)
+    out.start_round(job)
+    work_from(net, job, 0, init(0))
+    candidate(net, sub, job, 0)
+    out.start_round(job)
+    work_from(net, job, 1, init(1))
+    candidate(net, poster, job, 1)
+    assert revert(poster.collab.challenge_outer, job, 1).error == "PosterCannotChallenge"
+    case = _open_challenge(net, job, sub, r=1)
+    _, r = _finish_jury(net, job, case, vote=True, r=1)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VALID
+    rd1 = c.get_round(job, 1)
+    assert (rd1.poster, rd1.last_verdict) == (poster.address, OuterVerdict.VALID)
+    assert revert(out.accept_outer, job, 1).error == "WrongRound"  # in order: base first
+    chain.advance(window(net))
+    out.settle_round(job)
+    out.accept_outer(job, 0)
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (1, RoundPhase.RUNNING, 0)
+    assert c.get_round(job, 1).window_end == rd1.window_end <= chain.timestamp()
+    chain.advance(window(net))
+    out.settle_round(job)
+    r = out.accept_outer(job, 1)  # no outer window to wait for
+    assert c.events(r, "OuterAccepted")[0]["args"]["round"] == 1
+    assert c.get_collab(job).status == CollabStatus.FINISHED
+    # the poster: its bonds back and the challenger's bond less the jurors' half
+    assert c.credits(poster.address) == outer_b + bond - bond // 2
+    conserved(net)
+
+
+def test_an_invalid_verdict_waits_for_a_later_rounds_live_challenge(net: Net) -> None:
+    """A verdict never lands on a rolled-back round: with round 1's candidate under
+    challenge, the Invalid verdict on round 0's (which rolls round 1 back) cannot be applied
+    (`ChallengeLive`) until round 1's case is resolved; then it rolls round 1 back."""
+    chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
+    sub, out, liar, other = net.submitter, net.outsider.collab, net.outsider, net.workers[0]
+    job = pipelined_job(net, 2, 1)
+    _, outer_b, _ = bonds(net, job)
+    _fund(net, liar, job)
+    out.start_round(job)
+    work_from(net, job, 0, init(0))
+    forged = keccak(b"forged init")
+    candidate(net, liar, job, 0, keccak(b"forged"), forged)
+    out.start_round(job)
+    work_from(net, job, 1, forged)
+    candidate(net, sub, job, 1)
+    case0 = _open_challenge(net, job, sub, r=0)
+    case1 = _open_challenge(net, job, other, r=1)
+    salt = keccak(b"salt")
+    votes = {case0: False, case1: True}
+    for case, vote in votes.items():
+        for a in oj.get_case(case).jury:
+            net.by_address(a).outer_jury.commit_vote(case, vote, salt)
+    jp = oj.jury_params()
+    chain.advance(jp.commit_window)
+    for case, vote in votes.items():
+        for a in oj.get_case(case).jury:
+            net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
+    chain.advance(jp.reveal_window)
+    e = revert(out.resolve_outer, job, 0)
+    assert (e.error, e.error_args) == ("ChallengeLive", {"jobId": job, "round": 1})
+    assert c.get_collab(job).ahead == 1
+    r = out.resolve_outer(job, 1)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.VALID
+    conserved(net)
+    credits0 = c.credits(sub.address)
+    r = out.resolve_outer(job, 0)
+    assert c.events(r, "OuterResolved")[0]["args"]["verdict"] == OuterVerdict.INVALID
+    rb = c.events(r, "RoundsRolledBack")[0]["args"]
+    assert (rb["firstRound"], rb["lastRound"], rb["reason"]) == (1, 1, 1)
+    assert [e["args"]["round"] for e in c.events(r, "OuterWithdrawn")] == [1]
+    assert c.credits(sub.address) - credits0 > outer_b  # its round-1 bonds back, and more
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (0, RoundPhase.RUNNING, 0)
+    assert c.get_round(job, 0).poster == ZERO
     conserved(net)

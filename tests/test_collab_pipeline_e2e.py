@@ -200,3 +200,65 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(tmp_path: Path) -> 
             assert gain == owed, (name, gain, owed)
         assert net.holdings(net.address(BYZ_WORKERS["worker-byz"])) < before["worker-byz"]
         assert net.conserved(), net.books()
+
+
+FORGE_WORKERS = {"worker-1": 2, "worker-2": 3, "worker-forger": 7}
+INVALID = 2  # ICollabMarket.OuterVerdict
+
+
+@pytest.mark.serial  # its rounds race the wall clock: one at a time
+def test_a_forged_speculative_candidate_is_challenged_from_its_post(tmp_path: Path) -> None:
+    """Three workers, one ``wrong_outer``: at D = 2 it posts a forged candidate for a
+    speculative round (one ahead of the base) the moment the chain takes it. The
+    followers do not start a round on it; they challenge it within its window from its
+    post, while its round is still speculative, the jury finds it Invalid and it is
+    removed; the honest candidate is posted again and the job finishes, the forger's
+    bonds lost, the contracts conserved."""
+    with LocalNet(tmp_path / "net", collab_demo_params()) as net:
+        c = net.c
+        data = tmp_path / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        text = data / "text.safetensors"
+        d = collab_spec_dict(write_dataset(pack_text(), text), ROUNDS)
+        d["workers"] = {"min": 2, "max": len(FORGE_WORKERS)}
+        spec = data / "collab.json"
+        spec.write_text(json.dumps(d))
+        for i, v in enumerate(VERIFIERS, start=1):
+            net.start_verifier(f"v{i}", v)
+        for name, acct in FORGE_WORKERS.items():
+            net.start_solver(name, acct, "wrong_outer" if name == "worker-forger" else "honest")
+        before = {n: net.holdings(net.address(a)) for n, a in FORGE_WORKERS.items()}
+        cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=90, budget=9,
+                                round_duration=60, pipeline_depth=DEPTH)
+        end = time.monotonic() + 780
+        while time.monotonic() < end:
+            if c.collab.get_collab(cid).status.name in ("FINISHED", "FAILED") \
+                    and c.collab.orphans_of(cid) == 0:
+                break
+            net.check_alive()
+            time.sleep(1)
+        job = c.collab.get_collab(cid)
+        assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
+        time.sleep(6)  # the daemons withdraw what they were credited
+        evs = job_events(net, cid)
+        forger = net.address(FORGE_WORKERS["worker-forger"]).lower()
+        accepted_at = {int(e.args["round"]): e.block_number for e in evs
+                       if e.event == "OuterAccepted"}
+        assert sorted(accepted_at) == list(range(ROUNDS))
+        forged = [e for e in evs if e.event == "OuterPosted"
+                  and str(e.args["poster"]).lower() == forger
+                  and e.args["outerHash"] != c.collab.get_round(cid, e.args["round"]).outer_hash]
+        assert forged, f"the wrong_outer worker never posted a forged candidate; logs {net.home}"
+        f = forged[0]
+        q = int(f.args["round"])
+        # speculative when posted: its predecessor not finalized yet
+        assert q > 0 and f.block_number < accepted_at[q - 1], (q, f.block_number, accepted_at)
+        challenged = [e for e in evs if e.event == "OuterChallenged" and e.args["round"] == q
+                      and e.block_number >= f.block_number]
+        assert challenged and challenged[0].block_number < accepted_at[q - 1], \
+            "not challenged while speculative"
+        assert any(e.event == "OuterResolved" and e.args["round"] == q
+                   and e.args["verdict"] == INVALID for e in evs)
+        gain = {n: net.holdings(net.address(a)) - before[n] for n, a in FORGE_WORKERS.items()}
+        assert gain["worker-forger"] < gain["worker-1"], gain
+        assert net.conserved(), net.books()

@@ -325,8 +325,9 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (c.phase != RoundPhase.Running) revert WrongRoundPhase(jobId, c.phase);
         uint32 r = c.round;
         RoundRec storage rr = _rounds[jobId][r];
-        // A candidate's challenge is decided first: its verdict may roll back the same rounds.
-        if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, r);
+        // INVARIANT: a live challenge of any candidate in flight (base or speculative) is decided
+        // first: its verdict and this settlement may roll back the same rounds.
+        _holdFor(jobId, r, r + c.ahead);
         uint32 n = c.maxWorkers;
         Tally memory t;
         t.workers = new address[](n);
@@ -355,7 +356,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             // The candidate included a dropped (condemned) delta: withdrawn, its poster did
             // nothing wrong; every round built on it is rolled back.
             _withdrawPost(jobId, c, r, rr);
-            t.pipeForfeit = _rollback(jobId, c, ROLLBACK_CONDEMNED, t.pipeForfeit);
+            t.pipeForfeit = _rollback(jobId, c, r, ROLLBACK_CONDEMNED, t.pipeForfeit);
         }
         t.pot += t.pipeForfeit;
         // The pot goes to the accepted sub-jobs of workers not dropped this round: a squatter
@@ -412,6 +413,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     }
 
     function challengeOuter(uint256 jobId, uint32 round) external nonReentrant {
+        // Any candidate in flight, speculative ones too, within its window from its post.
         RoundRec storage rr = _posted(jobId, round);
         if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, round);
         if (block.timestamp >= rr.windowEnd) revert OuterWindowClosed(rr.windowEnd);
@@ -442,11 +444,12 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     }
 
     function acceptOuter(uint256 jobId, uint32 round) external nonReentrant {
+        CollabRec storage c = _collabs[jobId];
+        // INVARIANT: a round finalizes settled, as the base: in order.
+        if (round != c.round) revert WrongRound(round, c.round);
         RoundRec storage rr = _posted(jobId, round);
         if (rr.cPhase != ChallengePhase.None) revert ChallengeLive(jobId, round);
         if (block.timestamp < rr.windowEnd) revert OuterWindowOpen(rr.windowEnd);
-        CollabRec storage c = _collabs[jobId];
-        // INVARIANT: a round finalizes settled, as the base: in order.
         if (c.phase != RoundPhase.Outer) revert WrongRoundPhase(jobId, c.phase);
         rr.accepted = true;
         uint256 bond = _outerBond + _pipeBond(c);
@@ -460,12 +463,10 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         c.phase = RoundPhase.Idle;
         if (c.ahead != 0) {
             // The next round already runs, on this very post (any other would have rolled it back).
+            // Its candidate, if posted, was challengeable from its post: its window is not
+            // extended (windows of consecutive rounds overlap).
             c.ahead -= 1;
             c.phase = RoundPhase.Running;
-            // Its candidate, if posted, was not challengeable until now: a full window as base.
-            RoundRec storage nx = _rounds[jobId][round + 1];
-            uint256 end = block.timestamp + _outerWindow;
-            if (nx.windowEnd < end) nx.windowEnd = uint64(end); // (reset by a later post)
         }
         if (c.round == c.rounds) {
             c.status = CollabStatus.Finished;
@@ -659,9 +660,19 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         return (p >> 64, uint32(p >> 32), uint32(p));
     }
 
+    /// @dev A posted round in flight: the base (as `_outerRound`) or a speculative one.
     function _posted(uint256 jobId, uint32 round) internal view returns (RoundRec storage rr) {
-        rr = _outerRound(jobId, round);
+        CollabRec storage c = _live(jobId);
+        if (round <= c.round || round > c.round + c.ahead) rr = _outerRound(jobId, round);
+        else rr = _rounds[jobId][round]; // c.round < round <= c.round + ahead: live, D > 0
         if (rr.poster == address(0)) revert NothingPosted(jobId, round);
+    }
+
+    /// @dev Revert while a challenge of any round from..to is live.
+    function _holdFor(uint256 jobId, uint32 from, uint32 to) internal view {
+        for (uint32 q = from; q <= to; ++q) {
+            if (_rounds[jobId][q].cPhase != ChallengePhase.None) revert ChallengeLive(jobId, q);
+        }
     }
 
     /// @dev Per-slot rate a round needs, in milli-steps per second, rounded up.
@@ -889,10 +900,13 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             // whose own bond comes back. The post is removed: anyone may post again.
             // Pipelined: the poster's pipeline bond first refills the pool for the rounds built
             // on the post, the rest to the challenger.
+            // Speculative, only the rounds after it are rolled back: once no later challenge is
+            // live (decided first, as for a settlement), so no verdict lands on a rolled-back round.
             CollabRec storage c = _collabs[jobId];
+            _holdFor(jobId, round + 1, c.round + c.ahead);
             uint256 pipe = _pipeBond(c);
             totalBonds -= 2 * bond + pipe + slashed;
-            pipe = _rollback(jobId, c, ROLLBACK_INVALID, pipe);
+            pipe = _rollback(jobId, c, round, ROLLBACK_INVALID, pipe);
             _credit(challenger, 2 * bond + pipe + slashed - _payMajority(majority, bond / 2 + slashed));
             _clearPost(rr);
             emit OuterResolved(jobId, round, verdict, validVotes, invalidVotes, 0);
@@ -968,14 +982,17 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.windowEnd = 0;
     }
 
-    /// @dev The base round's candidate is invalid: roll back rounds base + 1 .. base + ahead
-    ///      (their sub-jobs orphaned, their posts withdrawn: never challenged, challenges run
-    ///      on the base only). Of `forfeit` (the culprit's pipeline bond, already out of
+    /// @dev Round `after_`'s candidate is invalid: roll back rounds after_ + 1 .. base + ahead
+    ///      (their sub-jobs orphaned, their posts withdrawn: no challenge of them is live, the
+    ///      callers hold for it). Of `forfeit` (the culprit's pipeline bond, already out of
     ///      totalBonds), subReward per orphaned sub-job goes to the pool; returns the rest.
-    function _rollback(uint256 jobId, CollabRec storage c, uint8 reason, uint256 forfeit) internal returns (uint256) {
-        uint32 n = c.ahead;
+    function _rollback(uint256 jobId, CollabRec storage c, uint32 after_, uint8 reason, uint256 forfeit)
+        internal
+        returns (uint256)
+    {
+        uint32 first = after_ + 1;
+        uint32 n = c.round + c.ahead - after_;
         if (n == 0) return forfeit;
-        uint32 first = c.round + 1;
         uint256 orphans;
         for (uint32 q = first; q < first + n; ++q) {
             RoundRec storage rr = _rounds[jobId][q];
@@ -983,7 +1000,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             if (rr.poster != address(0)) _withdrawPost(jobId, c, q, rr);
             rr.postedMask = 0; // its sub-jobs are orphans from now on
         }
-        c.ahead = 0;
+        c.ahead -= n;
         c.orphans += uint32(orphans);
         uint256 refund = orphans * c.subReward;
         if (refund > forfeit) refund = forfeit;

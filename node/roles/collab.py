@@ -784,11 +784,13 @@ class CollabFollower:
 
     async def _post_candidate(self, cid: int, q: int, pipe: int) -> None:
         """Round q's candidate theta_{q+1} (over all its deltas, once all are committed),
-        unless someone posted one. A speculative post cannot be challenged: one we
-        disagree with is challenged by ``_outer_moves`` when its round is the base."""
+        unless someone posted one. A speculative post is challengeable from its post, within
+        its window: one we disagree with is challenged (and its jury served) at once, as a
+        base round's is; it is accepted only once its round is the base."""
         rt, c = self.rt, self.rt.chain_client
         rnd = await rt.chain(c.collab.get_round, cid, q)
         if str(rnd.poster).lower() != ZERO_ADDRESS:
+            await self._outer_moves(cid, q, pipe, settled=False)
             return
         mine = await self.next_hashes(cid, q)
         if mine is None:
@@ -939,23 +941,33 @@ class CollabFollower:
                     if cid in self._forged:
                         continue
                     job = await self.rt.chain(c.collab.get_collab, cid)
-                    if job.status == RUNNING and job.phase == OUTER:
+                    if job.status != RUNNING:
+                        continue
+                    if job.pipeline_depth:
+                        # pipelined: a speculative round's candidate, the newest first (the
+                        # chain refuses it until the round's deltas are all committed)
+                        for q in range(job.round + job.ahead, job.round, -1):
+                            if await self._forge(cid, q, job.pipeline_bond):
+                                break
+                    elif job.phase == OUTER:
                         await self._forge(cid, job.round, job.pipeline_bond)
             except (PolnetError, OSError) as exc:
                 log.warning("collab_forge_failed", error=str(exc))
             await trio.sleep(0.2)
 
-    async def _forge(self, cid: int, r: int, pipe: int) -> None:
+    async def _forge(self, cid: int, r: int, pipe: int) -> bool:
         rt, c = self.rt, self.rt.chain_client
         rnd = await rt.chain(c.collab.get_round, cid, r)
         if str(rnd.poster).lower() != ZERO_ADDRESS:
-            return
+            return False
         fake = hashlib.sha256(b"forged outer state" + cid.to_bytes(32, "big")
                               + r.to_bytes(32, "big")).digest()
         await self._bond(c.collab.address, pipe=pipe)  # a forger posts the same bonds
         if await rt.transact_ok(c.collab.post_outer, cid, r, fake, fake, benign=POST_BENIGN):
             self._forged.add(cid)
             log.warning("collab_outer_forged", job=cid, round=r, outer_hash=fake.hex())
+            return True
+        return False
 
     async def _jury_duty(self, cid: int, r: int, case_id: int, case: JuryCase, agrees: bool,
                          now: int) -> None:

@@ -258,12 +258,13 @@ interface ICollabMarket {
     ///         `outerBond` (approve first). Accepted once `outerWindow` passed with no live
     ///         challenge (`acceptOuter`). Pipelined, also a candidate (outer + pipeline bond): a
     ///         started, unsettled round whose every sub-job is Committed (`SubJobNotCommitted`), over
-    ///         all of them; the base round's may be challenged at once, a later round's once it
-    ///         is the base (its window then restarts). A candidate's live challenge holds the
-    ///         round's settlement (`ChallengeLive`).
+    ///         all of them; challengeable at once, a speculative one too, within `outerWindow` from
+    ///         its post (never extended when it becomes the base). A live challenge of any
+    ///         round in flight holds the base round's settlement (`ChallengeLive`).
     function postOuter(uint256 jobId, uint32 round, bytes32 outerHash, bytes32 nextInitHash) external;
 
-    /// @notice Dispute the posted outer state within its window, with `outerBond`: opens an
+    /// @notice Dispute the posted outer state (the base round's, or pipelined a speculative
+    ///         round's candidate) within its window, with `outerBond`: opens an
     ///         OuterJury case (`juryCase`), whose jury is drawn, votes and is tallied there
     ///         (`IOuterJury`). Each address challenges a post once.
     function challengeOuter(uint256 jobId, uint32 round) external;
@@ -272,7 +273,9 @@ interface ICollabMarket {
     ///         silent and minority jurors' unlocked stake, forwarded here for the majority).
     ///         Majority valid: the challenger's bond, half to the majority jurors, half to the
     ///         poster. Majority invalid: the poster's bond, half to the majority jurors, half
-    ///         to the challenger (its own bond returned), the post removed. Fewer than quorum
+    ///         to the challenger (its own bond returned), the post removed (pipelined: the poster's
+    ///         pipeline bond refills the pool for the rounds after it, rolled back; reverts
+    ///         `ChallengeLive` while a later round's challenge is live). Fewer than quorum
     ///         reveals or a tie: Void, the challenger's bond returned. The slashed juror stake
     ///         goes to the majority (on Void: to the jurors who revealed; burned by the
     ///         OuterJury when none did). Valid and Void leave the post challengeable by
