@@ -124,7 +124,8 @@ def test_a_reward_beyond_the_market_bound_is_refused_in_pol(tmp_path: Path) -> N
 
 def test_collaborative_spec_dry_run_and_status(chain: LocalChain, tmp_path: Path) -> None:
     """A kind = "collaborative" spec goes to the CollabMarket path: the dry run shows the
-    rounds, slots and per-inner-run pay; a wrong dataset is refused naming the field;
+    rounds, slots and per-inner-run pay; a wrong dataset is refused naming the field, a
+    pipeline depth past the CollabMarket's 4 naming the range;
     `status --collab` refuses an unknown collaborative job."""
     from node.datasets import pack_text
 
@@ -142,6 +143,9 @@ def test_collaborative_spec_dry_run_and_status(chain: LocalChain, tmp_path: Path
     bad = run(env, "job", "submit", str(spec), "--dataset", str(digits), "--reward", "80",
               "--dry-run")
     assert bad.returncode == 1 and "inner.dataset_hash" in bad.stderr, bad.stderr
+    deep = run(env, "job", "submit", str(spec), "--dataset", str(text), "--reward", "80",
+               "--pipeline-depth", "5", "--dry-run")
+    assert deep.returncode == 1 and "--pipeline-depth must be 0..4" in deep.stderr, deep.stderr
     missing = run(env, "job", "status", "7", "--collab")
     assert missing.returncode == 1 and "no collaborative job 7" in missing.stderr
     assert "Traceback" not in missing.stderr + bad.stderr
