@@ -128,6 +128,15 @@ def atomic_write(path: Path, data: bytes | Iterable[bytes | memoryview],
         fsync_dir(path.parent)
 
 
+def fsync_file(path: Path) -> None:
+    """Make a file's bytes durable (one written by another process or library)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     try:
         dfd = os.open(path, os.O_RDONLY)

@@ -359,31 +359,26 @@ def _open_challenge(net: Net, job: int, challenger: ChainClient, r: int = 0) -> 
     return case
 
 
-def _vote(net: Net, case: int, vote: bool) -> None:
-    """The case's jurors all commit and reveal ``vote``; its reveal window then ends."""
+def _vote(net: Net, votes: dict[int, bool]) -> None:
+    """Each case's jurors all commit and reveal its vote, the cases side by side; their
+    reveal windows then end."""
     chain, oj = net.chain, net.chain.reader.outer_jury
     jp = oj.jury_params()
-    jury = oj.get_case(case).jury
     salt = keccak(b"salt")
-    for a in jury:
-        net.by_address(a).outer_jury.commit_vote(case, vote, salt)
+    for case, vote in votes.items():
+        for a in oj.get_case(case).jury:
+            net.by_address(a).outer_jury.commit_vote(case, vote, salt)
     chain.advance(jp.commit_window)
-    for a in jury:
-        net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
+    for case, vote in votes.items():
+        for a in oj.get_case(case).jury:
+            net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
     chain.advance(jp.reveal_window)
 
 
 def _finish_jury(net: Net, job: int, case: int, vote: bool, r: int = 0) -> tuple[list[Any], Any]:
-    chain, oj = net.chain, net.chain.reader.outer_jury
-    jp = oj.jury_params()
-    jury = oj.get_case(case).jury
-    salt = keccak(b"salt")
-    for a in jury:
-        net.by_address(a).outer_jury.commit_vote(case, vote, salt)
-    chain.advance(jp.commit_window)
-    for a in jury:
-        net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
-    chain.advance(jp.reveal_window)
+    """The case's jurors vote ``vote`` (``_vote``); the case is then resolved."""
+    _vote(net, {case: vote})
+    jury = net.chain.reader.outer_jury.get_case(case).jury
     return jury, net.outsider.collab.resolve_outer(job, r)
 
 
@@ -475,7 +470,7 @@ def test_an_invalid_speculative_candidate_rolls_back_only_the_rounds_after_it(ne
     assert all(m.get_job(jid).init_state_hash == forged for jid in orphans)
     work_from(net, job, 2, forged, slots=[0])
     case = _open_challenge(net, job, sub, r=1)  # speculative: challengeable at once
-    _vote(net, case, False)
+    _vote(net, {case: False})
     chain.advance(window(net))
     # the base's settlement could run now, but a live challenge of a round in flight holds it
     e = revert(out.settle_round, job)
@@ -560,7 +555,7 @@ def test_a_speculative_challenge_holds_the_settlement_that_would_roll_it_back(ne
     chain.extra(11, 1_000 * TOKEN)
     v = chain.join(11, VERIFIER, 500 * TOKEN)
     did = v.market.challenge(ids0[2], 0, leaves[0], tree.proof(0), leaves[1], tree.proof(1))
-    _vote(net, case, True)
+    _vote(net, {case: True})
     chain.advance(max(int(chain.reader.dispute.call("params").clock) + 1,
                       window(net) + mp.dispute_grace))
     r = net.outsider.dispute.timeout(did)
@@ -626,7 +621,7 @@ def test_an_invalid_verdict_waits_for_a_later_rounds_live_challenge(net: Net) ->
     """A verdict never lands on a rolled-back round: with round 1's candidate under
     challenge, the Invalid verdict on round 0's (which rolls round 1 back) cannot be applied
     (`ChallengeLive`) until round 1's case is resolved; then it rolls round 1 back."""
-    chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
+    c = net.chain.reader.collab
     sub, out, liar, other = net.submitter, net.outsider.collab, net.outsider, net.workers[0]
     job = pipelined_job(net, 2, 1)
     _, outer_b, _ = bonds(net, job)
@@ -640,17 +635,7 @@ def test_an_invalid_verdict_waits_for_a_later_rounds_live_challenge(net: Net) ->
     candidate(net, sub, job, 1)
     case0 = _open_challenge(net, job, sub, r=0)
     case1 = _open_challenge(net, job, other, r=1)
-    salt = keccak(b"salt")
-    votes = {case0: False, case1: True}
-    for case, vote in votes.items():
-        for a in oj.get_case(case).jury:
-            net.by_address(a).outer_jury.commit_vote(case, vote, salt)
-    jp = oj.jury_params()
-    chain.advance(jp.commit_window)
-    for case, vote in votes.items():
-        for a in oj.get_case(case).jury:
-            net.by_address(a).outer_jury.reveal_vote(case, vote, salt)
-    chain.advance(jp.reveal_window)
+    _vote(net, {case0: False, case1: True})
     e = revert(out.resolve_outer, job, 0)
     assert (e.error, e.error_args) == ("ChallengeLive", {"jobId": job, "round": 1})
     assert c.get_collab(job).ahead == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,36 +31,46 @@ WORKERS = {"worker-1": 2, "worker-2": 3}
 ROUNDS, DEPTH = 3, 2
 
 
-def write_inputs(data: Path) -> tuple[Path, Path]:
-    """The demo's char LM on two slots (both needed each round)."""
+def write_inputs(data: Path, min_workers: int, max_workers: int) -> tuple[Path, Path]:
+    """The demo's char LM on ``max_workers`` slots, ``min_workers`` needed each round."""
     data.mkdir(parents=True, exist_ok=True)
     text = data / "text.safetensors"
     h = write_dataset(pack_text(), text)
     d = collab_spec_dict(h, ROUNDS)
-    d["workers"] = {"min": len(WORKERS), "max": len(WORKERS)}
+    d["workers"] = {"min": min_workers, "max": max_workers}
     spec = data / "collab.json"
     spec.write_text(json.dumps(d))
     return spec, text
 
 
-def run_job(net: LocalNet, tmp: Path, timeout_s: float) -> tuple[int, dict[str, int]]:
-    """Start verifiers and workers, post the D = 2 job and wait for its end; returns its
-    id and each worker's holdings before."""
-    spec, text = write_inputs(tmp / "data")
+@dataclass
+class Run:
+    cid: int
+    before: dict[str, int]  # each worker's holdings before the job
+    spec: Path
+    text: Path
+
+
+def run_job(net: LocalNet, tmp: Path, workers: dict[str, int], min_workers: int,
+            reward: int, cheats: dict[str, str] | None = None, timeout_s: float = 780) -> Run:
+    """Start verifiers and workers (``cheats``: a worker's behaviour, honest otherwise),
+    post the D = 2 job and wait for its end with no orphan left."""
+    spec, text = write_inputs(tmp / "data", min_workers, len(workers))
     for i, v in enumerate(VERIFIERS, start=1):
         net.start_verifier(f"v{i}", v)
-    for name, acct in WORKERS.items():
-        net.start_solver(name, acct)
-    before = {n: net.holdings(net.address(a)) for n, a in WORKERS.items()}
-    cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=60, budget=6,
+    for name, acct in workers.items():
+        net.start_solver(name, acct, (cheats or {}).get(name, "honest"))
+    before = {n: net.holdings(net.address(a)) for n, a in workers.items()}
+    cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=reward, budget=reward // 10,
                             round_duration=60, pipeline_depth=DEPTH)
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        if net.c.collab.get_collab(cid).status.name in ("FINISHED", "FAILED"):
+        if net.c.collab.get_collab(cid).status.name in ("FINISHED", "FAILED") \
+                and net.c.collab.orphans_of(cid) == 0:
             break
         net.check_alive()
         time.sleep(1)
-    return cid, before
+    return Run(cid, before, spec, text)
 
 
 def job_events(net: LocalNet, cid: int) -> list[Any]:
@@ -71,7 +82,8 @@ def job_events(net: LocalNet, cid: int) -> list[Any]:
 def test_a_pipelined_job_overlaps_its_rounds_and_pays_every_worker(tmp_path: Path) -> None:
     with LocalNet(tmp_path / "net", collab_demo_params()) as net:
         c = net.c
-        cid, before = run_job(net, tmp_path, 780)
+        run = run_job(net, tmp_path, WORKERS, len(WORKERS), reward=60)
+        cid, before = run.cid, run.before
         job = c.collab.get_collab(cid)
         assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
         assert job.pipeline_depth == DEPTH
@@ -138,27 +150,8 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(tmp_path: Path) -> 
     they owe."""
     with LocalNet(tmp_path / "net", collab_demo_params()) as net:
         c = net.c
-        data = tmp_path / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        text = data / "text.safetensors"
-        d = collab_spec_dict(write_dataset(pack_text(), text), ROUNDS)
-        d["workers"] = {"min": 2, "max": len(BYZ_WORKERS)}
-        spec = data / "collab.json"
-        spec.write_text(json.dumps(d))
-        for i, v in enumerate(VERIFIERS, start=1):
-            net.start_verifier(f"v{i}", v)
-        for name, acct in BYZ_WORKERS.items():
-            net.start_solver(name, acct, "skip" if name == "worker-byz" else "honest")
-        before = {n: net.holdings(net.address(a)) for n, a in BYZ_WORKERS.items()}
-        cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=90, budget=9,
-                                round_duration=60, pipeline_depth=DEPTH)
-        end = time.monotonic() + 780
-        while time.monotonic() < end:
-            if c.collab.get_collab(cid).status.name in ("FINISHED", "FAILED") \
-                    and c.collab.orphans_of(cid) == 0:
-                break
-            net.check_alive()
-            time.sleep(1)
+        run = run_job(net, tmp_path, BYZ_WORKERS, 2, reward=90, cheats={"worker-byz": "skip"})
+        cid, before, spec, text = run.cid, run.before, run.spec, run.text
         job = c.collab.get_collab(cid)
         assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
         assert c.collab.orphans_of(cid) == 0, f"orphans left; logs {net.home}"
@@ -216,27 +209,9 @@ def test_a_forged_speculative_candidate_is_challenged_from_its_post(tmp_path: Pa
     bonds lost, the contracts conserved."""
     with LocalNet(tmp_path / "net", collab_demo_params()) as net:
         c = net.c
-        data = tmp_path / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        text = data / "text.safetensors"
-        d = collab_spec_dict(write_dataset(pack_text(), text), ROUNDS)
-        d["workers"] = {"min": 2, "max": len(FORGE_WORKERS)}
-        spec = data / "collab.json"
-        spec.write_text(json.dumps(d))
-        for i, v in enumerate(VERIFIERS, start=1):
-            net.start_verifier(f"v{i}", v)
-        for name, acct in FORGE_WORKERS.items():
-            net.start_solver(name, acct, "wrong_outer" if name == "worker-forger" else "honest")
-        before = {n: net.holdings(net.address(a)) for n, a in FORGE_WORKERS.items()}
-        cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=90, budget=9,
-                                round_duration=60, pipeline_depth=DEPTH)
-        end = time.monotonic() + 780
-        while time.monotonic() < end:
-            if c.collab.get_collab(cid).status.name in ("FINISHED", "FAILED") \
-                    and c.collab.orphans_of(cid) == 0:
-                break
-            net.check_alive()
-            time.sleep(1)
+        run = run_job(net, tmp_path, FORGE_WORKERS, 2, reward=90,
+                      cheats={"worker-forger": "wrong_outer"})
+        cid, before = run.cid, run.before
         job = c.collab.get_collab(cid)
         assert job.status.name == "FINISHED", f"job ended {job.status.name}; logs {net.home}"
         time.sleep(6)  # the daemons withdraw what they were credited

@@ -790,7 +790,7 @@ class CollabFollower:
         rt, c = self.rt, self.rt.chain_client
         rnd = await rt.chain(c.collab.get_round, cid, q)
         if str(rnd.poster).lower() != ZERO_ADDRESS:
-            await self._outer_moves(cid, q, pipe, settled=False)
+            await self._outer_moves(cid, q, pipe, settled=False, rnd=rnd)
             return
         mine = await self.next_hashes(cid, q)
         if mine is None:
@@ -893,15 +893,17 @@ class CollabFollower:
                 return False
         return True
 
-    async def _outer_moves(self, cid: int, r: int, pipe: int = 0, settled: bool = True) -> None:
+    async def _outer_moves(self, cid: int, r: int, pipe: int = 0, settled: bool = True,
+                           rnd: Any = None) -> None:
         """``pipe``: the job's pipeline bond, on top of a post's outer bond (issue 35);
         ``settled``: the round is (a pipelined base round's candidate is posted and
-        challenged before, accepted only after)."""
+        challenged before, accepted only after); ``rnd``: the round as this pass read it."""
         rt, c = self.rt, self.rt.chain_client
         mine = await self.next_hashes(cid, r)
         if mine is None:
             return
-        rnd = await rt.chain(c.collab.get_round, cid, r)
+        if rnd is None:
+            rnd = await rt.chain(c.collab.get_round, cid, r)
         now = await rt.chain(c.timestamp)
         if str(rnd.poster).lower() == ZERO_ADDRESS:
             await self._bond(c.collab.address, pipe=pipe)

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from node.boundary import check_fields, decode_json_object
-from node.datasets import atomic_write, fsync_dir
+from node.datasets import atomic_write, fsync_dir, fsync_file
 from node.errors import CheckpointError
 from node.proof import StateHasher, canonical_json
 from node.tensorfile import file_header
@@ -200,7 +200,7 @@ def seal(partial: str | Path, final: str | Path, meta: dict[str, Any]) -> tuple[
         raise CheckpointError(f"the shards written to {partial} hash to {got.hex()}, the "
                               f"leaf to {meta['state_hash']}: the sharded save is not the state")
     for f in partial.iterdir():  # the ranks' files, written by the ranks' processes
-        _fsync(f)
+        fsync_file(f)
     fsync_dir(partial)
     if final.exists():
         shutil.rmtree(final)
@@ -242,11 +242,3 @@ def convert(dcp_dir: str | Path, dest: str | Path, expected_hash: bytes | str | 
     finally:
         tmp.unlink(missing_ok=True)
     return sha, size
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

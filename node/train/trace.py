@@ -57,7 +57,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from node.boundary import check_fields, decode_json_object
-from node.datasets import atomic_write, fsync_dir
+from node.datasets import atomic_write, fsync_dir, fsync_file
 from node.errors import CheckpointError, MalformedInput, TrainingError
 from node.proof import (
     MerkleTree,
@@ -379,7 +379,7 @@ def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
     # commit point) is written durably.
     path = out / checkpoint_name(step)
     sha, _ = write_tensor_file(path, tensors, file_meta(meta))
-    _fsync(path)
+    fsync_file(path)
     return _Record(step, h, sha, segment_loss, loss_e9)
 
 
@@ -595,19 +595,11 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
     return _write_manifest(out, ctx, job_id, spec_hash, done, keep_every)
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_durable(out: Path, resumed: list[_Record]) -> None:
     """Checkpoints a killed run left (this run's were fsynced as written), then the dir."""
     for rec in resumed:
         if rec.file_sha256:
-            _fsync(out / checkpoint_name(rec.step))
+            fsync_file(out / checkpoint_name(rec.step))
     fsync_dir(out)
 
 
