@@ -653,3 +653,75 @@ def test_an_invalid_verdict_waits_for_a_later_rounds_live_challenge(net: Net) ->
     assert (j.round, j.phase, j.ahead) == (0, RoundPhase.RUNNING, 0)
     assert c.get_round(job, 0).poster == ZERO
     conserved(net)
+
+
+def test_a_sybil_chain_of_challenges_delays_a_right_candidate_one_bond_per_link(
+        net: Net) -> None:
+    """The delay attack on a pipelined post (issue 35's hold), played with three sybil
+    addresses against a right candidate of the base round. One link at a time: a second
+    challenge while one is live is refused, and so is an address's second challenge of the
+    same post. Each link holds the base's settlement while its jury sits, costs its sybil
+    the outer bond (half to the majority jurors, half to the poster) and reopens the post
+    for at least half an outer window. So the delay grows by one jury's windows plus half
+    an outer window per address, each paid for in full, and it stops with the addresses:
+    then the round settles and the candidate is accepted, the poster richer by half a bond
+    per link, and every contract's books balance."""
+    chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
+    cp, jp = c.collab_params(), oj.jury_params()
+    sub, out = net.submitter, net.outsider.collab
+    bond = cp.outer_bond
+    job = pipelined_job(net, 2, 1)
+    _, outer_b, _ = bonds(net, job)
+    out.start_round(job)
+    work_from(net, job, 0, init(0))
+    candidate(net, sub, job, 0)
+    out.start_round(job)  # the pipeline trains round 1 ahead whatever the chain does
+    work_from(net, job, 1, init(1))
+    sybils = []
+    for i in (10, 11, 12):
+        s = chain.extra(i, bond)
+        chain.set_balance(s.address, 10**20)
+        sybils.append(s)
+    jurors = {v.address for v in net.verifiers}
+    juror_credits0 = sum(c.credits(a) for a in jurors)
+    poster_credits0 = c.credits(sub.address)
+    first_end = c.get_round(job, 0).window_end
+    for n, s in enumerate(sybils, start=1):
+        case = _open_challenge(net, job, s, r=0)
+        assert revert(out.settle_round, job).error == "ChallengeLive"
+        other = sybils[n % len(sybils)]
+        other.token.approve(c.address, bond)
+        assert revert(other.collab.challenge_outer, job, 0).error == "ChallengeLive"
+        _, r = _finish_jury(net, job, case, vote=True, r=0)
+        verdict = c.events(r, "OuterResolved")[0]["args"]
+        assert verdict["verdict"] == OuterVerdict.VALID
+        now = chain.timestamp()
+        assert verdict["windowEnd"] >= now + cp.outer_window // 2 - 1  # the post reopens
+        assert chain.reader.token.balance_of(s.address) == 0 and c.credits(s.address) == 0
+        assert c.credits(sub.address) - poster_credits0 == n * (bond - bond // 2)
+        # its address is spent on this post, bond or not
+        chain.extra(10 + n - 1, bond)
+        s.token.approve(c.address, bond)
+        e = revert(s.collab.challenge_outer, job, 0)
+        assert (e.error, e.error_args) == ("AlreadyChallenged", {"challenger": s.address})
+        conserved(net)
+    # the delay is what the links bought: past the first window by at least the last
+    # half window, and the jurors were paid half a bond per link
+    assert c.get_round(job, 0).window_end > first_end
+    assert sum(c.credits(a) for a in jurors) - juror_credits0 == len(sybils) * (bond // 2)
+    chain.advance(window(net))  # round 0's runs are due
+    out.settle_round(job)
+    end = c.get_round(job, 0).window_end
+    if chain.timestamp() < end:
+        assert revert(out.accept_outer, job, 0).error == "OuterWindowOpen"
+        chain.advance(end - chain.timestamp() + 1)
+    r = out.accept_outer(job, 0)
+    assert c.events(r, "OuterAccepted")[0]["args"]["round"] == 0
+    # without the chain, acceptance was due at first_end: each link bought a jury's windows
+    assert chain.timestamp() - first_end \
+        >= len(sybils) * (jp.commit_window + jp.reveal_window)
+    j = c.get_collab(job)
+    assert (j.round, j.phase, j.ahead) == (1, RoundPhase.RUNNING, 0)
+    assert c.credits(sub.address) - poster_credits0 \
+        == outer_b + len(sybils) * (bond - bond // 2)
+    conserved(net)
