@@ -23,9 +23,7 @@ Public API::
 from __future__ import annotations
 
 import hashlib
-import os
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +34,7 @@ from safetensors.torch import save as st_save
 
 from node.boundary import check_fields, decode_json_object
 from node.errors import IntegrityError
+from node.fsutil import atomic_write
 from node.proof import canonical_json, file_sha256
 from node.tensorfile import Header, parse_header
 
@@ -109,43 +108,6 @@ def pack_chars(text: str, name: str) -> bytes:
     index = {c: i for i, c in enumerate(vocab)}
     tokens = torch.tensor([index[c] for c in text], dtype=torch.int32)
     return _pack({"tokens": tokens}, {"kind": "text", "name": name, "vocab": vocab})
-
-
-def atomic_write(path: Path, data: bytes | Iterable[bytes | memoryview],
-                 durable: bool = True) -> None:
-    """tmp + rename, so a killed process leaves the old file or the new one, never
-    half of one. ``data``: the bytes, or parts written in order (a file never held
-    whole). ``durable`` adds fsyncs (file and directory) against power loss."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "wb") as f:
-        for part in (data,) if isinstance(data, bytes) else data:
-            f.write(part)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_dir(path.parent)
-
-
-def fsync_file(path: Path) -> None:
-    """Make a file's bytes durable (one written by another process or library)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    try:
-        dfd = os.open(path, os.O_RDONLY)
-    except OSError:  # some filesystems do not let a directory be opened
-        return
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def write_dataset(data: bytes, out: str | Path) -> str:

@@ -16,7 +16,6 @@ Anvil does not reorg, so neither does this; on a real chain pass
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from web3.types import FilterParams, LogReceipt
 from node.chain.bound import Bound
 from node.chain.rpc import TRANSPORT_ERRORS, endpoint_of, rpc_guard
 from node.errors import ChainError, RpcUnavailable
+from node.fsutil import atomic_write
 from node.logs import get_logger
 
 log = get_logger("polnet.chain.events")
@@ -103,12 +103,7 @@ class EventWatcher:
         if self.cursor_path is None:
             return
         self.cursor_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cursor_path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(self.cursor.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.cursor_path)
+        atomic_write(self.cursor_path, self.cursor.to_json().encode())
 
     # --- polling --------------------------------------------------------------------
 

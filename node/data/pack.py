@@ -40,8 +40,8 @@ from node.data.manifest import (
     encode_shard,
     shard_size,
 )
-from node.datasets import atomic_write
 from node.errors import DatasetError, IntegrityError
+from node.fsutil import atomic_write
 
 EOS = "<|endoftext|>"
 TEXT_SUFFIXES = {".txt", ".md", ".text"}

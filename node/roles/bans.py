@@ -9,11 +9,11 @@ out first); a damaged file starts an empty list (the cost is one more try each).
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import OrderedDict
 from pathlib import Path
 
+from node.fsutil import atomic_write
 from node.logs import get_logger
 
 log = get_logger("polnet.bans")
@@ -50,9 +50,7 @@ class BanList:
         while len(self._bans) > self.limit:
             self._bans.popitem(last=False)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._bans, indent=1))
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(self._bans, indent=1).encode(), durable=False)
 
     def __len__(self) -> int:
         return len(self._bans)

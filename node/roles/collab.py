@@ -589,7 +589,7 @@ class CollabFollower:
         inputs first: a state file is never read without the inputs it was made from."""
         from safetensors.torch import save  # noqa: PLC0415
 
-        from node.datasets import atomic_write  # noqa: PLC0415
+        from node.fsutil import atomic_write  # noqa: PLC0415
         from node.train.diloco import outer_tensors  # noqa: PLC0415
 
         path = self._path(cid, r)

@@ -115,7 +115,7 @@ class CollabProgress:
         return heldout_loss(ctx, theta, held)
 
     def _write(self) -> None:
-        from node.datasets import atomic_write  # noqa: PLC0415
+        from node.fsutil import atomic_write  # noqa: PLC0415
 
         path = losses_path(self.rt.dir, self.cid)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Protocol
 
 from node.errors import IntegrityError, StoreError
+from node.fsutil import atomic_write
 from node.logs import get_logger
-from node.store.fsutil import atomic_write_bytes
 from node.store.manifest import Manifest
 
 log = get_logger(__name__)
@@ -62,7 +62,7 @@ class PartialDownload:
                 self._discard_files()
         if not self.manifest_path.exists():
             self._discard_files()
-            atomic_write_bytes(self.manifest_path, self.manifest.to_bytes())
+            atomic_write(self.manifest_path, self.manifest.to_bytes())
         self.verified = self._load_log()
         flags = os.O_RDWR | os.O_CREAT
         self._fd = os.open(self.part_path, flags, 0o644)
@@ -90,7 +90,7 @@ class PartialDownload:
                 good.add(int(line))
         if not raw.endswith("\n") and raw:
             # Rewrite without the torn line so appends start on a fresh line.
-            atomic_write_bytes(self.log_path, "".join(f"{i}\n" for i in sorted(good)).encode())
+            atomic_write(self.log_path, "".join(f"{i}\n" for i in sorted(good)).encode())
         return good
 
     def _discard_files(self) -> None:

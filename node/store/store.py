@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from node.errors import ArtifactNotFound, ArtifactTooLarge, StoreError
+from node.fsutil import atomic_write, fsync_dir
 from node.logs import get_logger
-from node.store.fsutil import atomic_write_bytes, fsync_dir
 from node.store.manifest import Manifest, ManifestBuilder, chunk_size_for, is_artifact_id
 from node.store.partial import PartialDownload
 
@@ -84,7 +84,7 @@ class ArtifactStore:
         # Object without manifest (e.g. crash between the two renames): rebuild it.
         with self.open(artifact_id) as fh:
             manifest = self._hash_stream(fh, self.size(artifact_id))
-        atomic_write_bytes(mpath, manifest.to_bytes(), self.tmp_dir)
+        atomic_write(mpath, manifest.to_bytes(), tmp_dir=self.tmp_dir)
         return manifest
 
     def read_range(self, artifact_id: str, offset: int, length: int) -> bytes:
@@ -143,7 +143,7 @@ class ArtifactStore:
     def _adopt(self, tmp: Path, manifest: Manifest) -> None:
         """Move a verified, fsynced file into place: manifest first, then the object."""
         aid = manifest.artifact_id
-        atomic_write_bytes(self.manifests_dir / f"{aid}.json", manifest.to_bytes(), self.tmp_dir)
+        atomic_write(self.manifests_dir / f"{aid}.json", manifest.to_bytes(), tmp_dir=self.tmp_dir)
         dest = self.path(aid)
         dest.parent.mkdir(exist_ok=True)
         if dest.exists():
@@ -185,7 +185,7 @@ class ArtifactStore:
 
     def _write_pins(self, pins: dict[str, list[str]]) -> None:
         raw = json.dumps({k: sorted(v) for k, v in sorted(pins.items()) if v}, indent=1)
-        atomic_write_bytes(self._pins_path, raw.encode(), self.tmp_dir)
+        atomic_write(self._pins_path, raw.encode(), tmp_dir=self.tmp_dir)
 
     def pin(self, artifact_id: str, reason: str) -> None:
         """Keep `artifact_id` through GC for `reason` (e.g. "job:42")."""

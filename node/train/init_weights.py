@@ -54,7 +54,7 @@ def max_file_bytes(model: ModelConfig) -> int:
 
 def write_init_weights(theta: Mapping[str, torch.Tensor], path: Path) -> str:
     """Write ``{name: tensor}`` (the model's state dict) as an init-weights file."""
-    from node.datasets import atomic_write  # noqa: PLC0415
+    from node.fsutil import atomic_write  # noqa: PLC0415
 
     tensors = {PREFIX + n: t.detach().to("cpu", torch.float32).contiguous()
                for n, t in theta.items()}

@@ -35,8 +35,8 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from node.boundary import check_fields, decode_json_object
-from node.datasets import atomic_write
 from node.errors import MalformedInput, SpecError
+from node.fsutil import atomic_write
 from node.proof import canonical_json
 from node.spec import (
     CNNConfig,

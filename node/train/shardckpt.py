@@ -40,8 +40,8 @@ from typing import Any
 import torch
 
 from node.boundary import check_fields, decode_json_object
-from node.datasets import atomic_write, fsync_dir, fsync_file
 from node.errors import CheckpointError
+from node.fsutil import atomic_write, fsync_dir, fsync_file
 from node.proof import StateHasher, canonical_json
 from node.tensorfile import file_header
 from node.train.layout import CKPT_FORMAT, CKPT_SCHEMES, MAX_META_BYTES, META_FIELDS, file_meta

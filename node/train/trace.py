@@ -57,8 +57,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from node.boundary import check_fields, decode_json_object
-from node.datasets import atomic_write, fsync_dir, fsync_file
 from node.errors import CheckpointError, MalformedInput, TrainingError
+from node.fsutil import atomic_write, fsync_dir, fsync_file
 from node.proof import (
     MerkleTree,
     StateHashScheme,
