@@ -14,7 +14,11 @@ one honest job whose market verification window and CollabMarket outer window ar
   finished (polled every ``POLL_S``), wall clock;
 - utilisation = the accepted runs' inner compute / (job wall time x workers): the
   share of its time the average worker spent on training that counted (``busy``: all
-  runs, also those that missed their deadline or were rolled back).
+  runs, also those that missed their deadline or were rolled back);
+- the training span (from round 0's start to the last sub-job's commit, the solvers'
+  log stamps) and the tail after it (the last round's verification and outer windows,
+  one per job whatever D is: at W = 3 inner runs it alone caps a whole job of R rounds
+  at R / (R + 3)), and ``utilisation_in_span``: the accepted compute over the span.
 
 Usage: python bench/collab_pipeline.py [--quick] [--rounds 4] [--inner-steps 1000]
        [--windows 3 6] [--depths 0 2]
@@ -31,6 +35,7 @@ import math
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +102,22 @@ def train_seconds(net: LocalNet, sub_jobs: set[int]) -> dict[int, float]:
     return out
 
 
+def last_commit_at(net: LocalNet, sub_jobs: set[int]) -> float:
+    """Wall-clock time (epoch s) of the last sub-job commit, from the solvers' logs: the
+    end of the job's training span (what follows is the last round's windows)."""
+    last = 0.0
+    for name in WORKERS:
+        for line in (net.home / "logs" / f"{name}.log").read_text(errors="replace").splitlines():
+            if "result_committed" not in line:
+                continue
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            if int(fields.get("job", "0")) in sub_jobs:
+                stamp = line.split()[0].rstrip("Z")
+                last = max(last, datetime.fromisoformat(stamp).replace(
+                    tzinfo=UTC).timestamp())
+    return last
+
+
 def run_job(tmp: Path, spec: Path, text: Path, depth: int, window: int,
             round_duration: int) -> dict[str, Any]:
     params = collab_demo_params().model_dump()
@@ -113,13 +134,14 @@ def run_job(tmp: Path, spec: Path, text: Path, depth: int, window: int,
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=60, budget=6,
                                 round_duration=round_duration, pipeline_depth=depth)
         t_start: float | None = None
+        t_start_epoch = 0.0
         end = time.monotonic() + JOB_TIMEOUT_S
         status = ""
         while time.monotonic() < end:
             job = c.collab.get_collab(cid)
             status = job.status.name
             if t_start is None and job.phase.name != "IDLE":
-                t_start = time.monotonic()
+                t_start, t_start_epoch = time.monotonic(), time.time()
             if status in ("FINISHED", "FAILED"):
                 break
             net.check_alive()
@@ -139,6 +161,9 @@ def run_job(tmp: Path, spec: Path, text: Path, depth: int, window: int,
                     if e.event == "OuterAccepted"}
         trained = train_seconds(net, subs)
         accepted_s = sum(t for j, t in trained.items() if j in useful)
+        # The training span ends at the last commit; then only the last round's windows
+        # (verification, outer) remain, a fixed cost per job that no pipeline shortens.
+        span = last_commit_at(net, subs) - t_start_epoch
         return {"depth": depth, "window_s": window, "round_duration_s": round_duration,
                 "wall_s": round(wall, 1), "sub_jobs": len(subs), "runs_logged": len(trained),
                 "runs_accepted": len(useful),
@@ -148,6 +173,9 @@ def run_job(tmp: Path, spec: Path, text: Path, depth: int, window: int,
                 # rolled back is busy time, not utilisation
                 "utilisation": round(accepted_s / (wall * len(WORKERS)), 3),
                 "busy": round(sum(trained.values()) / (wall * len(WORKERS)), 3),
+                "training_span_s": round(span, 1),
+                "tail_s": round(wall - span, 1),
+                "utilisation_in_span": round(accepted_s / (span * len(WORKERS)), 3),
                 "rounds_started_before_predecessor_final": sum(
                     1 for r in started if r > 0 and r - 1 in accepted
                     and started[r] < accepted[r - 1]),
@@ -190,6 +218,9 @@ def main() -> None:
         "inner_run_s": round(t_inner, 2),
         "utilisation": {f"D{r['depth']}_W{r['windows_in_inner_runs']:g}": r["utilisation"]
                         for r in runs},
+        "utilisation_in_span": {
+            f"D{r['depth']}_W{r['windows_in_inner_runs']:g}": r["utilisation_in_span"]
+            for r in runs},
         "runs": runs, "bench_total_s": round(time.perf_counter() - started, 1)}))
 
 

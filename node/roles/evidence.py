@@ -8,7 +8,7 @@ answered by publishing the two leaves with their Merkle proofs from the trace on
 
 Public API::
 
-    owed_segments(chain_client, jid, job, now) -> list[int]        # blocking reads
+    owed_segments(chain_client, jid, job, now, named) -> list[int] # blocking reads
     await publish_segments(solver, jid, segments)                  # one tx per segment
 """
 
@@ -49,12 +49,18 @@ def requested_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
     return sorted(s for s in segs if av.pending_of(jid, job.round, s) != 0)
 
 
-def owed_segments(c: ChainClient, jid: int, job: Job, now: int) -> list[int]:
-    """What we must publish now for our committed job ``jid`` (blocking chain reads)."""
+def owed_segments(c: ChainClient, jid: int, job: Job, now: int,
+                  named: set[int] | None = None) -> list[int]:
+    """What we must publish now for our committed job ``jid`` (blocking chain reads).
+    ``named``: the segments availability requests of the round named, as the caller
+    knows them from events (None: searched in the logs here)."""
     if "Availability" not in (c.deployment.contracts if c.deployment else {}):
         return []
-    owed = set(requested_segments(c, jid, job))
     m, av = c.market, c.availability
+    if named is None:
+        owed = set(requested_segments(c, jid, job))
+    else:
+        owed = {s for s in named if av.pending_of(jid, job.round, s) != 0}
     if job.open_disputes == len(owed) and now > job.window_end:
         # The round could settle now: without an attesting majority it needs the sample.
         majority = 2 * len(m.attestors_of(jid)) > len(m.committee_of(jid))

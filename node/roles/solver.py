@@ -13,6 +13,7 @@ what the chain cannot say (the inputs, the published manifest, rejections).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ from typing import Any
 import trio
 
 from node.chain.contracts import Job, JobStatus, Phase
-from node.chain.events import ChainEvent, EventWatcher
+from node.chain.events import ChainEvent
 from node.chain.revert_names import errors
 from node.chain.rpc import RPC_FAILURES
+from node.chain.view import EventFeed, Snapshot
 from node.data.probe import probe_job
 from node.errors import ConfigError, ContractRevert, JobRejected, PeerUnavailable, PolnetError
 from node.logs import get_logger
@@ -30,7 +32,7 @@ from node.p2p.announce import ResultCommitted
 from node.proof import build_trace_tree
 from node.roles.announce_kinds import StateServed
 from node.roles.collab import CollabFollower, finalize_job
-from node.roles.evidence import owed_segments, publish_segments
+from node.roles.evidence import owed_segments, publish_segments, requested_segments
 from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs, job_context
 from node.roles.leafserve import keep_every_for, serve_missing_leaves
 from node.roles.runtime import SOLVER, Runtime, guarded, measure_profile
@@ -122,6 +124,14 @@ class Solver:
         # the bond lost. Rebuilt by the first pass over the candidates after a restart.
         self._reserved_ours: set[int] = set()
         self._gflops: float | None = None
+        # trio time this process last changed a job's ("j7"), a candidate's ("c7") or a
+        # dispute's ("d3") state on chain: a snapshot whose update began before it shows
+        # the move undone, so the key waits for the next one (else a landed commit would
+        # read as "train again" and a landed claim as "lost")
+        self._moved: dict[str, float] = {}
+        # (job, round) -> the block whose logs were last searched for pending
+        # availability requests, and what they named
+        self._requested: dict[tuple[int, int], tuple[int, set[int]]] = {}
         evidence = Evidence(rt)
         # Collaborative jobs: slots, theta_t, the rounds' permissionless moves.
         self.collab = CollabFollower(rt, evidence, want_slots=collab_slots,
@@ -156,9 +166,9 @@ class Solver:
         cursor = rt.dir / "solver.cursor"
         if self.state.fresh:  # no usable state: replay every event, the chain re-derives all
             cursor.unlink(missing_ok=True)
-        watcher = EventWatcher(c.w3, [c.market, c.dispute], cursor_path=cursor,
-                               start_block=c.deployment.deploy_block,
-                               confirmations=rt.settings.confirmations)
+        # The process's chain view (issue 31): one blockNumber per tick, one batch per new
+        # block; held jobs and disputes are read from its snapshot, not one call each.
+        feed = EventFeed(rt.view, cursor_path=cursor)
         log.info("solver_running", behavior=self.behavior_name, address=rt.address)
         from node.train.step import prepare_torch  # noqa: PLC0415 - torch is heavy
 
@@ -170,8 +180,11 @@ class Solver:
                 nursery.start_soon(self.collab.forge_loop)
             while until is None or time.monotonic() < until:
                 try:
-                    await rt.chain(watcher.poll, self._on_event)
-                    await self._tick(nursery)
+                    snap = await rt.snapshot()
+                    for ev in feed.take():
+                        self._on_event(ev)
+                    feed.done()
+                    await self._tick(nursery, snap)
                 except PolnetError as exc:  # one bad pass must not kill the daemon
                     log.warning("solver_tick_failed", error=str(exc))
                 except RPC_FAILURES as exc:  # a throttled or flaky provider: wait, go on
@@ -180,17 +193,22 @@ class Solver:
                 await trio.sleep(rt.settings.poll_interval)
             nursery.cancel_scope.cancel()
 
-    async def _tick(self, nursery: trio.Nursery) -> list[tuple[str, int, object]]:
+    async def _tick(self, nursery: trio.Nursery,
+                    snap: Snapshot | None = None) -> list[tuple[str, int, object]]:
         """One pass: derive every job's and dispute's phase, do what each calls for.
         Returns what was decided: ("job" | "candidate" | "dispute", id, action)."""
+        if snap is None:  # a pass on its own (tests): the chain as of now
+            snap = await self.rt.snapshot(fresh=True)
         taken: list[tuple[str, int, object]] = []
         withdraw = False
         # Dispute moves first, before anything else this role does (issue 37): a live
         # dispute clock never waits on collaborative follow-up, our jobs or candidates.
         # Each is a few chain reads and at most one transaction (mids: in the background).
         for did in list(self.state.data.disputes):
+            if self._stale(f"d{did}"):
+                continue
             try:
-                act2 = await self._dispute_move(nursery, did)
+                act2 = await self._dispute_move(nursery, did, snap)
             except PolnetError as exc:  # one dispute's failure must not stall the others
                 log.warning("dispute_move_failed", dispute=did, error=str(exc))
                 continue
@@ -201,9 +219,9 @@ class Solver:
         except PolnetError as exc:
             log.warning("collab_tick_failed", error=str(exc))
         for jid in list(self.state.data.jobs):
-            if jid in self._settled:
+            if jid in self._settled or self._stale(f"j{jid}"):
                 continue
-            dec = await self._derive(jid)
+            dec = await self._derive(jid, snap)
             taken.append(("job", jid, dec.action))
             withdraw |= await self._act(nursery, jid, dec)
             if dec.phase == SolverPhase.COMMITTED and self.behavior.serves_data:
@@ -222,8 +240,10 @@ class Solver:
                 continue
             # The first pass looks at every candidate even when full: one the chain gives
             # us already (claimed before a kill recorded it) is adopted, never left behind.
+            if self._stale(f"c{jid}"):
+                continue
             try:
-                act = await self._candidate(nursery, jid, may_claim=not full
+                act = await self._candidate(nursery, jid, snap, may_claim=not full
                                             and considering == 0)
             except PolnetError as exc:  # one job's input must not end the pass
                 log.warning("candidate_failed", job=jid, error=str(exc))
@@ -241,10 +261,25 @@ class Solver:
         await self.rt.withdraw_all()
         await self.collab.withdraw()
 
-    async def _derive(self, jid: int) -> Decision:
-        """Read the job from the chain, derive its phase and record it."""
+    def _stale(self, key: str) -> bool:
+        """This process moved ``key`` since the newest snapshot's update began."""
+        return self._moved.get(key, -math.inf) >= self.rt.snapshot_started
+
+    def _mark(self, key: str) -> None:
+        self._moved[key] = trio.current_time()
+
+    async def _derive(self, jid: int, snap: Snapshot | None = None) -> Decision:
+        """Derive the job's phase from ``snap`` (None: read the job now) and record it.
+        A job the snapshot shows lost is read again before it is given up: only the
+        chain as of now may drop a job from our books."""
         c = self.rt.chain_client
-        job = await self.rt.chain(c.market.get_job, jid)
+        job = snap.jobs.get(jid) if snap is not None else None
+        if job is None:  # not in the view (yet), or asked for the chain as of now
+            job = await self.rt.chain(c.market.get_job, jid)
+            snap = None
+        if snap is not None and job.solver.lower() != self.rt.address.lower():
+            job = await self.rt.chain(c.market.get_job, jid)
+            snap = None
         mine = job.solver.lower() == self.rt.address.lower()
         rec = self.state.data.jobs[jid]
         if mine and job.round != rec.round and job.status != JobStatus.OPEN:
@@ -254,15 +289,29 @@ class Solver:
                                                dataset=rec.dataset)
         credits = await self.rt.credits_owed() if mine and job.status == JobStatus.FINALIZED else 0
         committed = mine and job.status == JobStatus.COMMITTED
-        view = HeldJobView(status=job.status, mine=mine, round=job.round,
-                           now=await self.rt.chain(c.timestamp) if committed else 0,
+        now = 0
+        if committed:
+            now = snap.timestamp if snap is not None else await self.rt.chain(c.timestamp)
+        view = HeldJobView(status=job.status, mine=mine, round=job.round, now=now,
                            window_end=job.window_end,
                            open_disputes=job.open_disputes, credits=credits)
         disk = HeldJobDisk(published=rec.manifest is not None,
                            has_trace=(self._trace_dir(jid) / TRACE_MANIFEST).is_file(),
                            busy=str(jid) in self._busy)
         if committed and disk.has_trace:
-            owed = await self.rt.chain(owed_segments, c, jid, job, view.now)
+            # A pending request counts in the job's open disputes: with none open there
+            # is none to search for (no log search per committed job per pass); with
+            # some, the logs are searched once per block.
+            key, named = (jid, job.round), set[int]()
+            if job.open_disputes:
+                block = snap.block if snap is not None else -1
+                searched, named = self._requested.get(key, (-2, set()))
+                if searched != block or block < 0:
+                    named = set(await self.rt.chain(requested_segments, c, jid, job))
+                    self._requested[key] = (block, named)
+            else:
+                self._requested.pop(key, None)
+            owed = await self.rt.chain(owed_segments, c, jid, job, view.now, named)
             view = dataclasses.replace(view, owed=tuple(owed))
         dec = decide_job(view, disk)
         self._record_phase(jid, dec.phase)
@@ -287,9 +336,11 @@ class Solver:
                 await publish_segments(self, jid, list(act.segments))
             except (PolnetError, OSError) as exc:  # retried on the next pass
                 log.warning("leaves_not_published", job=jid, error=str(exc))
+            self._mark(f"j{jid}")
         elif isinstance(act, Finalize):
             await finalize_job(self.rt, self.collab, jid, FINALIZE_BENIGN)
             await self._settle_delay(jid)
+            self._mark(f"j{jid}")
         elif isinstance(act, Withdraw):
             await self._settle_delay(jid)
         elif isinstance(act, Done):
@@ -317,13 +368,16 @@ class Solver:
             self.rt.metrics.jobs.labels(p.value).set(
                 sum(1 for r in self.state.data.jobs.values() if r.phase == p))
 
-    async def _candidate(self, nursery: trio.Nursery, jid: int, may_claim: bool = True) -> object:
+    async def _candidate(self, nursery: trio.Nursery, jid: int, snap: Snapshot | None = None,
+                         may_claim: bool = True) -> object:
         """A posted or reopened job: adopt it if the chain says it is ours already,
         else consider it (if ``may_claim``) in the background: fetching its inputs and
         probing them takes minutes that no pass may wait for. Returns Adopt when it is
         on our books."""
         c = self.rt.chain_client
-        job = await self.rt.chain(c.market.get_job, jid)
+        job = snap.jobs.get(jid) if snap is not None else None
+        if job is None:  # not in the view yet
+            job = await self.rt.chain(c.market.get_job, jid)
         rec = self.state.data.jobs.get(jid)
         act = decide_candidate(job.status, job.solver.lower() == self.rt.address.lower(),
                                lost_before=rec is not None and rec.phase == SolverPhase.LOST)
@@ -344,6 +398,7 @@ class Solver:
             await self._consider(jid, job)
         finally:
             self._busy.discard(f"c{jid}")
+            self._mark(f"c{jid}")
 
     async def _claim_sub_job(self, jid: int, job: Job) -> bool:
         """A collaborative round's sub-job: ours only if reserved for us (our slot, whose
@@ -391,6 +446,7 @@ class Solver:
                 st.jobs[jid] = SolverJob(round=job.round, spec=job.spec_hash.hex(),
                                          dataset=job.dataset_hash.hex(), keep_every=keep_every)
         self._settled.discard(jid)
+        self._mark(f"j{jid}")  # claimed now: a snapshot from before shows it open
         log.info(event, job=jid, round=job.round, status=job.status.name.lower())
 
     # --- claiming ----------------------------------------------------------------------
@@ -592,6 +648,7 @@ class Solver:
             await trio.sleep(5)
         finally:
             self._busy.discard(key)
+            self._mark(f"j{jid}")
 
     async def _publish_trace(self, jid: int, out: Path) -> str:
         from node.train.trace import MANIFEST_NAME, kept_file, read_manifest  # noqa: PLC0415
@@ -637,13 +694,19 @@ class Solver:
 
     # --- disputes ---------------------------------------------------------------------
 
-    async def _dispute_move(self, nursery: trio.Nursery, did: int) -> object:
+    async def _dispute_move(self, nursery: trio.Nursery, did: int,
+                            snap: Snapshot | None = None) -> object:
         c = self.rt.chain_client
-        d = await self.rt.chain(c.dispute.get_dispute, did)
+        d = snap.disputes.get(did) if snap is not None else None
+        if d is None:  # not in the view yet, or asked for the chain as of now
+            d = await self.rt.chain(c.dispute.get_dispute, did)
+            snap = None
+        block = 0
+        if d.phase == Phase.DRAWING:
+            block = snap.block if snap is not None else await self.rt.chain(c.block_number)
         view = SolverDisputeView(
             phase=d.phase, turn=d.turn, challenger_clock_left=d.challenger_clock_left,
-            mid_steps=tuple(d.mid_steps), draw_block=d.draw_block,
-            block=await self.rt.chain(c.block_number) if d.phase == Phase.DRAWING else 0,
+            mid_steps=tuple(d.mid_steps), draw_block=d.draw_block, block=block,
             credits=await self.rt.credits_owed() if d.phase == Phase.RESOLVED else 0)
         act = decide_dispute(view, busy=f"d{did}" in self._busy)
         if isinstance(act, PostMids) and d.job_id not in self.state.data.jobs:
@@ -657,12 +720,14 @@ class Solver:
             log.info("dispute_over", dispute=did, verdict=d.verdict.name)
         elif isinstance(act, DrawJury):
             await self.rt.transact_ok(c.dispute.draw_jury, did, benign=DRAW_BENIGN)
+            self._mark(f"d{did}")
         elif isinstance(act, PostMids):
             self._busy.add(f"d{did}")
             nursery.start_soon(guarded, "_post_mids", self._post_mids, did, d.job_id,
                                list(act.steps))
         elif isinstance(act, Timeout):
             await self.rt.transact_ok(c.dispute.timeout, did, benign=TIMEOUT_BENIGN)
+            self._mark(f"d{did}")
         return act
 
     async def serve_state(self, jid: int, step: int, tensors: Any) -> str:
