@@ -11,12 +11,20 @@ on chain, the first pass after a restart, or every job in its window). "New" is 
 the pass reads now: ``ChainView.update()`` (the Runtime's snapshot; jobs and
 disputes come from it). Each is measured on a pass where a block with one new event
 arrived (a job posted: "busy") and on one where none did ("idle"); idle requests/hour assume the
-default 0.5 s poll interval (7,200 passes an hour). Collaborative follow-up reads
-(CollabFollower.tick) are the same before and after and left out of both.
+default 0.5 s poll interval (7,200 passes an hour).
 
-Usage: python bench/rpc.py [--sizes 10,100,1000]
+The collaborative follower (CollabFollower.tick, in every solver and verifier) is a row
+of its own: ``--collab`` collaborative jobs are posted (CollabMarket.postCollabJob;
+idle: round 0 waiting for its slots to fill, what every follower passes over until
+workers come). "Old" replays the tick before it read the snapshot, call for call:
+``collabCount``, then per job ``getCollab`` and ``slotHolders`` (round 0's join
+window), on every pass with or without a block. "New" is the view's update, which now
+also reads the rounds, slot holders, orphan counts and OuterJury cases new events name:
+the follower's own reads on a snapshot are zero (tests/test_collab_view.py asserts it).
+
+Usage: python bench/rpc.py [--sizes 10,100,1000] [--collab 10]
 Last line: JSON {"<n>": {"old_busy", "new_busy", "old_idle", "new_idle",
-"old_idle_per_hour", "new_idle_per_hour"}, ...}.
+"old_idle_per_hour", "new_idle_per_hour"}, ..., "collab_<m>": {the same keys}}.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from devnet.anvil import dev_accounts, start_anvil  # noqa: E402
 from devnet.deploy import deploy_all  # noqa: E402
 from devnet.params import TOKEN, DevnetParams  # noqa: E402
 from devnet.rpcproxy import RpcProxy  # noqa: E402
-from devnet.testing import job_terms  # noqa: E402
+from devnet.testing import FAKE_INIT, job_terms  # noqa: E402
 from node.chain.client import ChainClient  # noqa: E402
+from node.chain.contracts import CollabTerms  # noqa: E402
 from node.chain.events import EventWatcher  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 from node.chain.view import ChainView  # noqa: E402
@@ -51,6 +60,25 @@ def old_pass(c: ChainClient, watcher: EventWatcher, jobs: list[int]) -> None:
         c.market.get_job(jid)
 
 
+def old_collab_pass(c: ChainClient, jobs: list[int]) -> None:
+    """The reads of CollabFollower.tick before the snapshot, for jobs in round 0 waiting
+    for their slots (node/roles/collab.py: tick, _live_job, _join_window_over)."""
+    c.collab.collab_count()
+    for cid in jobs:
+        c.collab.get_collab(cid)
+        c.collab.slot_holders(cid)
+
+
+def collab_terms() -> CollabTerms:
+    sub_reward, sub_budget, rounds, workers = 10 * TOKEN, 3 * TOKEN, 2, 3
+    n = rounds * workers
+    return CollabTerms(spec_hash=b"s" * 32, dataset_hash=b"d" * 32,
+                       reward=n * sub_reward + 5, verification_budget=n * sub_budget + 1,
+                       min_workers=2, max_workers=workers, inner_steps=10,
+                       steps_per_segment=5, rounds=rounds, round_duration=600,
+                       init_state_hash=FAKE_INIT, outer_init_hash=b"o" * 32)
+
+
 def counted(proxy: RpcProxy, fn: object, *args: object) -> int:
     n = proxy.counts["total"]
     fn(*args)  # type: ignore[operator]
@@ -60,7 +88,9 @@ def counted(proxy: RpcProxy, fn: object, *args: object) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10,100,1000")
-    sizes = [int(s) for s in ap.parse_args().sizes.split(",")]
+    ap.add_argument("--collab", type=int, default=10, help="collaborative jobs (0: no row)")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
     accts = dev_accounts(4)
     anvil = start_anvil(accounts=10)
     try:
@@ -98,10 +128,38 @@ def main() -> None:
                   f"requests; idle pass old {old_idle} / new {new_idle} "
                   f"({old_idle * PASSES_PER_HOUR:,.0f} vs {new_idle * PASSES_PER_HOUR:,.0f}"
                   f" an hour); set-up {time.monotonic() - t0:.1f}s", flush=True)
+        if args.collab:
+            out[f"collab_{args.collab}"] = collab_row(submitter, reader, proxy, args.collab)
         proxy.stop()
     finally:
         anvil.stop()
     print(json.dumps(out))
+
+
+def collab_row(submitter: ChainClient, reader: ChainClient, proxy: RpcProxy,
+               m: int) -> dict[str, float]:
+    t0 = time.monotonic()
+    terms = collab_terms()
+    submitter.token.approve(submitter.collab.address, 10**30)
+    first = reader.collab.collab_count() + 1
+    for _ in range(m):
+        submitter.collab.post_collab_job(terms)
+    jobs = list(range(first, first + m))
+    view = ChainView(reader)
+    view.update()
+    submitter.collab.post_collab_job(terms)  # a new block with one collaborative event
+    jobs.append(jobs[-1] + 1)
+    old_busy = counted(proxy, old_collab_pass, reader, jobs)
+    new_busy = counted(proxy, view.update)
+    old_idle = counted(proxy, old_collab_pass, reader, jobs)
+    new_idle = counted(proxy, view.update)
+    print(f"{m:5d} collaborative jobs, follower: pass with a new block old {old_busy} / new "
+          f"{new_busy} requests; idle pass old {old_idle} / new {new_idle} "
+          f"({old_idle * PASSES_PER_HOUR:,.0f} vs {new_idle * PASSES_PER_HOUR:,.0f} an hour);"
+          f" set-up {time.monotonic() - t0:.1f}s", flush=True)
+    return {"old_busy": old_busy, "new_busy": new_busy, "old_idle": old_idle,
+            "new_idle": new_idle, "old_idle_per_hour": old_idle * PASSES_PER_HOUR,
+            "new_idle_per_hour": new_idle * PASSES_PER_HOUR}
 
 
 if __name__ == "__main__":

@@ -215,3 +215,52 @@ def test_a_send_whose_answer_was_lost_lands_once(chain: LocalChain, proxy: RpcPr
     assert proxy.counts["stall"] == 1 and proxy.methods["eth_sendRawTransaction"] == 2
     c.token.transfer(to, 1 * TOKEN)  # and the local nonce is still right
     assert chain.reader.token.balance_of(to) == before + 6 * TOKEN
+
+
+def test_a_collab_follower_behind_a_throttling_provider_posts_and_accepts(
+        chain: LocalChain, proxy: RpcProxy, tmp_path: Path) -> None:
+    """A collaborative job's round in its outer phase, nothing posted; the follower
+    reaches the chain only through a proxy that answers 429 / -32005 to a third of
+    requests. Looping as the daemons do (a failed pass is logged, the next one goes on),
+    it posts the outer state it recomputes, accepts it once the window is over, and the
+    job (one round) finishes: no exit, no move lost to a refused request."""
+    import trio  # noqa: PLC0415
+
+    from node.chain.contracts import CollabStatus  # noqa: PLC0415
+    from node.chain.rpc import RPC_FAILURES  # noqa: PLC0415
+    from node.errors import PolnetError  # noqa: PLC0415
+    from tests.test_collab_market import make_net, outer, settled_one_round_job  # noqa: PLC0415
+    from tests.test_collab_view import FOLLOWER, follower_runtime  # noqa: PLC0415
+
+    net = make_net(chain)
+    job = settled_one_round_job(net)
+    reader = chain.reader.collab
+    me = chain.addresses[FOLLOWER]
+    failures: list[str] = []
+    caught: tuple[type[BaseException], ...] = (PolnetError, *RPC_FAILURES)  # the daemons'
+
+    async def main() -> None:
+        async with follower_runtime(tmp_path, chain, proxy.url,
+                                    RpcSettings(timeout=5, retries=12, backoff=0.01,
+                                                max_backoff=0.05)) as (rt, f):
+            proxy.throttle = Throttle(p429=0.2, p32005=0.15, seed=11)
+            advanced = False
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    await f.tick(await rt.snapshot())
+                except caught as exc:  # a failed pass is logged, as the daemons' loops do
+                    failures.append(repr(exc))
+                rnd = reader.get_round(job, 0)
+                if rnd.accepted:
+                    break
+                if rnd.poster == me and not advanced:  # posted: let the window pass
+                    chain.advance(reader.collab_params().outer_window)
+                    advanced = True
+                await trio.sleep(rt.settings.poll_interval)
+
+    trio.run(main)
+    rnd = reader.get_round(job, 0)
+    assert rnd.poster == me and rnd.outer_hash == outer(0), failures
+    assert rnd.accepted and reader.get_collab(job).status == CollabStatus.FINISHED, failures
+    assert proxy.counts["429"] > 0 and proxy.counts["-32005"] > 0, proxy.counts

@@ -10,8 +10,9 @@ pays, per :meth:`ChainView.update`:
   rebuilt from the deployment block), the new head's header, and ``eth_getLogs``
   over all our contracts for the new blocks;
 - one JSON-RPC batch of ``eth_call``: the jobs, disputes and collaborative jobs the
-  new events touched, and every live dispute (its clocks move with time), read at
-  the new head so that the snapshot is of one block.
+  new events touched (with a collaborative job's rounds, slot holders and orphan count
+  where its events name them, and the OuterJury cases), and every live dispute (its
+  clocks move with time), read at the new head so that the snapshot is of one block.
 
 What roles read is a :class:`Snapshot`: frozen, id-keyed, of one block. The first
 update (and a rebuild) reads everything since the deployment block, in chunks.
@@ -36,9 +37,13 @@ from web3.types import LogReceipt
 from node.chain.bound import Bound
 from node.chain.client import ChainClient
 from node.chain.contracts import (
+    ChallengePhase,
     CollabJob,
+    CollabRound,
     DisputeState,
     Job,
+    JuryCase,
+    OuterVerdict,
     Phase,
     dispute_state,
     from_struct,
@@ -51,6 +56,7 @@ from node.logs import get_logger
 log = get_logger("polnet.chain.view")
 
 ZERO32 = bytes(32)
+ZERO_ADDRESS = "0x" + "0" * 40
 BATCH_MAX = 200  # eth_calls per JSON-RPC batch: providers cap batch sizes
 
 
@@ -69,9 +75,29 @@ class Snapshot:
     disputes: Mapping[int, DisputeState]
     collabs: Mapping[int, CollabJob]
     events: tuple[ChainEvent, ...] = ()
+    # CollabMarket rounds by (collab job, round), slot holders and orphan counts by job,
+    # OuterJury cases by id: each as of ``block`` (read when an event named it).
+    rounds: Mapping[tuple[int, int], CollabRound] = field(default_factory=dict)
+    holders: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    orphans: Mapping[int, int] = field(default_factory=dict)
+    cases: Mapping[int, JuryCase] = field(default_factory=dict)
 
     def live_disputes(self) -> list[int]:
         return sorted(i for i, d in self.disputes.items() if d.phase != Phase.RESOLVED)
+
+    def round(self, cid: int, r: int) -> CollabRound | None:
+        """Round ``r`` of collaborative job ``cid``; None if the job is not in the
+        snapshot. Every write to a round emits an event naming it, so a round the view
+        never read is one never started: the contract's all-zero view of it."""
+        got = self.rounds.get((cid, r))
+        if got is not None:
+            return got
+        job = self.collabs.get(cid)
+        if job is None:
+            return None
+        nobody = cast(Any, ZERO_ADDRESS)
+        return CollabRound(0, 0, 0, [0] * job.max_workers, 0, False, ZERO32, ZERO32, nobody,
+                           0, 0, False, ChallengePhase.NONE, nobody, 0, OuterVerdict.NONE)
 
 
 @dataclass
@@ -82,35 +108,73 @@ class _State:
     jobs: dict[int, Job] = field(default_factory=dict)
     disputes: dict[int, DisputeState] = field(default_factory=dict)
     collabs: dict[int, CollabJob] = field(default_factory=dict)
+    rounds: dict[tuple[int, int], CollabRound] = field(default_factory=dict)
+    holders: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    orphans: dict[int, int] = field(default_factory=dict)
+    cases: dict[int, JuryCase] = field(default_factory=dict)
     # (lo hash, hi hash) of each dispute's current range: the game does not store them,
     # its DisputeOpened / RangeNarrowed events carry them.
     ranges: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
-def touched(events: list[ChainEvent]) -> tuple[set[int], set[int], set[int]]:
-    """Job, dispute and collaborative-job ids the events may have changed."""
-    jobs: set[int] = set()
-    disputes: set[int] = set()
-    collabs: set[int] = set()
+@dataclass
+class Touched:
+    """What a block range's events may have changed, by id."""
+
+    jobs: set[int] = field(default_factory=set)
+    disputes: set[int] = field(default_factory=set)
+    collabs: set[int] = field(default_factory=set)
+    rounds: set[tuple[int, int]] = field(default_factory=set)
+    holders: set[int] = field(default_factory=set)
+    orphans: set[int] = field(default_factory=set)
+    cases: set[int] = field(default_factory=set)
+
+
+# CollabMarket events after which a job's slotHolders / orphansOf may differ.
+HOLDER_EVENTS = ("CollabPosted", "SlotClaimed", "SlotReleased")
+ORPHAN_EVENTS = ("CollabPosted", "RoundsRolledBack", "OrphanSettled")
+
+
+def touched(events: list[ChainEvent]) -> Touched:
+    """The ids the events may have changed. Every CollabMarket write to a round emits
+    an event with its jobId and round (a roll-back: firstRound..lastRound), every
+    OuterJury write to a case one with its caseId (CollabMarket's OuterChallenged
+    names the case it opens)."""
+    t = Touched()
     for ev in events:
         a = ev.args
         if ev.contract == "DisputeGame":
             if "id" in a:
-                disputes.add(int(a["id"]))
+                t.disputes.add(int(a["id"]))
             if "jobId" in a:
-                jobs.add(int(a["jobId"]))
+                t.jobs.add(int(a["jobId"]))
         elif ev.contract == "CollabMarket":
             if "jobId" in a:
-                collabs.add(int(a["jobId"]))
+                cid = int(a["jobId"])
+                t.collabs.add(cid)
+                if "round" in a:
+                    t.rounds.add((cid, int(a["round"])))
+                if "firstRound" in a:
+                    t.rounds.update((cid, q) for q in
+                                    range(int(a["firstRound"]), int(a["lastRound"]) + 1))
+                if ev.event in HOLDER_EVENTS:
+                    t.holders.add(cid)
+                if ev.event in ORPHAN_EVENTS:
+                    t.orphans.add(cid)
+            if "juryCase" in a:
+                t.cases.add(int(a["juryCase"]))
             if "marketJobId" in a:
-                jobs.add(int(a["marketJobId"]))
-            jobs.update(int(j) for j in a.get("subJobs", ()))
+                t.jobs.add(int(a["marketJobId"]))
+            t.jobs.update(int(j) for j in a.get("subJobs", ()))
+        elif ev.contract == "OuterJury":
+            if "caseId" in a:
+                t.cases.add(int(a["caseId"]))
         elif ev.contract in ("JobMarket", "Availability"):
             if "jobId" in a:
-                jobs.add(int(a["jobId"]))
+                t.jobs.add(int(a["jobId"]))
             if "disputeId" in a:
-                disputes.add(int(a["disputeId"]))
-    return jobs, disputes, collabs
+                t.disputes.add(int(a["disputeId"]))
+    return t
 
 
 def _as_log(raw: dict[str, Any]) -> LogReceipt:
@@ -151,6 +215,7 @@ class ChainView:
         self._decoder = EventWatcher(self.w3, watched)
         self._addresses = [b.address for b in watched]
         self._has_collab = any(b.name == "CollabMarket" for b in watched)
+        self._has_jury = any(b.name == "OuterJury" for b in watched)
         self._lock = threading.Lock()  # one update at a time (held across its RPC)
         self._pub = threading.Lock()  # the snapshot and the log change together (no I/O)
         self._epoch = 0
@@ -241,7 +306,7 @@ class ChainView:
                  events: list[ChainEvent], head: int, everything: bool = False) -> Snapshot:
         if header is None:
             raise ChainError(f"block {block} is not there (the node is behind)")
-        jobs, disputes, collabs = touched(events)
+        t = touched(events)
         for ev in events:  # the range hashes the game does not store
             if ev.contract != "DisputeGame":
                 continue
@@ -251,10 +316,12 @@ class ChainView:
             elif ev.event == "RangeNarrowed":
                 st.ranges[int(ev.args["id"])] = (bytes(ev.args["loHash"]),
                                                  bytes(ev.args["hiHash"]))
-        disputes |= {i for i, d in st.disputes.items() if d.phase != Phase.RESOLVED}
+        t.disputes |= {i for i, d in st.disputes.items() if d.phase != Phase.RESOLVED}
         if not self._has_collab:
-            collabs = set()
-        self._read(st, block, sorted(jobs), sorted(disputes), sorted(collabs))
+            t.collabs, t.rounds, t.holders, t.orphans = set(), set(), set(), set()
+        if not self._has_jury:
+            t.cases = set()
+        self._read(st, block, t)
         st.block = block
         st.block_hash = bytes(HexBytes(header["hash"]))
         st.timestamp = int(header["timestamp"], 16)
@@ -262,25 +329,35 @@ class ChainView:
         snap = Snapshot(block=block, block_hash=st.block_hash, timestamp=st.timestamp,
                         epoch=self._epoch, jobs=MappingProxyType(dict(st.jobs)),
                         disputes=MappingProxyType(dict(st.disputes)),
-                        collabs=MappingProxyType(dict(st.collabs)), events=tuple(events))
+                        collabs=MappingProxyType(dict(st.collabs)), events=tuple(events),
+                        rounds=MappingProxyType(dict(st.rounds)),
+                        holders=MappingProxyType(dict(st.holders)),
+                        orphans=MappingProxyType(dict(st.orphans)),
+                        cases=MappingProxyType(dict(st.cases)))
         with self._pub:
             if everything:
                 self.log = []
             self.log.extend(events)
             self.snapshot = snap
         if everything or events:
-            log.debug("chain_view", block=block, events=len(events), jobs=len(jobs),
-                      disputes=len(disputes), behind=head - block)
+            log.debug("chain_view", block=block, events=len(events), jobs=len(t.jobs),
+                      disputes=len(t.disputes), rounds=len(t.rounds), behind=head - block)
         return snap
 
-    def _read(self, st: _State, block: int, jobs: list[int], disputes: list[int],
-              collabs: list[int]) -> None:
-        """Re-read the given ids at ``block``, in as few batches as BATCH_MAX allows."""
+    def _read(self, st: _State, block: int, t: Touched) -> None:
+        """Re-read the touched ids at ``block``, in as few batches as BATCH_MAX allows."""
         c = self.client
+        jobs, disputes, collabs = sorted(t.jobs), sorted(t.disputes), sorted(t.collabs)
+        rounds, holders = sorted(t.rounds), sorted(t.holders)
+        orphans, cases = sorted(t.orphans), sorted(t.cases)
         calls: list[tuple[Bound, str, tuple[Any, ...]]] = \
             [(c.market, "getJob", (j,)) for j in jobs] + \
             [(c.dispute, "getDispute", (d,)) for d in disputes] + \
-            [(c.collab, "getCollab", (k,)) for k in collabs]
+            [(c.collab, "getCollab", (k,)) for k in collabs] + \
+            [(c.collab, "getRound", (k, q)) for k, q in rounds] + \
+            [(c.collab, "slotHolders", (k,)) for k in holders] + \
+            [(c.collab, "orphansOf", (k,)) for k in orphans] + \
+            [(c.outer_jury, "getCase", (k,)) for k in cases]
         if not calls:
             return
         results: list[Any] = []
@@ -297,6 +374,14 @@ class ChainView:
             st.disputes[d] = dispute_state(d, next(it), st.ranges.get(d, (ZERO32, ZERO32)))
         for k in collabs:
             st.collabs[k] = from_struct(CollabJob, next(it))
+        for key in rounds:
+            st.rounds[key] = from_struct(CollabRound, next(it))
+        for k in holders:
+            st.holders[k] = tuple(str(h) for h in next(it))
+        for k in orphans:
+            st.orphans[k] = int(next(it))
+        for k in cases:
+            st.cases[k] = from_struct(JuryCase, next(it))
 
 
 class EventFeed:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 import time
@@ -64,7 +65,15 @@ from node.roles.runtime import Runtime
 from node.spec import MAX_SPEC_BYTES, CollaborativeSpec, parse_collaborative_spec_json
 
 if TYPE_CHECKING:
-    from node.chain.contracts import CollabParamsView, Job, JuryCase, OuterJuryParamsView
+    from node.chain.contracts import (
+        CollabJob,
+        CollabParamsView,
+        CollabRound,
+        Job,
+        JuryCase,
+        OuterJuryParamsView,
+    )
+    from node.chain.view import Snapshot
     from node.datasets import Dataset
     from node.train.diloco import OuterState
     from node.train.trace import TraceManifest
@@ -105,6 +114,11 @@ OUTER_FETCH_PER_SENDER_S = 30.0
 INPUTS_RETRY_S = (10.0, 30.0, 60.0, 120.0)
 JOIN_GRACE_S = 40.0  # round 0 waits this long for its slots to fill (see _join_window_over)
 CHECKED_TTL_S = 2.0  # a round view read for theta's inputs serves one pass, at most this
+# The tick's chain work runs when the snapshot has a new block, or local work finished
+# (a state recomputed or fetched, a claim done); else at most this often: a time-only
+# condition (round 0's join grace, an inputs retry, a sub-job's evidence fetched) must
+# not wait for a block, which an automining devnet makes only on transactions.
+IDLE_PASS_S = 3.0
 
 # Benign reverts (someone else moved first); transact_ok checks each name against the
 # ABIs when it is used, so a deployment without a CollabMarket never needs them.
@@ -219,8 +233,78 @@ class CollabFollower:
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
         self._outer_jury_params: OuterJuryParamsView | None = None
+        # The chain as of the last pass (node/chain/view.py): what it holds is read from
+        # it, not one call each; None (no pass yet: tests, the submitter) reads directly.
+        self._snap: Snapshot | None = None
+        self._snap_started = -math.inf  # trio time its view update began
+        self._seen: tuple[int, int] | None = None  # (epoch, block) of the last chain pass
+        self._ran_at = -math.inf
+        self._wake = False  # local work finished: the next tick runs a chain pass
+        # (move, job, round or id) -> trio time it was sent: a snapshot read before that
+        # shows the move undone, so it is not sent again on it
+        self._moved: dict[tuple[str, int, int], float] = {}
 
     # --- chain views ----------------------------------------------------------------
+
+    async def _collab(self, cid: int) -> CollabJob:
+        s = self._snap
+        if s is not None and cid in s.collabs:
+            return s.collabs[cid]
+        return await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+
+    async def _round(self, cid: int, r: int) -> CollabRound:
+        got = self._snap.round(cid, r) if self._snap is not None else None
+        if got is not None:
+            return got
+        return await self.rt.chain(self.rt.chain_client.collab.get_round, cid, r)
+
+    async def _market_job(self, jid: int) -> Job:
+        s = self._snap
+        if s is not None and jid in s.jobs:
+            return s.jobs[jid]
+        return await self.rt.chain(self.rt.chain_client.market.get_job, jid)
+
+    async def _case(self, case_id: int) -> JuryCase:
+        s = self._snap
+        if s is not None and case_id in s.cases:
+            return s.cases[case_id]
+        return await self.rt.chain(self.rt.chain_client.outer_jury.get_case, case_id)
+
+    async def _holders(self, cid: int) -> list[str]:
+        s = self._snap
+        if s is not None and cid in s.holders:
+            return list(s.holders[cid])
+        return [str(h) for h in
+                await self.rt.chain(self.rt.chain_client.collab.slot_holders, cid)]
+
+    async def _orphans(self, cid: int) -> int:
+        s = self._snap
+        if s is not None and cid in s.orphans:
+            return s.orphans[cid]
+        return int(await self.rt.chain(self.rt.chain_client.collab.orphans_of, cid))
+
+    async def _now(self) -> int:
+        """The chain's clock as of the snapshot: a move it allows is allowed in any later
+        block (one it forbids may revert: benign)."""
+        if self._snap is not None:
+            return self._snap.timestamp
+        return int(await self.rt.chain(self.rt.chain_client.timestamp))
+
+    async def _block(self) -> int:
+        if self._snap is not None:
+            return self._snap.block
+        return int(await self.rt.chain(self.rt.chain_client.block_number))
+
+    async def _move(self, key: tuple[str, int, int], fn: Any, *args: Any,
+                    benign: tuple[str, ...]) -> bool:
+        """``transact_ok(fn, *args)`` unless this move was sent since the snapshot was read
+        (it would show the move undone: a duplicate only reverts, but costs a call)."""
+        if self._moved.get(key, -math.inf) >= self._snap_started:
+            return False
+        try:
+            return await self.rt.transact_ok(fn, *args, benign=benign)
+        finally:
+            self._moved[key] = trio.current_time()
 
     @property
     def enabled(self) -> bool:
@@ -252,8 +336,7 @@ class CollabFollower:
         """``inputs`` itself: PeerUnavailable while the submitter does not serve them."""
         from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
 
-        c = self.rt.chain_client
-        job = await self.rt.chain(c.collab.get_collab, cid)
+        job = await self._collab(cid)
         path = await self.rt.fetch(job.spec_hash.hex(), (job.submitter,),
                                    expected_size=MAX_SPEC_BYTES)
         spec = parse_collaborative_spec_json(path.read_bytes())
@@ -329,7 +412,7 @@ class CollabFollower:
                 self._start_fetch(cid, r)  # in the background; recomputing meanwhile
         if state is None:
             if r == 0:
-                job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
+                job = await self._collab(cid)
                 state = self._init_states.get(cid)
                 if state is None:  # seeded: a function of the spec alone
                     state = await trio.to_thread.run_sync(diloco.initial_outer_state, spec)
@@ -345,6 +428,7 @@ class CollabFollower:
                     return None
             await trio.to_thread.run_sync(self._save, cid, r, state, want)
         self._outer[key] = state
+        self._wake = True  # a new state: the moves it allows need no new block
         if want is not None:
             self._inputs[key] = want
         if final:
@@ -355,8 +439,7 @@ class CollabFollower:
     async def _job_depth(self, cid: int) -> int:
         """The job's pipeline depth D (immutable: read once)."""
         if cid not in self._depth:
-            job = await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
-            self._depth[cid] = job.pipeline_depth
+            self._depth[cid] = (await self._collab(cid)).pipeline_depth
         return self._depth[cid]
 
     async def _round_inputs(self, cid: int, q: int) -> tuple[list[int], bool] | None:
@@ -370,10 +453,9 @@ class CollabFollower:
         if key in self._checked and time.monotonic() - self._checked[key][0] < CHECKED_TTL_S:
             got = self._checked[key][1]
             return None if got is None else (got, False)
-        c = self.rt.chain_client
         out: list[int] | None = None
-        for _ in range(2):  # read again once: a settlement may land between our reads
-            rnd = await self.rt.chain(c.collab.get_round, cid, q)
+        for _ in range(2):  # read again once: a settlement may land between direct reads
+            rnd = await self._round(cid, q)
             self._note_subs(cid, rnd.sub_jobs)
             if rnd.settled:
                 out = [s if rnd.accepted_mask >> i & 1 else 0
@@ -383,8 +465,7 @@ class CollabFollower:
                 break
             if not any(rnd.sub_jobs) or await self._job_depth(cid) == 0:
                 break
-            statuses = [(await self.rt.chain(c.market.get_job, s)).status
-                        for s in rnd.sub_jobs if s]
+            statuses = [(await self._market_job(s)).status for s in rnd.sub_jobs if s]
             if all(st == JobStatus.COMMITTED for st in statuses):
                 out = list(rnd.sub_jobs)
                 break
@@ -541,6 +622,7 @@ class CollabFollower:
                 log.info("collab_outer_fetched", job=cid, round=r, artifact=aid)
                 if key not in self._outer:  # not recomputed meanwhile
                     self._fetched[key] = state
+                    self._wake = True
                 return
         except Exception as exc:  # the next tick tries again or recomputes
             log.exception("collab_outer_fetch_failed", job=cid, round=r, error=repr(exc))
@@ -673,21 +755,31 @@ class CollabFollower:
 
     # --- one pass -----------------------------------------------------------------------
 
-    async def tick(self) -> None:
+    async def tick(self, snap: Snapshot | None = None) -> None:
+        """One pass over ``snap`` (the daemon's; None: the chain as of now). Its chain
+        work runs only on a new block, after local work finished, or IDLE_PASS_S after
+        the last: a tick between blocks reads nothing."""
         if not self.enabled:
             return
-        c = self.rt.chain_client
-        self._checked.clear()  # round views are read afresh each pass
-        n = await self.rt.chain(c.collab.collab_count)
+        if snap is None:
+            snap = await self.rt.snapshot(fresh=True)
         if time.monotonic() - self._announced_at > ANNOUNCE_EVERY_S:
             self._announced_at = time.monotonic()
             try:
                 await self.announce()
             except (PolnetError, OSError) as exc:
                 log.warning("collab_announce_failed", error=str(exc))
+        mark, t = (snap.epoch, snap.block), trio.current_time()
+        if mark == self._seen and not self._wake and t - self._ran_at < IDLE_PASS_S:
+            return
+        self._seen, self._ran_at, self._wake = mark, t, False
+        self._snap, self._snap_started = snap, self.rt.snapshot_started
+        self._moved = {k: v for k, v in self._moved.items() if v >= self._snap_started}
+        self._checked.clear()  # round views are read afresh each pass
         jobs: list[tuple[int, Any]] = []
         now = time.monotonic()
-        for cid in range(1, n + 1):
+        # every collaborative job's CollabPosted is in the view: its ids are 1..n
+        for cid in range(1, max(snap.collabs, default=0) + 1):
             if cid in self._bad or cid in self._over \
                     or self._inputs_retry.get(cid, (0, 0.0))[1] > now:
                 continue
@@ -741,10 +833,9 @@ class CollabFollower:
 
     async def _live_job(self, cid: int) -> Any:
         """The job's chain view, or None when there is nothing to do for it."""
-        c = self.rt.chain_client
-        job = await self.rt.chain(c.collab.get_collab, cid)
+        job = await self._collab(cid)
         if job.status in (FINISHED, FAILED):
-            if job.pipeline_depth and await self.rt.chain(c.collab.orphans_of, cid):
+            if job.pipeline_depth and await self._orphans(cid):
                 # a roll-back's orphans outlive the job: settled still (their workers
                 # are paid, the escrow goes back to the submitter)
                 await self._settle_orphans(cid, job)
@@ -755,20 +846,21 @@ class CollabFollower:
 
     async def _follow(self, cid: int, job: Any) -> None:
         """Round starts and settlements (the tick makes claims and outer moves first)."""
-        rt, c = self.rt, self.rt.chain_client
+        c = self.rt.chain_client
         r = job.round
         if job.phase == IDLE:
             if r == 0 and job.retries == 0 and not await self._join_window_over(cid):
                 return
             # pipelined, another node may have started the base meanwhile: then ours is
             # a start ahead, which may find nothing posted yet
-            await rt.transact_ok(c.collab.start_round, cid, benign=PIPE_START_BENIGN
-                                 if job.pipeline_depth else START_BENIGN)
+            await self._move(("start", cid, r), c.collab.start_round, cid,
+                             benign=PIPE_START_BENIGN if job.pipeline_depth else START_BENIGN)
             return
         if job.phase == ROUND_RUNNING:
-            rnd = await rt.chain(c.collab.get_round, cid, r)
+            rnd = await self._round(cid, r)
             if await self._round_may_settle(rnd):
-                await rt.transact_ok(c.collab.settle_round, cid, benign=SETTLE_BENIGN)
+                await self._move(("settle", cid, r), c.collab.settle_round, cid,
+                                 benign=SETTLE_BENIGN)
 
     async def _pipeline(self, cid: int, job: Any) -> None:
         """A pipelined job's moves past the base round (issue 35), each contained on its
@@ -787,28 +879,28 @@ class CollabFollower:
         unless someone posted one. A speculative post is challengeable from its post, within
         its window: one we disagree with is challenged (and its jury served) at once, as a
         base round's is; it is accepted only once its round is the base."""
-        rt, c = self.rt, self.rt.chain_client
-        rnd = await rt.chain(c.collab.get_round, cid, q)
+        c = self.rt.chain_client
+        rnd = await self._round(cid, q)
         if str(rnd.poster).lower() != ZERO_ADDRESS:
             await self._outer_moves(cid, q, pipe, settled=False, rnd=rnd)
             return
         mine = await self.next_hashes(cid, q)
-        if mine is None:
+        if mine is None or self._moved.get(("post", cid, q), -math.inf) >= self._snap_started:
             return
         await self._bond(c.collab.address, pipe=pipe)
-        if await rt.transact_ok(c.collab.post_outer, cid, q, mine[0], mine[1],
-                                benign=POST_BENIGN):
+        if await self._move(("post", cid, q), c.collab.post_outer, cid, q, mine[0], mine[1],
+                            benign=POST_BENIGN):
             log.info("collab_candidate_posted", job=cid, round=q, outer_hash=mine[0].hex())
 
     async def _start_ahead(self, cid: int, job: Any) -> None:
         """Start round base + ahead + 1 while the base is still open, on round base +
         ahead's post, when the chain allows it (at most D ahead, not past the last round)
         and the post is the state we recompute (no run is wasted on a forged one)."""
-        rt, c = self.rt, self.rt.chain_client
+        c = self.rt.chain_client
         q = job.round + job.ahead + 1
         if job.phase == IDLE or job.ahead >= job.pipeline_depth or q >= job.rounds:
             return
-        prev = await rt.chain(c.collab.get_round, cid, q - 1)
+        prev = await self._round(cid, q - 1)
         if str(prev.poster).lower() == ZERO_ADDRESS:
             return
         mine = await self.next_hashes(cid, q - 1)
@@ -817,7 +909,8 @@ class CollabFollower:
         if mine != (prev.outer_hash, prev.next_init_hash):
             log.info("collab_pipeline_waits", job=cid, round=q, reason="post_disagrees")
             return
-        if await rt.transact_ok(c.collab.start_round, cid, benign=PIPE_START_BENIGN):
+        if await self._move(("start", cid, q), c.collab.start_round, cid,
+                            benign=PIPE_START_BENIGN):
             log.info("collab_round_started_ahead", job=cid, round=q, base=job.round)
 
     async def _settle_orphans(self, cid: int, job: Any) -> None:
@@ -829,17 +922,17 @@ class CollabFollower:
         rt, c = self.rt, self.rt.chain_client
         live: set[int] = set()
         for q in range(job.round, min(job.round + job.ahead + 1, job.rounds)):
-            subs = (await rt.chain(c.collab.get_round, cid, q)).sub_jobs
+            subs = (await self._round(cid, q)).sub_jobs
             self._note_subs(cid, subs)
             live.update(subs)
-        if not await rt.chain(c.collab.orphans_of, cid):
+        if not await self._orphans(cid):
             return
         if cid not in self._subs_seen:
             self._subs_seen[cid] = set(self._read_subs(cid))
-        now = await rt.chain(c.timestamp)
+        now = await self._now()
         for sub in sorted(self._subs_seen[cid] - live - self._subs_done):
             try:
-                mj = await rt.chain(c.market.get_job, sub)
+                mj = await self._market_job(sub)
                 if mj.status in (JobStatus.FINALIZED, JobStatus.CANCELLED):
                     self._subs_done.add(sub)
                     continue
@@ -850,10 +943,11 @@ class CollabFollower:
                 if not due:
                     continue
                 ref = await rt.chain(c.collab.sub_job_of, sub)
-                if (await rt.chain(c.collab.get_round, cid, ref.round)).sub_jobs[ref.slot] \
+                if (await self._round(cid, ref.round)).sub_jobs[ref.slot] \
                         == sub and ref.round <= job.round + job.ahead:
                     continue  # still live (its round restarted since we read it)
-                if await rt.transact_ok(c.collab.settle_orphan, sub, benign=ORPHAN_BENIGN):
+                if await self._move(("orphan", cid, sub), c.collab.settle_orphan, sub,
+                                    benign=ORPHAN_BENIGN):
                     log.info("collab_orphan_settled", job=cid, sub_job=sub, round=ref.round)
             except (PolnetError, OSError) as exc:
                 log.warning("collab_orphan_settle_failed", job=cid, sub_job=sub, error=str(exc))
@@ -864,12 +958,13 @@ class CollabFollower:
             await self._contained(cid, self._maybe_claim_slots, cid, job)
         finally:
             self._claiming = None
+            self._wake = True  # the next job's claim need not wait for a block
 
     async def _join_window_over(self, cid: int) -> bool:
         """Round 0 waits for every slot to be taken, or JOIN_GRACE_S after we first saw
         the job (workers probe the job before claiming): the contract lets anyone start
         it with workers.min, which would leave late joiners idle for a whole round."""
-        holders = await self.rt.chain(self.rt.chain_client.collab.slot_holders, cid)
+        holders = await self._holders(cid)
         if all(int(str(h), 16) for h in holders):
             return True
         first = self._first_seen.setdefault(cid, time.monotonic())
@@ -879,15 +974,15 @@ class CollabFollower:
         """Past the deadline, or every sub-job final (saves failing calls)."""
         from node.chain.contracts import JobStatus  # noqa: PLC0415
 
-        c = self.rt.chain_client
-        if await self.rt.chain(c.timestamp) >= rnd.deadline:
+        now = await self._now()
+        if now >= rnd.deadline:
             return True
         for sub in rnd.sub_jobs:
             if sub == 0:
                 continue
-            job = await self.rt.chain(c.market.get_job, sub)
-            if job.status == JobStatus.COMMITTED and await self.rt.chain(c.timestamp) \
-                    >= job.window_end and job.open_disputes == 0:
+            job = await self._market_job(sub)
+            if job.status == JobStatus.COMMITTED and now >= job.window_end \
+                    and job.open_disputes == 0:
                 continue
             if job.status not in (JobStatus.FINALIZED, JobStatus.CANCELLED):
                 return False
@@ -903,32 +998,38 @@ class CollabFollower:
         if mine is None:
             return
         if rnd is None:
-            rnd = await rt.chain(c.collab.get_round, cid, r)
-        now = await rt.chain(c.timestamp)
+            rnd = await self._round(cid, r)
+        now = await self._now()
         if str(rnd.poster).lower() == ZERO_ADDRESS:
+            if self._moved.get(("post", cid, r), -math.inf) >= self._snap_started:
+                return  # posted since the snapshot was read (no bond to allow again)
             await self._bond(c.collab.address, pipe=pipe)
-            if await rt.transact_ok(c.collab.post_outer, cid, r, mine[0], mine[1],
-                                    benign=POST_BENIGN):
+            if await self._move(("post", cid, r), c.collab.post_outer, cid, r, mine[0],
+                                mine[1], benign=POST_BENIGN):
                 log.info("collab_outer_posted", job=cid, round=r, outer_hash=mine[0].hex())
             return
         agrees = rnd.outer_hash == mine[0] and rnd.next_init_hash == mine[1]
         if rnd.challenge_phase == NO_CHALLENGE:
             if not agrees and now < rnd.window_end \
                     and str(rnd.poster).lower() != rt.address.lower():
+                if self._moved.get(("challenge", cid, r), -math.inf) >= self._snap_started:
+                    return
                 await self._bond(c.collab.address)
-                if await rt.transact_ok(c.collab.challenge_outer, cid, r,
-                                        benign=CHALLENGE_BENIGN):
+                if await self._move(("challenge", cid, r), c.collab.challenge_outer, cid, r,
+                                    benign=CHALLENGE_BENIGN):
                     log.warning("collab_outer_challenged", job=cid, round=r,
                                 posted=rnd.outer_hash.hex(), recomputed=mine[0].hex())
             elif agrees and now >= rnd.window_end and settled:
-                await rt.transact_ok(c.collab.accept_outer, cid, r, benign=ACCEPT_BENIGN)
+                await self._move(("accept", cid, r), c.collab.accept_outer, cid, r,
+                                 benign=ACCEPT_BENIGN)
             return
         # A live challenge: its jury is drawn and votes in the OuterJury contract.
-        case = await rt.chain(c.outer_jury.get_case, rnd.jury_case)
+        case = await self._case(rnd.jury_case)
         if case.phase == JURY_DRAWING:
-            if await rt.chain(c.block_number) > case.request_block + \
+            if await self._block() > case.request_block + \
                     (await self._jury_params()).jury_lookahead:
-                await rt.transact_ok(c.outer_jury.draw, rnd.jury_case, benign=JURY_BENIGN)
+                await self._move(("draw", cid, rnd.jury_case), c.outer_jury.draw,
+                                 rnd.jury_case, benign=JURY_BENIGN)
             return
         await self._jury_duty(cid, r, rnd.jury_case, case, agrees, now)
 
@@ -1002,7 +1103,8 @@ class CollabFollower:
             log.info("collab_outer_vote_revealed", job=cid, round=r, case=case_id,
                      valid=vote.valid)
         elif isinstance(act, Resolve):
-            await rt.transact_ok(c.collab.resolve_outer, cid, r, benign=JURY_BENIGN)
+            await self._move(("resolve", cid, r), c.collab.resolve_outer, cid, r,
+                             benign=JURY_BENIGN)
 
     async def _jury_params(self) -> OuterJuryParamsView:
         """The OuterJury's Params: immutable, so read once."""
@@ -1030,7 +1132,7 @@ class CollabFollower:
         rt, c = self.rt, self.rt.chain_client
         if await rt.chain(c.collab.is_excluded, cid, rt.address):
             return  # one of our inner runs here was condemned: we are out of this job
-        holders = await rt.chain(c.collab.slot_holders, cid)
+        holders = await self._holders(cid)
         held = sum(1 for h in holders if str(h).lower() == rt.address.lower())
         free = sum(1 for h in holders if int(str(h), 16) == 0)
         want = min(self.want_slots - held, free)

@@ -215,7 +215,9 @@ class Solver:
             taken.append(("dispute", did, act2))
             withdraw |= isinstance(act2, Withdraw)
         try:
-            await self.collab.tick()
+            # the process's chain view (one blockNumber a pass, one batch a new block):
+            # the follower reads collaborative jobs, rounds and cases from it
+            await self.collab.tick(await self.rt.snapshot() if self.collab.enabled else None)
         except PolnetError as exc:
             log.warning("collab_tick_failed", error=str(exc))
         for jid in list(self.state.data.jobs):

@@ -171,7 +171,7 @@ class Verifier:
                 self._busy.add(f"d{did}")
                 nursery.start_soon(guarded, "_dispute_move", self._dispute_move, did)
         try:
-            await self.collab.tick()
+            await self.collab.tick(snap)
         except PolnetError as exc:
             log.warning("collab_tick_failed", error=str(exc))
         withdraw = False
