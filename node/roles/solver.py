@@ -215,9 +215,7 @@ class Solver:
             taken.append(("dispute", did, act2))
             withdraw |= isinstance(act2, Withdraw)
         try:
-            # the process's chain view (one blockNumber a pass, one batch a new block):
-            # the follower reads collaborative jobs, rounds and cases from it
-            await self.collab.tick(await self.rt.snapshot() if self.collab.enabled else None)
+            await self.collab.tick(snap)  # it reads jobs, rounds and cases from the snapshot
         except PolnetError as exc:
             log.warning("collab_tick_failed", error=str(exc))
         for jid in list(self.state.data.jobs):
