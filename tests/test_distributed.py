@@ -282,7 +282,7 @@ def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
     # holding its shards and one whole parameter at most.
     assert timing["start"] == "s0"
     assert timing["start_largest_bytes"] <= _start_bound(ctx) < timing["state_bytes"]
-    # S_0 (rank 0 builds it whole) is a file; kept leaves 2 and 3 only DCP shards;
+    # S_0 (written a tensor at a time) is a file; kept leaves 2 and 3 only DCP shards;
     # leaf 1 is not kept (hashed from the shards, nothing written).
     assert [c.step for c in got.checkpoints] == [0, 2 * K, 3 * K]
     assert (out / checkpoint_name(0)).is_file()

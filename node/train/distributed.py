@@ -20,14 +20,16 @@ Two modes:
   vectors and verifiers are unchanged and a 1-rank verifier replays the segments.
   Kept leaves are written with torch.distributed.checkpoint, each rank its shards,
   and converted to the single-file layout on demand (node.train.shardckpt,
-  trace.kept_file). Rank 0 holds the whole state once a run (S_0 or the checkpoint
-  it resumes from).
+  trace.kept_file). Nor is the start state ever whole in one process: every rank
+  builds its shards of S_0 a parameter at a time, or loads its own shards of the
+  kept leaf it resumes from (``_Rank.build_start``).
 
-Control: before each segment rank 0 broadcasts ``[go, start step, first, keep]``; the
-first segment of a run also broadcasts the state rank 0 started from (S_0 or the kept
-checkpoint it resumed from), so a restart after a killed rank resumes every rank
-from the last kept checkpoint. A rank that dies ends the launch: the launcher
-kills every other rank's process group and raises; the ranks also die with the
+Control: before each segment rank 0 broadcasts ``[op, start step, first, keep]``; a
+run starts with an fsdp start op (``_START_S0``, ``_START_DCP``) or, ddp or a kept
+single file, its first segment broadcasts the state rank 0 started from; so a
+restart after a killed rank resumes every rank from the last kept checkpoint. A rank
+that dies ends the launch: the launcher kills every other rank's process group and
+raises; the ranks also die with the
 launcher (PR_SET_PDEATHSIG), so no rank outlives it.
 
 Public API::
