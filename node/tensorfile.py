@@ -144,14 +144,27 @@ _ST_ORDER = ("BOOL", "U8", "I8", "I16", "F16", "BF16", "I32", "F32", "F64", "I64
 
 def st_dtype(dtype: torch.dtype) -> str:
     """The safetensors name of a torch dtype (ValueError for one it has none for)."""
-    import torch  # noqa: PLC0415 - lazy: readers of headers need no torch
 
-    names = {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
-             torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
-             torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+    names = _st_names()
     if dtype not in names:
         raise ValueError(f"no safetensors dtype for {dtype}")
     return names[dtype]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype name (ValueError for one torch lacks here)."""
+    for dtype, st in _st_names().items():
+        if st == name:
+            return dtype
+    raise ValueError(f"no torch dtype for safetensors {name[:20]!r}")
+
+
+def _st_names() -> dict[torch.dtype, str]:
+    import torch  # noqa: PLC0415 - lazy: readers of headers need no torch
+
+    return {torch.float32: "F32", torch.float64: "F64", torch.float16: "F16",
+            torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+            torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 
 
 def file_header(layout: Mapping[str, tuple[torch.dtype, Sequence[int]]],
@@ -179,13 +192,18 @@ def tensor_file_parts(tensors: Mapping[str, torch.Tensor],
     contiguous tensor): safetensors' ``save`` builds the whole file in memory first
     (0.58 s and 600 MB of fresh pages for a 300 MB state); written in order, these
     parts are the same bytes."""
-    import torch  # noqa: PLC0415
 
     head, names = file_header({n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()},
                               metadata)
-    data: list[bytes | memoryview] = []
-    for name in names:
-        t = tensors[name].detach().cpu().contiguous()
-        if t.numel():
-            data.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
-    return [head, *data]
+    return [head, *(b for n in names if (b := tensor_bytes(tensors[n])))]
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes | memoryview:
+    """A tensor's row-major bytes as its file holds them (its own buffer when it is a
+    contiguous CPU tensor)."""
+    import torch  # noqa: PLC0415
+
+    t = t.detach().cpu().contiguous()
+    if not t.numel():
+        return b""
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import psutil
 import pytest
@@ -24,10 +26,12 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from node.errors import CheckpointError, TrainingError
 from node.roles.runtime import measure_profile
+from node.tensorfile import DTYPE_BYTES
 from node.train import shardckpt
 from node.train.budget import estimate, estimate_world
 from node.train.dist_plan import check_world, rank_rows
 from node.train.distributed import launch
+from node.train.layout import expected_layout
 from node.train.shardckpt import dcp_name
 from node.train.step import TrainContext
 from node.train.trace import (
@@ -74,6 +78,15 @@ def _rank_processes(out: Path) -> list[psutil.Process]:
         if "-m node.train.distributed" in cmd and str(out) in cmd:
             found.append(p)
     return found
+
+
+def _start_bound(ctx: TrainContext) -> int:
+    """Rank 0's share (torch.chunk's rows) of every tensor of the state, plus its largest
+    tensor whole: the most an fsdp rank 0 may hold of the start state of 2 ranks."""
+    tensors = [(shape, DTYPE_BYTES[dt]) for dt, shape in expected_layout(ctx.spec).values()]
+    share = sum((-(-shape[0] // 2) if shape else 1) * math.prod(shape[1:]) * size
+                for shape, size in tensors)
+    return share + max(math.prod(shape) * size for shape, size in tensors)
 
 
 def test_plan_splits_the_batch_like_micro_batches() -> None:
@@ -172,6 +185,10 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(cache: Path, tmp_path: 
     got = launch(spec, data, out, job_id=1, world_size=2, mode=mode)  # type: ignore[arg-type]
     timing = json.loads((tmp_path / "dist.ranks" / "timing.json").read_text())
     assert timing["resumed_from"] >= 2 * K
+    if mode == "fsdp":  # each rank loaded its own shards: rank 0 never held the state
+        assert timing["start"] == "dcp"
+        assert timing["start_largest_bytes"] <= _start_bound(ctx) < timing["state_bytes"]
+        assert not list(out.glob("ckpt-*[1-9]*.safetensors"))  # checked, not converted
     ref = _reference(ctx, tmp_path)
     assert got.state_hashes == ref.state_hashes and got.checkpoints == ref.checkpoints
     assert _rank_processes(out) == []
@@ -261,7 +278,11 @@ def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
     timing = json.loads((tmp_path / "fsdp.ranks" / "timing.json").read_text())
     # What rank 0 held of its peer's shards at a time: one batch, not the state.
     assert 0 < timing["leaf_largest_bytes"] <= 32 * 1024 < timing["state_bytes"] / 4
-    # S_0 (rank 0 builds it whole) is a file; kept leaves 2 and 3 only DCP shards;
+    # Every rank built its shards of S_0 a parameter at a time: no broadcast, rank 0
+    # holding its shards and one whole parameter at most.
+    assert timing["start"] == "s0"
+    assert timing["start_largest_bytes"] <= _start_bound(ctx) < timing["state_bytes"]
+    # S_0 (written a tensor at a time) is a file; kept leaves 2 and 3 only DCP shards;
     # leaf 1 is not kept (hashed from the shards, nothing written).
     assert [c.step for c in got.checkpoints] == [0, 2 * K, 3 * K]
     assert (out / checkpoint_name(0)).is_file()
@@ -291,9 +312,22 @@ def test_fsdp2_leaves_are_hashed_and_kept_as_shards(cache: Path, tmp_path: Path,
     # a time here (the ranks sealed them in one batch each).
     monkeypatch.setattr(shardckpt, "BATCH_BYTES", 4096)
     assert trio.run(_publish, out) == sorted(c.sha256 for c in got.checkpoints)
-    # Converted on demand and kept: the bytes a one-process run keeps.
+    # Converted on demand and kept: the bytes a one-process run keeps, each tensor of
+    # the shards read once (file order for the bytes, hashed on the way).
+    read: list[str] = []
+    load = shardckpt._load
+
+    def counted(src: Path, layout: Any, names: list[str]) -> dict[str, Any]:
+        read.extend(names)
+        return load(src, layout, names)
+
+    monkeypatch.setattr(shardckpt, "_load", counted)
+    for path in out.glob("ckpt-*[1-9]*.safetensors"):
+        path.unlink()  # the publish above converted them: again, counted
     for index in (2, 3):
+        read.clear()
         path = kept_file(out, got, index)
+        assert sorted(read) == sorted(expected_layout(ctx.spec))  # each once
         entry = got.checkpoint_at(index)
         assert entry is not None and entry == ref.checkpoint_at(index)
         assert hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256

@@ -24,6 +24,7 @@ and >= 0 (it goes into the trace leaf).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 from node.errors import TrainingError
@@ -48,6 +49,15 @@ class SegmentBehavior(ABC):
                     start_step: int, k: int) -> tuple[TrainState, float]:
         """Return the claimed state after steps ``start_step+1 .. start_step+k``
         and the mean loss claimed for the segment."""
+
+    def start_state(self, ctx: TrainContext, step: int,
+                    sharded: Path | None) -> TrainState | None:
+        """The state a run starts from, when this behaviour builds it itself: S_0 of the
+        spec (``step`` 0) or the kept leaf at ``step``, given as ``sharded`` (its DCP
+        checkpoint, hash-checked) when a sharded run kept it. None (the default):
+        ``run_training`` builds S_0 or loads the kept checkpoint whole. A sharded S_0
+        comes with its ``leaf`` (hash and whole tensors one at a time, for its file)."""
+        return None
 
     def dispute_step(self, ctx: TrainContext, state: TrainState, step: int) -> float:
         """One step as this solver regenerates it for a dispute's bisection points

@@ -20,14 +20,16 @@ Two modes:
   vectors and verifiers are unchanged and a 1-rank verifier replays the segments.
   Kept leaves are written with torch.distributed.checkpoint, each rank its shards,
   and converted to the single-file layout on demand (node.train.shardckpt,
-  trace.kept_file). Rank 0 holds the whole state once a run (S_0 or the checkpoint
-  it resumes from).
+  trace.kept_file). Nor is the start state ever whole in one process: every rank
+  builds its shards of S_0 a parameter at a time, or loads its own shards of the
+  kept leaf it resumes from (``_Rank.build_start``).
 
-Control: before each segment rank 0 broadcasts ``[go, start step, first, keep]``; the
-first segment of a run also broadcasts the state rank 0 started from (S_0 or the kept
-checkpoint it resumed from), so a restart after a killed rank resumes every rank
-from the last kept checkpoint. A rank that dies ends the launch: the launcher
-kills every other rank's process group and raises; the ranks also die with the
+Control: before each segment rank 0 broadcasts ``[op, start step, first, keep]``; a
+run starts with an fsdp start op (``_START_S0``, ``_START_DCP``) or, ddp or a kept
+single file, its first segment broadcasts the state rank 0 started from; so a
+restart after a killed rank resumes every rank from the last kept checkpoint. A rank
+that dies ends the launch: the launcher kills every other rank's process group and
+raises; the ranks also die with the
 launcher (PR_SET_PDEATHSIG), so no rank outlives it.
 
 Public API::
@@ -71,6 +73,7 @@ from node.train.step import (
     _export_dtype,
     _live_pairs,
     batch,
+    derive_seed,
     init_state,
     load_state,
     lr_of,
@@ -91,6 +94,8 @@ _PR_SET_PDEATHSIG = 1
 #: fsdp: a leaf's shards travel to rank 0 in batches of about this many bytes per rank
 #: (fewer messages; rank 0 holds one batch per peer at a time, never the state).
 HASH_BATCH_BYTES = 16 * 2**20
+# Control words (the first of the four rank 0 broadcasts before each thing it asks).
+_STOP, _SEGMENT, _START_S0, _START_DCP = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,9 @@ class _Rank:
         self._stale: list[torch.Tensor] | None = None
         self._last_part = torch.zeros(())
         self.largest_held = 0  # the largest piece a leaf hash held (rank 0)
+        self.start_held = 0  # the most bytes of the start state this rank held at once
         self.save_seconds = 0.0  # inside leaf(): the DCP saves
+        self._value: Callable[[str], torch.Tensor] = _no_value
 
     # State in and out.
 
@@ -133,8 +140,127 @@ class _Rank:
         template = tensors if tensors is not None else state_tensors(init_state(self.ctx))
         for name in sorted(template):
             dist.broadcast(template[name], src=0)
+        self.start_held = sum(t.nbytes for t in template.values())  # the whole state
         plain = load_state(self.ctx, template, step=step)
         self.live = self._shard(plain) if self.cfg.mode == "fsdp" else plain
+
+    def build_start(self, step: int, from_dcp: bool) -> None:
+        """fsdp, every rank: its shards of the run's start state, built here with no
+        process holding the whole state: S_0 (``step`` 0) one parameter at a time, each
+        drawn whole as ``build_model`` draws it and cut to this rank's rows; or the kept
+        leaf at ``step``, each rank loading its own shards of it with
+        torch.distributed.checkpoint (collective)."""
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+        ctx, cd = self.ctx, self.ctx.compute_dtype
+        model, value = self._skeleton()
+        state = _fresh_optimizer_state(ctx, model)  # zeroed, sharded
+        transient = 0
+        with torch.no_grad():
+            if from_dcp:
+                transient = self._load_shards(state, step)
+            else:
+                init = ctx.init_weights
+                for name, p in model.named_parameters():
+                    assert isinstance(p, DTensor)
+                    full = (init[name] if init is not None else value(name)).to(cd)
+                    transient = max(transient, full.nbytes)
+                    local = p.to_local()
+                    at = -(-p.shape[0] // self.world) * self.rank
+                    local.copy_(full[at:at + local.shape[0]])
+                    del full
+                for name, b in model.named_buffers():
+                    if init is not None and name in init:
+                        b.copy_(init[name])
+        state.step = step
+        self.live = state
+        self.start_held = transient + sum(
+            (t.to_local() if isinstance(t, DTensor) else t).nbytes
+            for _, t in _live_pairs(state))
+        self._value = value
+
+    def _skeleton(self) -> tuple[Any, Callable[[str], torch.Tensor]]:
+        """The FSDP2 module of this rank: parameters allocated as shards only, buffers
+        as ``build_model`` makes them; and each parameter's initial value on demand."""
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+        from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
+
+        from node.train.models import build_deferred  # noqa: PLC0415
+
+        ctx = self.ctx
+        if self._mesh is None:
+            self._mesh = init_device_mesh("cpu", (self.world,))
+        model, value = build_deferred(ctx.spec.model, derive_seed(ctx.spec.seed, "init"))
+        model = model.to(dtype=ctx.compute_dtype)  # as step._fresh_state (device: below)
+        model.train()
+        fully_shard(model, mesh=self._mesh)
+        buffers = dict(model.named_buffers())
+        model.to_empty(device=ctx.device)  # the shards: uninitialised, filled by the caller
+        for name, b in buffers.items():  # to_empty dropped the buffers' values
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, b.to(ctx.device))
+        return model, value
+
+    def _load_shards(self, state: TrainState, step: int) -> int:
+        """Each rank reads its own rows of the kept leaf at ``step`` (its DCP checkpoint,
+        checked by rank 0's resume) into its live shards, in place where the live
+        tensor is in the checkpoint's dtype; returns the bytes of the extra buffers."""
+        import torch.distributed.checkpoint as dcp  # noqa: PLC0415
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+        from node.train.shardckpt import dcp_name  # noqa: PLC0415
+
+        cd = self.ctx.compute_dtype
+        targets: dict[str, torch.Tensor] = {}
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (live, loaded into)
+        for name, t in _live_pairs(state):
+            t = t.detach()
+            live = t.to_local() if isinstance(t, DTensor) else t
+            into = live if live.dtype == _export_dtype(live, cd) and live.is_contiguous() \
+                else torch.empty(live.shape, dtype=_export_dtype(live, cd))
+            if into is not live:
+                copies.append((live, into))
+            targets[name] = into if not isinstance(t, DTensor) else DTensor.from_local(
+                into, t.device_mesh, t.placements, shape=t.shape, stride=t.stride(),
+                run_check=False)
+        targets[STEP_KEY] = torch.tensor(-1, dtype=torch.int64)
+        dcp.load(targets, checkpoint_id=str(Path(self.cfg.out_dir) / dcp_name(step)))
+        if int(targets[STEP_KEY]) != step:
+            raise TrainingError(f"the kept leaf of step {step} holds step "
+                                f"{int(targets[STEP_KEY])}")
+        for live, into in copies:
+            live.copy_(into)
+        return sum(into.nbytes for _, into in copies)
+
+    def start_leaf(self) -> ShardedLeaf | None:
+        """fsdp, every rank, after ``build_start`` of S_0: its hash from the shards (rank 0
+        gets it), with S_0's tensors one at a time for its single file (redrawn, the
+        optimizer's zeros made), which rank 0's writer checks against that hash."""
+        state = self.live
+        assert state is not None
+        leaf = self.leaf(None)
+        if leaf is None:
+            return None
+        cd, value, init = state.compute_dtype, self._value, self.ctx.init_weights
+        params = {f"model.{n}" for n, _ in state.model.named_parameters()}
+        layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {
+            n: (_export_dtype(t, cd), tuple(t.shape)) for n, t in _live_pairs(state)}
+        layout[STEP_KEY] = (torch.int64, ())
+        # Buffers are small and training may change them: copied now.
+        plain = {n: _export(t, cd) for n, t in _live_pairs(state)
+                 if n.startswith("model.") and n not in params}
+
+        def whole(name: str) -> torch.Tensor:
+            if name in params:
+                pname = name.removeprefix("model.")
+                return _export((init[pname] if init is not None else value(pname)).to(cd), cd)
+            if name in plain:
+                return plain[name]
+            if name == STEP_KEY:
+                return torch.tensor(0, dtype=torch.int64)
+            return torch.zeros(layout[name][1], dtype=layout[name][0])  # optimizer state
+
+        return ShardedLeaf(leaf.state_hash, None, layout, whole)
 
     def _shard(self, plain: TrainState) -> TrainState:
         from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
@@ -319,6 +445,10 @@ class _Rank:
         return total / k
 
 
+def _no_value(name: str) -> torch.Tensor:
+    raise TrainingError(f"{name}: no initial value outside a run started from S_0")
+
+
 def _rows(d0: int, world: int, rank: int) -> int:
     """Rows of a dim-0 size ``d0`` that rank ``rank`` holds under Shard(0): torch.chunk's
     split (chunks of ceil(d0 / world), the last ones short or empty)."""
@@ -375,14 +505,39 @@ class _Leader(SegmentBehavior):
         self.sync_seconds = 0.0   # the one state broadcast of a run
         self.leaf_seconds = 0.0   # fsdp: hashes from shards and DCP saves, all ranks
         self.resumed_from = -1    # the step the run's first segment started from
+        self.start = "broadcast"  # how the ranks got the start state (timing.json)
+
+    def start_state(self, ctx: TrainContext, step: int,
+                    sharded: Path | None) -> TrainState | None:
+        """fsdp: every rank builds its shards of S_0 or loads them from the kept leaf's
+        DCP checkpoint; anything else (ddp, a kept single file) comes by broadcast in
+        the first segment."""
+        r = self.r
+        if r.cfg.mode != "fsdp" or sharded is None and step != 0:
+            return None
+        if sharded is not None and sharded.resolve() != \
+                (Path(r.cfg.out_dir) / sharded.name).resolve():  # where the ranks look
+            raise TrainingError(f"{sharded} is not in the run's directory {r.cfg.out_dir}")
+        op = _START_S0 if sharded is None else _START_DCP
+        dist.broadcast(torch.tensor([op, step, 0, 0], dtype=torch.int64), src=0)
+        t0 = time.perf_counter()
+        r.build_start(step, op == _START_DCP)
+        state = r.live
+        assert state is not None
+        if op == _START_S0:
+            state.leaf = r.start_leaf()
+        self.sync_seconds = time.perf_counter() - t0
+        self.resumed_from = step
+        self.start = "s0" if op == _START_S0 else "dcp"
+        return state
 
     def run_segment(self, ctx: TrainContext, state: TrainState, segment_index: int,
                     start_step: int, k: int) -> tuple[TrainState, float]:
         r = self.r
         first = r.live is None
         keep = segment_index + 1 in self.kept
-        dist.broadcast(torch.tensor([1, start_step, int(first), int(keep)], dtype=torch.int64),
-                       src=0)
+        dist.broadcast(torch.tensor([_SEGMENT, start_step, int(first), int(keep)],
+                                    dtype=torch.int64), src=0)
         if first:
             self.resumed_from = start_step
             t0 = time.perf_counter()
@@ -406,7 +561,7 @@ class _Leader(SegmentBehavior):
         return r.live, loss
 
     def stop(self) -> None:
-        dist.broadcast(torch.tensor([0, 0, 0, 0], dtype=torch.int64), src=0)
+        dist.broadcast(torch.tensor([_STOP, 0, 0, 0], dtype=torch.int64), src=0)
 
 
 def _partial(cfg: RankConfig, step: int) -> str:
@@ -421,9 +576,14 @@ def _follow(r: _Rank) -> None:
     while True:
         cmd = torch.zeros(4, dtype=torch.int64)
         dist.broadcast(cmd, src=0)
-        go, start, first, keep = (int(v) for v in cmd)
-        if not go:
+        op, start, first, keep = (int(v) for v in cmd)
+        if op == _STOP:
             return
+        if op in (_START_S0, _START_DCP):
+            r.build_start(start, op == _START_DCP)
+            if op == _START_S0:
+                r.start_leaf()
+            continue
         if first:
             r.sync_from(None, start)
         r.segment(start, k)
@@ -480,6 +640,10 @@ def rank_main(cfg: RankConfig) -> None:
                       # fsdp: the largest piece rank 0 held to hash a leaf, against the
                       # whole state's bytes (tests: never the whole state)
                       "leaf_largest_bytes": r.largest_held,
+                      # how the ranks got the run's start state ("s0", "dcp": each its
+                      # shards; "broadcast": rank 0's whole state) and the most bytes of
+                      # it rank 0 held at once
+                      "start": leader.start, "start_largest_bytes": r.start_held,
                       "state_bytes": _state_bytes(ctx)}
             out = Path(cfg.out_dir)
             (out.parent / f"{out.name}.ranks" / "timing.json").write_text(json.dumps(timing))

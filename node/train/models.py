@@ -23,8 +23,9 @@ one metadata key ``"polnet"`` canonical JSON ``{"format": "polnet-model/1", "spe
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,23 +151,33 @@ class TransformerLM(PolnetModel):
 # --- deterministic initialisation --------------------------------------------------
 
 
+def _norm_weights(model: nn.Module) -> set[int]:
+    # RMSNorm: transformers' own class per family (LlamaRMSNorm), weight ones too.
+    return {id(m.weight) for m in model.modules()
+            if (isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm"))
+            and isinstance(getattr(m, "weight", None), torch.Tensor)}
+
+
+def _draw(shape: tuple[int, ...], gen: torch.Generator, normal_std: float | None
+          ) -> torch.Tensor:
+    """A matrix's initial value: U(+-1/sqrt(fan_in)) or N(0, normal_std)."""
+    if normal_std is not None:
+        return torch.randn(shape, generator=gen) * normal_std
+    bound = 1.0 / math.sqrt(math.prod(shape[1:]))
+    return torch.rand(shape, generator=gen) * (2 * bound) - bound
+
+
 def _init_params(model: nn.Module, gen: torch.Generator, normal_std: float | None) -> None:
-    """Norm weights 1, biases 0; matrices U(+-1/sqrt(fan_in)) or N(0, normal_std).
+    """Norm weights 1, biases 0; matrices as ``_draw`` makes them.
 
     Parameters are visited in registration order, which is fixed by the code."""
-    # RMSNorm: transformers' own class per family (LlamaRMSNorm), weight ones too.
-    norm_weights = {id(m.weight) for m in model.modules()
-                    if (isinstance(m, nn.LayerNorm) or type(m).__name__.endswith("RMSNorm"))
-                    and isinstance(getattr(m, "weight", None), torch.Tensor)}
+    norm_weights = _norm_weights(model)
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
                 p.fill_(1.0 if id(p) in norm_weights else 0.0)
-            elif normal_std is not None:
-                p.copy_(torch.randn(p.shape, generator=gen) * normal_std)
             else:
-                bound = 1.0 / math.sqrt(p[0].numel())
-                p.copy_(torch.rand(p.shape, generator=gen) * (2 * bound) - bound)
+                p.copy_(_draw(tuple(p.shape), gen, normal_std))
 
 
 register_family("mlp", lambda c: (MLP(c), None))  # type: ignore[arg-type]
@@ -182,6 +193,61 @@ def build_skeleton(config: ModelConfig) -> PolnetModel:
     with torch.device("meta"):
         model, _ = builder(config)
     return model
+
+
+@contextlib.contextmanager
+def _params_on_meta() -> Iterator[None]:
+    """Modules built inside get their parameters on the meta device (one at a time is
+    ever real) and their buffers real: ``torch.device("meta")`` would lose buffers a
+    module derives as it is built (a causal mask)."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None and param.device.type != "meta":
+            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def build_deferred(config: ModelConfig, init_seed: int
+                   ) -> tuple[PolnetModel, Callable[[str], torch.Tensor]]:
+    """``build_model``'s module with its parameters on the meta device (buffers real)
+    and ``value(name)``: that parameter's initial value, the very tensor ``build_model``
+    gives it, made afresh at each call: a sharded run materialises one parameter at a
+    time and keeps its shard. Matrices draw from the generator in registration
+    order; its state before each draw is kept, so any one is redrawn alone."""
+    builder = builder_for(config)
+    with _params_on_meta():
+        model, std = builder(config)
+    norm_weights = _norm_weights(model)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(init_seed)
+    plans: dict[str, tuple[torch.Tensor | None, float]] = {}  # name -> (gen state, fill)
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for name, p in model.named_parameters():
+        shape = shapes[name] = tuple(p.shape)
+        dtypes[name] = p.dtype
+        if p.ndim == 1:
+            plans[name] = (None, 1.0 if id(p) in norm_weights else 0.0)
+        else:
+            plans[name] = (gen.get_state(), 0.0)
+            _draw(shape, gen, std)  # advances the generator as build_model does
+
+    def value(name: str) -> torch.Tensor:
+        state, fill = plans[name]
+        if state is None:
+            return torch.full(shapes[name], fill, dtype=dtypes[name])
+        g = torch.Generator(device="cpu")
+        g.set_state(state)
+        return _draw(shapes[name], g, std).to(dtypes[name])
+
+    return model, value
 
 
 def build_model(config: ModelConfig, init_seed: int) -> PolnetModel:

@@ -12,10 +12,13 @@ Layout, beside the single files of node.train.trace::
 
 Its tensors are those of ``state_tensors`` (names, exported dtypes and shapes); a
 sharded tensor is a DTensor of its ranks' local shards. Conversion reads a batch of
-tensors at a time (``BATCH_BYTES``; never the whole state) and streams the safetensors file
-of ``tensor_file_parts``: the same bytes as the single file a one-process run writes
-for the same state. The converted file's state hash must be the one committed
-(CheckpointError otherwise, the partial file removed, the DCP form left as it was).
+tensors at a time (``BATCH_BYTES``; never the whole state), each shard once, and streams
+the safetensors file of ``tensor_file_parts`` while it hashes the tensors: the same
+bytes as the single file a one-process run writes for the same state. The converted
+file's state hash must be the one committed (CheckpointError otherwise, the partial
+file removed, the DCP form left as it was). A resumed sharded run checks its kept
+leaves the same way without writing anything (``check``); each rank then loads its
+own shards (node.train.distributed).
 
 Public API::
 
@@ -23,6 +26,7 @@ Public API::
     save_shards(tensors, directory)                       # every rank (collective)
     seal(partial, final, meta) -> (sha256 hex, bytes)     # rank 0: the single file's
     convert(dcp_dir, dest, expected_hash) -> (sha256 hex, bytes)
+    check(dcp_dir, spec) -> (meta, sha256 hex, bytes)     # hash-checked, nothing written
     dcp_meta(dcp_dir) -> dict
 """
 
@@ -43,8 +47,17 @@ from node.boundary import check_fields, decode_json_object
 from node.errors import CheckpointError
 from node.fsutil import atomic_write, fsync_dir, fsync_file
 from node.proof import StateHasher, canonical_json
-from node.tensorfile import file_header
-from node.train.layout import CKPT_FORMAT, CKPT_SCHEMES, MAX_META_BYTES, META_FIELDS, file_meta
+from node.spec import JobSpec
+from node.tensorfile import file_header, st_dtype, tensor_bytes
+from node.train.layout import (
+    CKPT_FORMAT,
+    CKPT_SCHEMES,
+    MAX_META_BYTES,
+    META_FIELDS,
+    compare_layout,
+    expected_layout,
+    file_meta,
+)
 
 META_FILE = "polnet.json"
 
@@ -100,45 +113,33 @@ def _layout(dcp_dir: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
 
 #: Tensors are read in batches of at most this many bytes (one DCP load each: a load
 #: re-reads the checkpoint's metadata, so one per tensor is quadratic in their count);
-#: a tensor larger than this is read alone. The converter holds one batch at a time.
+#: a tensor larger than this is read alone. Conversion holds one batch at a time, plus
+#: at most this many bytes of tensors read ahead of their turn in the state hash.
 BATCH_BYTES = 64 * 2**20
 
 
-def _reader(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
-            ) -> Callable[[list[str]], Iterator[tuple[str, torch.Tensor]]]:
-    """Reads whole tensors of the checkpoint (each from its shards in the ranks' files),
-    ``BATCH_BYTES`` at a time, in the order asked, in this process, no process group."""
+def _nbytes(layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]], name: str) -> int:
+    dtype, shape = layout[name]
+    return math.prod(shape) * dtype.itemsize
+
+
+def _load(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
+          names: list[str]) -> dict[str, torch.Tensor]:
+    """Whole tensors ``names`` of the checkpoint (each from its shards in the ranks'
+    files; DCP reads only their byte ranges), in this process, no process group."""
     import torch.distributed.checkpoint as dcp  # noqa: PLC0415
     from torch.distributed.checkpoint.api import CheckpointException  # noqa: PLC0415
 
-    def load(names: list[str]) -> dict[str, torch.Tensor]:
-        batch = {n: torch.empty(layout[n][1], dtype=layout[n][0]) for n in names}
-        try:
-            with warnings.catch_warnings():  # "assuming ... a single process": it is
-                warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-                dcp.load(batch, checkpoint_id=str(dcp_dir), no_dist=True)
-        # a truncated, damaged or missing shard file (DCP's error is a BaseException)
-        except (Exception, CheckpointException) as exc:  # noqa: BLE001
-            raise _bad(f"{dcp_dir}: tensors {names[0][:80]!r}.. cannot be read, a shard "
-                       f"file is corrupt or missing ({type(exc).__name__})") from None
-        return batch
-
-    def read(names: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        group: list[str] = []
-        size = 0
-        for name in [*names, None]:
-            nbytes = 0 if name is None else \
-                math.prod(layout[name][1]) * layout[name][0].itemsize
-            if group and (name is None or size + nbytes > BATCH_BYTES):
-                batch = load(group)
-                for n in group:
-                    yield n, batch.pop(n)
-                group, size = [], 0
-            if name is not None:
-                group.append(name)
-                size += nbytes
-
-    return read
+    batch = {n: torch.empty(layout[n][1], dtype=layout[n][0]) for n in names}
+    try:
+        with warnings.catch_warnings():  # "assuming ... a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(batch, checkpoint_id=str(dcp_dir), no_dist=True)
+    # a truncated, damaged or missing shard file (DCP's error is a BaseException)
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001
+        raise _bad(f"{dcp_dir}: tensors {names[0][:80]!r}.. cannot be read, a shard "
+                   f"file is corrupt or missing ({type(exc).__name__})") from None
+    return batch
 
 
 def _stream(dcp_dir: Path, meta: dict[str, Any]
@@ -146,37 +147,81 @@ def _stream(dcp_dir: Path, meta: dict[str, Any]
     """The single file's bytes, a batch of tensors read at a time, and, once they are
     consumed, (its sha256 hex, its size, the state hash of its tensors).
 
-    The state hash takes the tensors in name order, the file in safetensors' order;
-    the hash is taken in a second pass (a batch at a time again)."""
+    One read of the shards: tensors come in the file's order (safetensors': by dtype,
+    then name) and are hashed as they come in name order; one read ahead of its turn
+    (another dtype's; in a real state only ``meta.step``) waits, up to ``BATCH_BYTES``
+    of them, and past that is dropped and read again at its turn."""
     layout = _layout(dcp_dir)
-    read = _reader(dcp_dir, layout)
     head, order = file_header(layout, file_meta(meta))
-    digest, size = hashlib.sha256(), 0
+    names = sorted(layout)
+    h = StateHasher(CKPT_SCHEMES[meta["format"]])
+    digest, size, done = hashlib.sha256(), 0, False
 
     def parts() -> Iterator[bytes | memoryview]:
-        nonlocal size
+        nonlocal size, done
         digest.update(head)
         size += len(head)
         yield head
-        for _, t in read(order):
-            part = _bytes(t)
-            digest.update(part)
-            size += len(part) if isinstance(part, bytes) else part.nbytes
-            yield part
+        waiting: dict[str, torch.Tensor] = {}  # read ahead of their turn in the hash
+        dropped: set[str] = set()
+        held, at = 0, 0  # bytes waiting; names[:at] are hashed
+
+        def hash_ready(final: bool = False) -> None:
+            nonlocal held, at
+            while at < len(names):
+                n = names[at]
+                if n in waiting:
+                    t = waiting.pop(n)
+                    held -= _nbytes(layout, n)
+                elif n in dropped or final:
+                    t = _load(dcp_dir, layout, [n])[n]
+                else:
+                    return
+                h.tensor(n, t)
+                at += 1
+
+        for group in _batches(order, layout):
+            batch = _load(dcp_dir, layout, group)
+            for n in group:
+                t = batch.pop(n)
+                part = tensor_bytes(t)
+                digest.update(part)
+                size += len(part) if isinstance(part, bytes) else part.nbytes
+                yield part
+                if n == names[at]:
+                    h.tensor(n, t)
+                    at += 1
+                    hash_ready()
+                elif held + _nbytes(layout, n) <= BATCH_BYTES:
+                    waiting[n] = t
+                    held += _nbytes(layout, n)
+                else:
+                    dropped.add(n)
+        hash_ready(final=True)
+        done = True
 
     def result() -> tuple[str, int, bytes]:
-        h = StateHasher(CKPT_SCHEMES[meta["format"]])
-        for name, t in read(sorted(layout)):
-            h.tensor(name, t)
+        if not done:
+            raise RuntimeError("the parts were not all consumed")
         return digest.hexdigest(), size, h.digest()
 
     return parts(), result
 
 
-def _bytes(t: torch.Tensor) -> bytes | memoryview:
-    if not t.numel():
-        return b""
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+def _batches(names: list[str], layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+             ) -> Iterator[list[str]]:
+    """``names`` in order, cut into batches of at most ``BATCH_BYTES`` (or one tensor)."""
+    group: list[str] = []
+    size = 0
+    for name in names:
+        n = _nbytes(layout, name)
+        if group and size + n > BATCH_BYTES:
+            yield group
+            group, size = [], 0
+        group.append(name)
+        size += n
+    if group:
+        yield group
 
 
 def _check_meta(dcp_dir: Path, meta: dict[str, Any]) -> None:
@@ -207,6 +252,28 @@ def seal(partial: str | Path, final: str | Path, meta: dict[str, Any]) -> tuple[
     os.replace(partial, final)
     fsync_dir(final.parent)
     return sha, size
+
+
+def check(dcp_dir: str | Path, spec: JobSpec | None = None) -> tuple[dict[str, Any], str, int]:
+    """A kept leaf's DCP checkpoint, read once (a batch at a time) and written nowhere:
+    its tensors must be ``spec``'s (when given) and hash to its metadata's state hash,
+    else CheckpointError. Returns (its metadata, sha256 hex and size of the single file
+    it converts to): what a resumed run's manifest names without converting it."""
+    src = Path(dcp_dir)
+    meta = dcp_meta(src)
+    _check_meta(src, meta)
+    if spec is not None:
+        compare_layout(expected_layout(spec),
+                       {n: (st_dtype(d), s) for n, (d, s) in _layout(src).items()},
+                       str(src), "the job's spec")
+    parts, result = _stream(src, meta)
+    for _ in parts:
+        pass
+    sha, size, got = result()
+    if got.hex() != meta["state_hash"]:
+        raise _bad(f"{src} hashes to state {got.hex()}, its metadata claims "
+                   f"{meta['state_hash'][:80]}: a shard is corrupt")
+    return meta, sha, size
 
 
 def convert(dcp_dir: str | Path, dest: str | Path, expected_hash: bytes | str | None = None

@@ -44,7 +44,7 @@ import hashlib
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -218,6 +218,11 @@ class ShardedLeaf:
 
     state_hash: bytes
     partial_dir: str | None = None
+    #: S_0 of a sharded run (kept as a single file): its tensors' (dtype, shape) and
+    #: its tensor of a name, whole, made afresh at each call, so that its file is
+    #: written one tensor at a time.
+    layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]]] | None = None
+    whole: Callable[[str], torch.Tensor] | None = None
 
 
 def _make_optimizer(ctx: TrainContext, model: PolnetModel) -> torch.optim.Optimizer:

@@ -41,6 +41,7 @@ Public API::
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -61,6 +62,7 @@ from node.errors import CheckpointError, MalformedInput, TrainingError
 from node.fsutil import atomic_write, fsync_dir, fsync_file
 from node.proof import (
     MerkleTree,
+    StateHasher,
     StateHashScheme,
     TraceLeaf,
     build_trace_tree,
@@ -69,7 +71,14 @@ from node.proof import (
 )
 from node.proof import state_hash as compute_state_hash
 from node.spec import MAX_CHECKPOINT_INTERVAL, MAX_STEPS, JobSpec
-from node.tensorfile import Header, read_header, tensor_file_parts
+from node.tensorfile import (
+    Header,
+    file_header,
+    read_header,
+    tensor_bytes,
+    tensor_file_parts,
+    torch_dtype,
+)
 from node.train import shardckpt
 from node.train.behavior import HonestBehavior, SegmentBehavior
 from node.train.layout import (
@@ -337,9 +346,8 @@ class _Record:
 
     @classmethod
     def of(cls, ck: Checkpoint) -> _Record:
-        loss = ck.meta.get("segment_loss")
-        return cls(ck.step, ck.state_hash, ck.file_sha256,
-                   None if loss is None else float(loss), int(ck.meta["loss_e9"]))
+        return cls(ck.step, ck.state_hash, ck.file_sha256, _loss(ck.meta),
+                   int(ck.meta["loss_e9"]))
 
     @classmethod
     def skipped(cls, step: int, state_hash: bytes, segment_loss: float) -> _Record:
@@ -366,6 +374,36 @@ def _seal_sharded(out: Path, job_id: int, spec_hash: str, step: int, leaf: Shard
     (out / checkpoint_name(step)).unlink(missing_ok=True)  # a stale conversion
     sha, size = shardckpt.seal(leaf.partial_dir, out / shardckpt.dcp_name(step), meta)
     return _Record(step, leaf.state_hash, sha, segment_loss, meta["loss_e9"], size)
+
+
+def _write_streamed(out: Path, job_id: int, spec_hash: str, step: int,
+                    leaf: ShardedLeaf) -> _Record:
+    """S_0 of a sharded run: its file written one tensor at a time (``leaf.whole``), no
+    process holding the state; the tensors must hash to the leaf's hash (built from
+    the ranks' shards: each rank built the shards it holds)."""
+    whole, layout = leaf.whole, leaf.layout
+    assert whole is not None and layout is not None
+    meta = _meta(job_id, spec_hash, step, leaf.state_hash, None, [])
+    head, order = file_header(layout, file_meta(meta))
+    h = StateHasher(CKPT_SCHEMES[CKPT_FORMAT])
+    for name in sorted(layout):
+        h.tensor(name, whole(name))
+    if h.digest() != leaf.state_hash:
+        raise TrainingError(f"S_0 built tensor by tensor hashes to {h.digest().hex()}, "
+                            f"its shards to {leaf.state_hash.hex()}")
+    digest, size = hashlib.sha256(), 0
+
+    def parts() -> Iterator[bytes | memoryview]:
+        nonlocal size
+        for part in itertools.chain([head], (tensor_bytes(whole(n)) for n in order)):
+            digest.update(part)
+            size += len(part) if isinstance(part, bytes) else part.nbytes
+            yield part
+
+    path = out / checkpoint_name(step)
+    atomic_write(path, parts())
+    fsync_file(path)
+    return _Record(step, leaf.state_hash, digest.hexdigest(), None, 0, size)
 
 
 def _write_checkpoint(out: Path, job_id: int, spec_hash: str, step: int,
@@ -424,12 +462,14 @@ class _Writer:
         entry: _Record | Future[_Record]
         leaf, state.leaf = state.leaf, None
         if leaf is not None:  # a sharded state: hashed from its shards, no tensors here
-            if keep != (leaf.partial_dir is not None):
+            if segment_loss is None:  # S_0: kept as a single file, written from its tensors
+                if leaf.whole is None or leaf.partial_dir is not None:
+                    raise TrainingError("a sharded S_0 comes with its tensors, no shards")
+                entry = self._pool.submit(_write_streamed, *self._args, state.step, leaf)
+            elif keep != (leaf.partial_dir is not None):
                 raise TrainingError(f"leaf at step {state.step}: the behaviour "
                                     f"{'did not write' if keep else 'wrote'} a checkpoint")
-            if segment_loss is None:
-                raise TrainingError("S_0 is a whole state, never a sharded leaf")
-            if not keep:
+            elif not keep:
                 entry = _Record.skipped(state.step, leaf.state_hash, segment_loss)
                 self._skipped.append(entry)
             else:
@@ -482,11 +522,77 @@ def _prepare_dir(ctx: TrainContext, out: Path) -> str:
     return spec_hash
 
 
-def _skipped_records(ck: Checkpoint, first: int, k: int) -> list[_Record] | None:
-    """The leaves ``first ..`` before ``ck`` its metadata lists; None if they do not fit."""
-    raw = ck.meta.get("skipped", [])
-    want = ck.step // k - first
-    if ck.meta["format"] != CKPT_FORMAT or not isinstance(raw, list) or len(raw) != want:
+@dataclass(frozen=True)
+class _Kept:
+    """A kept checkpoint a run resumes from, checked, its tensors not in memory: a
+    single file or, a sharded run's, its DCP directory (``sharded``)."""
+
+    step: int
+    meta: dict[str, Any]
+    record: _Record
+    sharded: Path | None
+
+
+#: A checkpoint is checked on resume in pieces of at most this many bytes.
+_CHECK_PIECE = 16 * 2**20
+
+
+def _check_file(path: Path, spec: JobSpec) -> tuple[dict[str, Any], bytes, str]:
+    """``load_checkpoint``'s checks without holding the state: its header fits ``spec``,
+    its tensors (read a piece at a time, in name order) hash to its metadata's claim.
+    Returns (metadata, state hash, the file's sha256)."""
+    what = f"checkpoint {path}"
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_file_bytes(spec):
+                raise _corrupt(f"{what} is {size} bytes, more than a state of its spec")
+            header = read_header(f, size, what=what, error=_corrupt,
+                                 max_header=max_header_bytes(spec))
+            check_layout(header, spec, what)
+            meta = _checkpoint_meta(header, what)
+            scheme = CKPT_SCHEMES.get(meta["format"])
+            if scheme is None or header.data_start + header.data_bytes != size:
+                raise _corrupt(f"{what} is not a checkpoint this node reads")
+            h = StateHasher(scheme)
+            for name in sorted(header.tensors):
+                info = header.tensors[name]
+                dtype = torch_dtype(info.dtype)
+                h.begin(name, dtype, info.shape)
+                f.seek(header.data_start + info.start)
+                left = info.end - info.start
+                step = max(dtype.itemsize, _CHECK_PIECE // dtype.itemsize * dtype.itemsize)
+                while left:
+                    raw = f.read(min(step, left))
+                    if not raw or len(raw) % dtype.itemsize:
+                        raise _corrupt(f"{what} ended inside {name[:80]!r}")
+                    h.update(torch.frombuffer(bytearray(raw), dtype=dtype))
+                    left -= len(raw)
+            f.seek(0)
+            digest = hashlib.sha256()
+            while raw := f.read(_CHECK_PIECE):
+                digest.update(raw)
+    except OSError as exc:
+        raise CheckpointError(f"{what} cannot be read: {exc.strerror}") from None
+    got = h.digest()
+    if meta["state_hash"] != got.hex():
+        raise _corrupt(f"{what}: tensors hash to {got.hex()}, its metadata claims "
+                       f"{meta['state_hash'][:80]}")
+    return meta, got, digest.hexdigest()
+
+
+def _loss(meta: dict[str, Any]) -> float | None:
+    loss = meta.get("segment_loss")
+    return None if loss is None else float(loss)
+
+
+def _skipped_records(meta: dict[str, Any], step: int, first: int,
+                     k: int) -> list[_Record] | None:
+    """The leaves ``first ..`` before kept ``step`` its metadata lists; None if they do
+    not fit."""
+    raw = meta.get("skipped", [])
+    want = step // k - first
+    if meta["format"] != CKPT_FORMAT or not isinstance(raw, list) or len(raw) != want:
         return None
     out = []
     for i, item in enumerate(raw):
@@ -499,37 +605,46 @@ def _skipped_records(ck: Checkpoint, first: int, k: int) -> list[_Record] | None
 
 
 def _resume_point(out: Path, job_id: int, spec: JobSpec,
-                  keep_every: int) -> tuple[list[_Record], Checkpoint | None]:
+                  keep_every: int) -> tuple[list[_Record], _Kept | None]:
     """The longest valid prefix of kept checkpoints on disk (every other checkpoint
     file is deleted), the leaf records it covers, and its last checkpoint, to
     continue from."""
     spec_hash, k, segments = spec.spec_hash_hex(), spec.checkpoint_interval, spec.segment_count
     done: list[_Record] = []
-    last: Checkpoint | None = None
+    last: _Kept | None = None
     keep: set[str] = set()
     for stale in out.glob(".ckpt-*.dcp.partial"):  # a sharded save a killed run began
         shutil.rmtree(stale, ignore_errors=True)
     for i in kept_indices(segments, keep_every):
         path = out / checkpoint_name(i * k)
+        sharded = out / shardckpt.dcp_name(i * k)
         try:
-            # A sharded run's kept leaf: converted once (its hash checked) and resumed
-            # from like any other; the resumed ranks get their shards by broadcast.
-            if not path.exists() and (out / shardckpt.dcp_name(i * k)).is_dir():
-                shardckpt.convert(out / shardckpt.dcp_name(i * k), path)
-            if not path.exists():
+            if not path.exists() and sharded.is_dir():
+                # A sharded run's kept leaf: hash-checked in one read, a batch at a time,
+                # not converted; the resumed ranks load their own shards of it
+                # (SegmentBehavior.start_state), anything else converts it to resume.
+                meta, sha, size = shardckpt.check(sharded, spec)
+                rec = _Record(i * k, bytes.fromhex(meta["state_hash"]), sha,
+                              _loss(meta), int(meta["loss_e9"]), size)
+                found = _Kept(i * k, meta, rec, sharded)
+            elif path.exists():
+                # Checked a tensor at a time; the one resumed from is loaded after.
+                meta, got, sha = _check_file(path, spec)
+                found = _Kept(int(meta["step"]), meta, _Record(
+                    int(meta["step"]), got, sha, _loss(meta), int(meta["loss_e9"])), None)
+            else:
                 break
-            ck = load_checkpoint(path, spec=spec)
         except CheckpointError:
             break
-        if ck.meta.get("job_id") != job_id or ck.meta.get("spec_hash") != spec_hash \
-                or ck.step != i * k:
+        if found.meta.get("job_id") != job_id or found.meta.get("spec_hash") != spec_hash \
+                or found.step != i * k:
             raise TrainingError(f"{path} belongs to another job or spec; use a fresh --out")
-        skipped = _skipped_records(ck, len(done), k)
+        skipped = _skipped_records(found.meta, found.step, len(done), k)
         if skipped is None:  # another keep_every, or an old format: recompute from here
             break
-        done += [*skipped, _Record.of(ck)]
-        keep.update((path.name, shardckpt.dcp_name(ck.step)))
-        last = ck
+        done += [*skipped, found.record]
+        keep.update((path.name, shardckpt.dcp_name(found.step)))
+        last = found
     for stale in out.glob("ckpt-*.safetensors"):  # never leave a stale suffix behind
         if stale.name not in keep:
             stale.unlink(missing_ok=True)
@@ -569,11 +684,17 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
     resumed = list(done)
     writer = _Writer(out, job_id, spec_hash)
     try:
+        # The behaviour may build the first state itself (a sharded run: each rank its
+        # shards, never the whole state in one process); else it is built here.
+        own = None if initial is not None and (last is None or last.step == 0) \
+            else behavior.start_state(ctx, 0 if last is None else last.step,
+                                      None if last is None else last.sharded)
         if last is not None:
-            state = load_state(ctx, last.tensors, step=last.step)
+            state = own if own is not None else _load_kept(ctx, out, last)
             del last
         else:
-            state = init_state(ctx) if initial is None else initial()
+            state = own if own is not None else init_state(ctx) if initial is None \
+                else initial()
             if state.step != 0:
                 raise TrainingError(f"an initial state must be at step 0, not {state.step}")
             writer.submit(state, None)
@@ -595,11 +716,21 @@ def run_training(ctx: TrainContext, out_dir: str | Path, job_id: int,
     return _write_manifest(out, ctx, job_id, spec_hash, done, keep_every)
 
 
+def _load_kept(ctx: TrainContext, out: Path, kept: _Kept) -> TrainState:
+    path = out / checkpoint_name(kept.step)
+    if kept.sharded is not None:  # resumed by a behaviour that holds whole states
+        shardckpt.convert(kept.sharded, path, kept.record.state_hash)
+    ck = load_checkpoint(path, kept.record.state_hash, ctx.spec)
+    return load_state(ctx, ck.tensors, step=kept.step)
+
+
 def _make_durable(out: Path, resumed: list[_Record]) -> None:
-    """Checkpoints a killed run left (this run's were fsynced as written), then the dir."""
+    """Checkpoints a killed run left (this run's were fsynced as written), then the dir;
+    a sharded leaf not converted is durable as sealed."""
     for rec in resumed:
-        if rec.file_sha256:
-            fsync_file(out / checkpoint_name(rec.step))
+        path = out / checkpoint_name(rec.step)
+        if rec.file_sha256 and (rec.size < 0 or path.exists()):
+            fsync_file(path)
     fsync_dir(out)
 
 
