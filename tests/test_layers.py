@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # layer or above. The picture and the reasons are in docs/architecture.md.
 LAYERS: list[set[str]] = [
     {"errors"},
-    {"units", "proof", "boundary", "logs", "childenv"},
+    {"units", "proof", "boundary", "logs", "childenv", "fsutil"},
     {"spec_hf", "tensorfile", "incentives", "event_text"},
     {"spec", "datasets"},
     {"dataset_formats", "store", "chain"},
