@@ -20,6 +20,7 @@ from devnet.anvil import AnvilProcess, dev_accounts, start_anvil
 from devnet.deploy import deploy_all
 from devnet.hardhat import start_hardhat
 from devnet.params import DevnetParams
+from devnet.rpcproxy import RpcProxy
 from devnet.testing import LocalChain, artifacts_missing, own_deployment
 from node.chain.deployment import Deployment
 from node.chain.rpc import make_web3
@@ -71,6 +72,16 @@ def _session_chain(anvil: AnvilProcess, deployed: Deployment) -> LocalChain:
 def chain(_session_chain: LocalChain) -> Iterator[LocalChain]:
     with _session_chain.reverting() as c:
         yield c
+
+
+@pytest.fixture
+def proxy(chain: LocalChain) -> Iterator[RpcProxy]:
+    """The counting (and, when told, throttling) RPC proxy in front of ``chain``."""
+    p = RpcProxy(chain.url).start()
+    try:
+        yield p
+    finally:
+        p.stop()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ helpers of tests/test_collab_market.py.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -38,15 +38,6 @@ FOLLOWER = 9  # the Net's outsider: funded, in no slot and on no jury
 @pytest.fixture
 def net(chain: LocalChain) -> Net:
     return make_net(chain)
-
-
-@pytest.fixture
-def proxy(chain: LocalChain) -> Iterator[RpcProxy]:
-    p = RpcProxy(chain.url).start()
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def _same_collab_state(view: ChainView, net: Net, job: int, case: int | None) -> None:

@@ -11,25 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from devnet.params import TOKEN
 from devnet.rpcproxy import RpcProxy
 from devnet.testing import LocalChain
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def proxy(chain: LocalChain) -> Iterator[RpcProxy]:
-    p = RpcProxy(chain.url).start()
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def _verifier(tmp_path: Path, proxy: RpcProxy, dev: int, stake: int,

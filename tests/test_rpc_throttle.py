@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,6 @@ from node.errors import RpcUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = RpcSettings(timeout=0.5, retries=12, backoff=0.01, max_backoff=0.05)
-
-
-@pytest.fixture
-def proxy(chain: LocalChain) -> Iterator[RpcProxy]:
-    p = RpcProxy(chain.url).start()
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def test_reads_and_a_transaction_get_through_a_throttling_provider(

@@ -21,7 +21,6 @@ update (and a rebuild) reads everything since the deployment block, in chunks.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from node.chain.contracts import (
 from node.chain.events import ChainEvent, Cursor, EventWatcher
 from node.chain.rpc import endpoint_of, rpc_guard
 from node.errors import ChainError, ConfigError
+from node.fsutil import atomic_write
 from node.logs import get_logger
 
 log = get_logger("polnet.chain.view")
@@ -425,9 +425,7 @@ class EventFeed:
         if self.cursor_path is None or self._block < 0:
             return
         self.cursor_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cursor_path.with_suffix(".tmp")
-        tmp.write_text(Cursor(self._block).to_json())
-        os.replace(tmp, self.cursor_path)
+        atomic_write(self.cursor_path, Cursor(self._block).to_json().encode(), durable=False)
 
 
 def _deployed(client: ChainClient, name: str) -> bool:

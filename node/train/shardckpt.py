@@ -142,6 +142,15 @@ def _load(dcp_dir: Path, layout: Mapping[str, tuple[torch.dtype, tuple[int, ...]
     return batch
 
 
+def _digest(dcp_dir: Path, meta: dict[str, Any]) -> tuple[str, int, bytes]:
+    """``_stream``'s figures with its bytes written nowhere: (sha256 hex, size, state
+    hash) of the single file the checkpoint converts to."""
+    parts, result = _stream(dcp_dir, meta)
+    for _ in parts:
+        pass
+    return result()
+
+
 def _stream(dcp_dir: Path, meta: dict[str, Any]
             ) -> tuple[Iterator[bytes | memoryview], Callable[[], tuple[str, int, bytes]]]:
     """The single file's bytes, a batch of tensors read at a time, and, once they are
@@ -237,10 +246,7 @@ def seal(partial: str | Path, final: str | Path, meta: dict[str, Any]) -> tuple[
     partial, final = Path(partial), Path(final)
     _check_meta(partial, meta)
     atomic_write(partial / META_FILE, canonical_json(meta), durable=True)
-    parts, result = _stream(partial, meta)
-    for _ in parts:
-        pass
-    sha, size, got = result()
+    sha, size, got = _digest(partial, meta)
     if got.hex() != meta["state_hash"]:
         raise CheckpointError(f"the shards written to {partial} hash to {got.hex()}, the "
                               f"leaf to {meta['state_hash']}: the sharded save is not the state")
@@ -266,10 +272,7 @@ def check(dcp_dir: str | Path, spec: JobSpec | None = None) -> tuple[dict[str, A
         compare_layout(expected_layout(spec),
                        {n: (st_dtype(d), s) for n, (d, s) in _layout(src).items()},
                        str(src), "the job's spec")
-    parts, result = _stream(src, meta)
-    for _ in parts:
-        pass
-    sha, size, got = result()
+    sha, size, got = _digest(src, meta)
     if got.hex() != meta["state_hash"]:
         raise _bad(f"{src} hashes to state {got.hex()}, its metadata claims "
                    f"{meta['state_hash'][:80]}: a shard is corrupt")
