@@ -30,7 +30,7 @@ from node.tensorfile import DTYPE_BYTES
 from node.train import shardckpt
 from node.train.budget import estimate, estimate_world
 from node.train.dist_plan import check_world, rank_rows
-from node.train.distributed import launch
+from node.train.distributed import _culprit, launch
 from node.train.layout import expected_layout
 from node.train.shardckpt import dcp_name
 from node.train.step import TrainContext
@@ -192,6 +192,14 @@ def test_a_killed_rank_restarts_from_the_last_checkpoint(cache: Path, tmp_path: 
     ref = _reference(ctx, tmp_path)
     assert got.state_hashes == ref.state_hashes and got.checkpoints == ref.checkpoints
     assert _rank_processes(out) == []
+
+
+def test_a_launch_blames_the_killed_rank_not_the_ranks_it_took_down() -> None:
+    # Rank 0 fails on rank 1's closed sockets: a loaded machine may show both exits in
+    # one poll, and the report must still name the rank that was killed.
+    assert _culprit([1, -9]) == (1, -9)
+    assert _culprit([None, 1, 2]) == (1, 1)
+    assert _culprit([0, None]) is None and _culprit([None, None]) is None
 
 
 @pytest.mark.parallel

@@ -665,6 +665,14 @@ def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
+def _culprit(codes: list[int | None]) -> tuple[int, int] | None:
+    """The failed rank to report: one killed by a signal before one that exited with an
+    error, since the others fail on the dead rank's closed sockets (both can be seen
+    in one poll on a loaded machine); then the lowest rank."""
+    bad = [(i, c) for i, c in enumerate(codes) if c is not None and c != 0]
+    return min(bad, key=lambda ic: (ic[1] >= 0, ic[0])) if bad else None
+
+
 def _tail(path: Path, n: int = 1500) -> str:
     try:
         return path.read_bytes()[-n:].decode("utf-8", "replace")
@@ -713,9 +721,9 @@ def launch(spec_path: str | Path, dataset_path: str | Path, out_dir: str | Path,
             on_start([p.pid for p in procs])
         while True:
             codes = [p.poll() for p in procs]
-            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad:
-                i, c = bad[0]
+            culprit = _culprit(codes)
+            if culprit is not None:
+                i, c = culprit
                 raise TrainingError(f"rank {i} of {world_size} exited with {c}; the job "
                                     f"resumes from its last kept checkpoint when restarted. "
                                     f"Its log ends: {_tail(logs / f'rank{i}.log')}")
