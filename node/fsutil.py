@@ -11,16 +11,20 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, data: bytes | Iterable[bytes | memoryview],
-                 durable: bool = True, tmp_dir: Path | None = None) -> None:
+                 durable: bool = True, tmp_dir: Path | None = None,
+                 private: bool = False) -> None:
     """tmp + rename, so a killed process leaves the old file or the new one, never
     half of one. ``data``: the bytes, or parts written in order (a file never held
     whole). ``durable`` adds fsyncs (file and directory) against power loss.
     ``tmp_dir``: where the temporary file lives (same filesystem as ``path``; default
-    beside it, named ``.NAME.tmp-*`` so a clean-up can glob what a kill left)."""
+    beside it, named ``.NAME.tmp-*`` so a clean-up can glob what a kill left).
+    ``private``: owner-only (0600) from the file's creation, never readable by others
+    even for an instant (keys, vote salts)."""
     where = tmp_dir if tmp_dir is not None else path.parent
     tmp = where / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+        with os.fdopen(fd, "wb") as f:
             for part in (data,) if isinstance(data, bytes) else data:
                 f.write(part)
             if durable:

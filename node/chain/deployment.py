@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from node.errors import ConfigError, DeploymentNotFound
+from node.fsutil import atomic_write
 
 
 def polnet_home() -> Path:
@@ -48,12 +49,7 @@ class Deployment(BaseModel):
     def save(self, path: Path | None = None) -> Path:
         path = path or default_deployment_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.model_dump_json(indent=2))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
+        atomic_write(path, self.model_dump_json(indent=2).encode(), private=True)
         return path
 
     @classmethod

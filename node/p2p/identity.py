@@ -11,6 +11,7 @@ from libp2p.crypto.serialization import deserialize_private_key
 from libp2p.peer.id import ID
 
 from node.errors import ConfigError
+from node.fsutil import atomic_write
 from node.logs import get_logger
 
 log = get_logger(__name__)
@@ -29,13 +30,7 @@ def load_or_create_keypair(path: str | os.PathLike[str]) -> KeyPair:
         return KeyPair(priv, priv.get_public_key())
     p.parent.mkdir(parents=True, exist_ok=True)
     kp = create_new_key_pair()
-    tmp = p.with_name(p.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(kp.private_key.serialize())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, p)
+    atomic_write(p, kp.private_key.serialize(), private=True)
     log.info("identity_created", path=str(p), peer_id=ID.from_pubkey(kp.public_key).to_base58())
     return kp
 

@@ -50,6 +50,7 @@ from node.errors import (
     PolnetError,
     SpecError,
 )
+from node.fsutil import atomic_write
 from node.logs import get_logger
 from node.roles.bans import BanList
 from node.roles.juror_machine import (
@@ -173,14 +174,9 @@ def save_votes(path: Path, votes: dict[int, _Vote]) -> None:
     """Atomically, owner-only: each salt is on disk before its commitment is sent, so a
     juror restarted between commit and reveal still reveals (a silent juror is slashed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({str(k): {"valid": v.valid, "salt": v.salt.hex(), "committed": v.committed,
-                            "revealed": v.revealed} for k, v in votes.items()}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({
+        str(k): {"valid": v.valid, "salt": v.salt.hex(), "committed": v.committed,
+                 "revealed": v.revealed} for k, v in votes.items()}).encode(), private=True)
 
 
 class CollabFollower:
@@ -525,9 +521,7 @@ class CollabFollower:
         seen |= new
         path = self.dir / str(cid) / "sub-jobs.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(seen)))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(sorted(seen)).encode())
 
     def _read_subs(self, cid: int) -> list[int]:
         try:
@@ -671,7 +665,6 @@ class CollabFollower:
         inputs first: a state file is never read without the inputs it was made from."""
         from safetensors.torch import save  # noqa: PLC0415
 
-        from node.fsutil import atomic_write  # noqa: PLC0415
         from node.train.diloco import outer_tensors  # noqa: PLC0415
 
         path = self._path(cid, r)

@@ -27,6 +27,7 @@ from node.chain.rpc import backoff_delay, node_failure
 from node.chain.view import ChainView, EventFeed, Snapshot
 from node.config import NodeSettings
 from node.errors import ChainError, ConfigError, ContractRevert, PeerUnavailable, RpcUnavailable
+from node.fsutil import atomic_write
 from node.logs import get_logger
 from node.p2p import PolnetNode
 from node.p2p.announce import Announcement
@@ -240,9 +241,8 @@ class Runtime:
                 "peer_id": self.p2p.peer_id.to_base58(), "addrs": self.p2p.addrs,
                 "metrics_port": self.metrics_port, "reachability": self.p2p.nat.status(),
                 "connections": connection_kinds(self.p2p.host)}
-        tmp = self.dir / "node.json.tmp"
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, self.dir / "node.json")
+        atomic_write(self.dir / "node.json", json.dumps(info, indent=2).encode(),
+                     durable=False)
 
     async def _registry_peers_loop(self) -> None:
         """Discovery from the chain: dial what the registry lists, now and then again,

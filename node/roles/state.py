@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from node.fsutil import atomic_write
 from node.logs import get_logger
 
 M = TypeVar("M", bound=BaseModel)
@@ -66,13 +67,5 @@ class RoleState(Generic[M]):
     def save(self) -> None:
         with self._lock:
             text = json.dumps(self.data.model_dump(mode="json"), indent=1, sort_keys=True)
-            # A unique temporary name: a stale or concurrent writer can never collide.
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}."
-                                      f"{threading.get_ident()}.tmp")
             # Owner-only from creation: the verifier's state holds its vote salts.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            atomic_write(self.path, text.encode(), private=True)
