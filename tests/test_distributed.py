@@ -109,6 +109,14 @@ def test_claims_count_every_rank(cache: Path) -> None:
     fsdp = estimate_world(spec, 4, "fsdp")
     assert fsdp.other.weights_bytes * 4 >= estimate(spec).weights_bytes
     assert fsdp.other.total_bytes < fsdp.rank0.total_bytes
+    # A 25M LM at 4 fsdp ranks: rank 0 holds a tensor, hash and read batches beside its
+    # share, never the whole state (which a claim used to count it for, and its copies).
+    big = spec.model_copy(update={"model": spec.model.model_copy(update={
+        "d_model": 512, "n_heads": 8, "n_layers": 8, "d_ff": 2048})})
+    whole = estimate(big).weights_bytes + estimate(big).optimizer_bytes
+    rank0 = estimate_world(big, 4, "fsdp").rank0
+    assert rank0.checkpoint_bytes < whole / 2
+    assert rank0.weights_bytes + rank0.optimizer_bytes + rank0.checkpoint_bytes < whole
     profile = measure_profile(2)
     assert profile["world_size"] == 2 and profile["aggregate_memory_mb"] > 0
 

@@ -18,11 +18,16 @@ Public API::
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass
 
 from node.spec import TEXT_CONFIGS, CNNConfig, JobSpec, MLPConfig, TransformerLMConfig
 from node.spec_hf import HF_CONFIG_TYPES
+from node.tensorfile import DTYPE_BYTES
+from node.train.dist_plan import HASH_BATCH_BYTES
+from node.train.layout import expected_layout
+from node.train.shardckpt import BATCH_BYTES
 
 BYTES_PER_FLOAT = 4
 RUNTIME_BASE_MB = 512          # python + torch + polnet imported, before any job data
@@ -89,10 +94,9 @@ def estimate(spec: JobSpec, dataset_bytes: int = 0) -> Budget:
 
 @dataclass(frozen=True)
 class WorldBudget:
-    """A distributed run's memory (node.train.distributed): rank 0 (which under FSDP2
-    still holds the full state once a run: S_0 or the checkpoint it resumes from, before
-    it is sharded; leaves are hashed from shards) and each other rank; ``total_mb`` is
-    the aggregate a solver compares with its aggregate memory."""
+    """A distributed run's memory (node.train.distributed): rank 0 (which keeps the
+    trace: under FSDP2 it never holds the whole state) and each other rank;
+    ``total_mb`` is the aggregate a solver compares with its aggregate memory."""
 
     world_size: int
     rank0: Budget
@@ -108,7 +112,10 @@ def estimate_world(spec: JobSpec, world_size: int, mode: str = "ddp",
     """Per-rank memory of ``spec`` over ``world_size`` ranks. Every rank loads the
     dataset and a runtime; activations and the batch are a 1/N share. ``ddp``: every
     rank holds the whole state; ``fsdp``: weights, gradients and optimizer state
-    are 1/N each (rounded up), plus the full state rank 0 starts a run from."""
+    are 1/N each (rounded up); rank 0 also holds, at most, one tensor whole (S_0 is
+    built, and its file written, a tensor at a time), one hash batch per peer (a leaf
+    is hashed from the shards) and one read batch (a kept leaf's shards checked), each
+    capped by the whole state (node.train.distributed)."""
     one = estimate(spec, dataset_bytes)
     if world_size <= 1:
         return WorldBudget(1, one, one)
@@ -123,8 +130,14 @@ def estimate_world(spec: JobSpec, world_size: int, mode: str = "ddp",
                    batch_bytes=one.batch_bytes,  # each rank indexes the whole batch
                    checkpoint_bytes=0, dataset_bytes=one.dataset_bytes,
                    runtime_bytes=one.runtime_bytes)
-    gathered = one.weights_bytes + one.optimizer_bytes if mode == "fsdp" else 0
-    rank0 = Budget(**{**asdict(other), "checkpoint_bytes": one.checkpoint_bytes + gathered})
+    extra = one.checkpoint_bytes
+    if mode == "fsdp":
+        whole = one.weights_bytes + one.optimizer_bytes
+        largest = max(math.prod(shape) * DTYPE_BYTES[dt]
+                      for dt, shape in expected_layout(spec).values())
+        extra = sum(min(whole, v) for v in (
+            largest, (world_size - 1) * HASH_BATCH_BYTES, BATCH_BYTES))
+    rank0 = Budget(**{**asdict(other), "checkpoint_bytes": extra})
     return WorldBudget(world_size, rank0, other)
 
 

@@ -26,6 +26,10 @@ from __future__ import annotations
 
 from node.errors import TrainingError
 
+# FSDP2 leaf hashing: the peers' shards reach rank 0 in batches of about this size
+# (a larger shard alone), so rank 0 holds its shards plus one batch per peer.
+HASH_BATCH_BYTES = 16 * 2**20
+
 MAX_WORLD_SIZE = 64
 
 

@@ -63,7 +63,7 @@ import torch.distributed as dist
 from node.childenv import child_env
 from node.errors import TrainingError
 from node.train.behavior import SegmentBehavior
-from node.train.dist_plan import check_world, rank_rows
+from node.train.dist_plan import HASH_BATCH_BYTES, check_world, rank_rows
 from node.train.step import (
     STEP_KEY,
     ShardedLeaf,
@@ -93,7 +93,6 @@ PG_TIMEOUT = timedelta(seconds=600)
 _PR_SET_PDEATHSIG = 1
 #: fsdp: a leaf's shards travel to rank 0 in batches of about this many bytes per rank
 #: (fewer messages; rank 0 holds one batch per peer at a time, never the state).
-HASH_BATCH_BYTES = 16 * 2**20
 # Control words (the first of the four rank 0 broadcasts before each thing it asks).
 _STOP, _SEGMENT, _START_S0, _START_DCP = 0, 1, 2, 3
 
