@@ -22,9 +22,15 @@ window), on every pass with or without a block. "New" is the view's update, whic
 also reads the rounds, slot holders, orphan counts and OuterJury cases new events name:
 the follower's own reads on a snapshot are zero (tests/test_collab_view.py asserts it).
 
+"ws" is the same view with new heads pushed over anvil's WebSocket
+(node/chain/heads.py, ``[rpc] ws_url``): a pass without a block makes no request; the
+view still asks for the block number over HTTP once every ``CHECK_EVERY_S`` (30 s), so
+an idle hour costs 120 requests.
+
 Usage: python bench/rpc.py [--sizes 10,100,1000] [--collab 10]
 Last line: JSON {"<n>": {"old_busy", "new_busy", "old_idle", "new_idle",
-"old_idle_per_hour", "new_idle_per_hour"}, ..., "collab_<m>": {the same keys}}.
+"old_idle_per_hour", "new_idle_per_hour", "ws_busy", "ws_idle", "ws_idle_per_hour"},
+..., "collab_<m>": {the first six keys}}.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from devnet.testing import FAKE_INIT, job_terms  # noqa: E402
 from node.chain.client import ChainClient  # noqa: E402
 from node.chain.contracts import CollabTerms  # noqa: E402
 from node.chain.events import EventWatcher  # noqa: E402
+from node.chain.heads import CHECK_EVERY_S, HeadSubscription  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 from node.chain.view import ChainView  # noqa: E402
 
@@ -103,6 +110,7 @@ def main() -> None:
         reader = ChainClient(proxy.url, None, dep)
         out: dict[str, dict[str, float]] = {}
         posted = 0
+        heads = HeadSubscription(anvil.url.replace("http://", "ws://", 1)).start()
         for n in sizes:
             t0 = time.monotonic()
             while posted < n:
@@ -112,22 +120,35 @@ def main() -> None:
             watcher = EventWatcher(reader.w3, [reader.market, reader.dispute],
                                    start_block=dep.deploy_block)
             view = ChainView(reader)
-            old_pass(reader, watcher, jobs)  # catch up: both at the head
+            wview = ChainView(reader, heads=heads)
+            old_pass(reader, watcher, jobs)  # catch up: all at the head
             view.update()
+            wview.update()
             submitter.market.post_job(terms)  # a new block with one of our events
             posted += 1
             old_busy = counted(proxy, old_pass, reader, watcher, jobs)
             new_busy = counted(proxy, view.update)
+            head = w3.eth.block_number
+            deadline = time.monotonic() + 30
+            while (heads.head() or 0) < head and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ws_busy = counted(proxy, wview.update)
             old_idle = counted(proxy, old_pass, reader, watcher, jobs)
             new_idle = counted(proxy, view.update)
+            ws_idle = counted(proxy, wview.update)
             out[str(n)] = {"old_busy": old_busy, "new_busy": new_busy,
                            "old_idle": old_idle, "new_idle": new_idle,
                            "old_idle_per_hour": old_idle * PASSES_PER_HOUR,
-                           "new_idle_per_hour": new_idle * PASSES_PER_HOUR}
+                           "new_idle_per_hour": new_idle * PASSES_PER_HOUR,
+                           "ws_busy": ws_busy, "ws_idle": ws_idle,
+                           "ws_idle_per_hour": ws_idle * PASSES_PER_HOUR
+                           + 3600 / CHECK_EVERY_S}
             print(f"{n:5d} jobs: pass with a new block old {old_busy} / new {new_busy} "
                   f"requests; idle pass old {old_idle} / new {new_idle} "
                   f"({old_idle * PASSES_PER_HOUR:,.0f} vs {new_idle * PASSES_PER_HOUR:,.0f}"
-                  f" an hour); set-up {time.monotonic() - t0:.1f}s", flush=True)
+                  f" an hour); pushed heads: {ws_busy} / {ws_idle}; "
+                  f"set-up {time.monotonic() - t0:.1f}s", flush=True)
+        heads.close()
         if args.collab:
             out[f"collab_{args.collab}"] = collab_row(submitter, reader, proxy, args.collab)
         proxy.stop()

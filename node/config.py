@@ -49,7 +49,8 @@ class NetworkProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rpc_url: str = Field(pattern=r"^(https?|wss?)://", description="JSON-RPC URL.")
+    rpc_url: str = Field(pattern=r"^https?://", description=(
+        "JSON-RPC URL over HTTP(S); a WebSocket endpoint goes in [rpc] ws_url."))
     chain_id: int = Field(ge=1, description="Refuse a node that answers with another one.")
     deployment: Path = Field(description="Where `polnet deploy` writes the addresses and "
                                          "every command reads them.")
@@ -75,7 +76,9 @@ class NodeSettings(BaseSettings):
     name: str = Field("node", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
                       description="This node's state lives in HOME/nodes/NAME.")
     deployment: Path | None = Field(None, description="Deployment JSON; default: the devnet's.")
-    rpc_url: str | None = Field(None, description="JSON-RPC URL; default: the deployment's.")
+    rpc_url: str | None = Field(None, pattern=r"^https?://", description=(
+        "JSON-RPC URL over HTTP(S); default: the deployment's. A WebSocket endpoint "
+        "goes in [rpc] ws_url."))
     dev_account: int | None = Field(None, ge=0,
                                     description="Use the devnet's dev key with this index.")
     keystore: Path | None = Field(None, description="Encrypted eth-account keystore JSON.")

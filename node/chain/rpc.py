@@ -78,6 +78,10 @@ class RpcSettings(BaseModel):
     backoff: float = Field(default=0.25, ge=0, le=60, description=(
         "First retry delay (s); doubles each retry, with jitter."))
     max_backoff: float = Field(default=8.0, ge=0, le=600, description="Longest retry delay (s).")
+    ws_url: str | None = Field(default=None, pattern=r"^wss?://", description=(
+        "The provider's WebSocket endpoint of the same chain (ws:// or wss://): new blocks "
+        "are pushed (eth_subscribe newHeads) instead of asked for twice a second; calls, "
+        "logs and transactions stay on rpc_url. Unset: HTTP only."))
 
 
 def backoff_delay(settings: RpcSettings, attempt: int, after: float | None = None) -> float:

@@ -4,7 +4,9 @@ Before this, every daemon re-read every job and dispute it knew of on every tick
 (about 1,000 sequential calls per verifier pass at 1,000 jobs). The view instead
 pays, per :meth:`ChainView.update`:
 
-- one ``eth_blockNumber``; nothing more while no new block arrived;
+- one ``eth_blockNumber``; nothing more while no new block arrived (with a
+  WebSocket head subscription, node/chain/heads.py, not even that: one every
+  ``check_every`` seconds);
 - for a new block, one JSON-RPC batch: the header of the last block seen (its
   hash must not have changed: else the chain reorganised under us and the view is
   rebuilt from the deployment block), the new head's header, and ``eth_getLogs``
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +51,7 @@ from node.chain.contracts import (
     from_struct,
 )
 from node.chain.events import ChainEvent, Cursor, EventWatcher
+from node.chain.heads import HeadSubscription
 from node.chain.rpc import endpoint_of, rpc_guard
 from node.errors import ChainError, ConfigError
 from node.fsutil import atomic_write
@@ -195,10 +199,11 @@ class ChainView:
     """``update()`` (blocking: run it in a worker thread) returns the newest Snapshot.
 
     ``confirmations`` keeps the view that many blocks behind the head (a real chain);
-    ``max_range`` bounds one ``eth_getLogs`` (providers cap it)."""
+    ``max_range`` bounds one ``eth_getLogs`` (providers cap it); ``heads``: new heads
+    pushed over a WebSocket, so an update without a new block costs no request."""
 
     def __init__(self, client: ChainClient, *, confirmations: int = 0,
-                 max_range: int = 2_000) -> None:
+                 max_range: int = 2_000, heads: HeadSubscription | None = None) -> None:
         if client.deployment is None:
             raise ConfigError("the chain view needs a deployment")
         self.client = client
@@ -225,6 +230,8 @@ class ChainView:
         # every snapshot (an EventFeed) read what they missed from here.
         self.log: list[ChainEvent] = []
         self.requests = 0  # HTTP requests this view made (a batch is one)
+        self.heads = heads
+        self._checked = -float("inf")  # monotonic time of the last HTTP eth_blockNumber
 
     # --- RPC ------------------------------------------------------------------------
 
@@ -242,9 +249,18 @@ class ChainView:
         return out
 
     def _head(self) -> int:
+        heads, now = self.heads, time.monotonic()
+        pushed = heads.head() if heads is not None else None
+        if heads is not None and pushed is not None and now - self._checked < heads.check_every:
+            return pushed - self.confirmations
         self.requests += 1
         with rpc_guard(self._url):
-            return int(self.w3.eth.block_number) - self.confirmations
+            n = int(self.w3.eth.block_number)
+        self._checked = now
+        if heads is not None and pushed is not None and abs(n - pushed) > 1:
+            # It went quiet (or the chain shrank under it): HTTP until it is back.
+            heads.mark_stale(n - pushed)
+        return n - self.confirmations
 
     def _logs_req(self, lo: int, hi: int) -> tuple[str, list[Any]]:
         return ("eth_getLogs", [{"fromBlock": hex(lo), "toBlock": hex(hi),

@@ -22,6 +22,7 @@ import trio
 from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
+from node.chain.heads import HeadSubscription
 from node.chain.revert_names import errors
 from node.chain.rpc import backoff_delay, node_failure
 from node.chain.view import ChainView, EventFeed, Snapshot
@@ -159,6 +160,7 @@ class Runtime:
         self._p2p: PolnetNode | None = None
         self.metrics_port: int | None = None
         self._view: ChainView | None = None
+        self._heads: HeadSubscription | None = None
         self._view_lock = trio.Lock()
         self._view_at = -math.inf
         # trio time the current snapshot's update began: the snapshot shows every
@@ -176,7 +178,9 @@ class Runtime:
         if self._view is None:
             # At the head: roles act on it, and a view some blocks behind would have
             # them redo what they just did. A reorg rebuilds it (a new epoch).
-            self._view = ChainView(self.chain_client)
+            ws = self.settings.rpc.ws_url
+            self._heads = HeadSubscription(ws, self.settings.rpc).start() if ws else None
+            self._view = ChainView(self.chain_client, heads=self._heads)
         return self._view
 
     async def snapshot(self, fresh: bool = False) -> Snapshot:
@@ -232,6 +236,8 @@ class Runtime:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._heads is not None:
+            self._heads.close()
         if self._p2p is not None:
             await self._p2p.__aexit__(*exc)
 
