@@ -27,9 +27,14 @@ the follower's own reads on a snapshot are zero (tests/test_collab_view.py asser
 view still asks for the block number over HTTP once every ``CHECK_EVERY_S`` (30 s), so
 an idle hour costs 120 requests.
 
+"explorer" is the explorer's index (node/explorer/index.py, ``ChainIndex``; its own
+view plus the node reads a block's events name) taking in the same block ("busy") and
+asked again with none ("idle").
+
 Usage: python bench/rpc.py [--sizes 10,100,1000] [--collab 10]
 Last line: JSON {"<n>": {"old_busy", "new_busy", "old_idle", "new_idle",
-"old_idle_per_hour", "new_idle_per_hour", "ws_busy", "ws_idle", "ws_idle_per_hour"},
+"old_idle_per_hour", "new_idle_per_hour", "ws_busy", "ws_idle", "ws_idle_per_hour",
+"explorer_busy", "explorer_idle"},
 ..., "collab_<m>": {the first six keys}}.
 """
 
@@ -55,6 +60,7 @@ from node.chain.events import EventWatcher  # noqa: E402
 from node.chain.heads import CHECK_EVERY_S, HeadSubscription  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 from node.chain.view import ChainView  # noqa: E402
+from node.explorer.index import ChainIndex  # noqa: E402
 
 PASSES_PER_HOUR = 3600 / 0.5
 
@@ -121,9 +127,11 @@ def main() -> None:
                                    start_block=dep.deploy_block)
             view = ChainView(reader)
             wview = ChainView(reader, heads=heads)
+            index = ChainIndex(reader, min_age_s=0)
             old_pass(reader, watcher, jobs)  # catch up: all at the head
             view.update()
             wview.update()
+            index.snapshot()
             submitter.market.post_job(terms)  # a new block with one of our events
             posted += 1
             old_busy = counted(proxy, old_pass, reader, watcher, jobs)
@@ -133,20 +141,24 @@ def main() -> None:
             while (heads.head() or 0) < head and time.monotonic() < deadline:
                 time.sleep(0.01)
             ws_busy = counted(proxy, wview.update)
+            explorer_busy = counted(proxy, index.snapshot)
             old_idle = counted(proxy, old_pass, reader, watcher, jobs)
             new_idle = counted(proxy, view.update)
             ws_idle = counted(proxy, wview.update)
+            explorer_idle = counted(proxy, index.snapshot)
             out[str(n)] = {"old_busy": old_busy, "new_busy": new_busy,
                            "old_idle": old_idle, "new_idle": new_idle,
                            "old_idle_per_hour": old_idle * PASSES_PER_HOUR,
                            "new_idle_per_hour": new_idle * PASSES_PER_HOUR,
                            "ws_busy": ws_busy, "ws_idle": ws_idle,
                            "ws_idle_per_hour": ws_idle * PASSES_PER_HOUR
-                           + 3600 / CHECK_EVERY_S}
+                           + 3600 / CHECK_EVERY_S,
+                           "explorer_busy": explorer_busy, "explorer_idle": explorer_idle}
             print(f"{n:5d} jobs: pass with a new block old {old_busy} / new {new_busy} "
                   f"requests; idle pass old {old_idle} / new {new_idle} "
                   f"({old_idle * PASSES_PER_HOUR:,.0f} vs {new_idle * PASSES_PER_HOUR:,.0f}"
-                  f" an hour); pushed heads: {ws_busy} / {ws_idle}; "
+                  f" an hour); pushed heads: {ws_busy} / {ws_idle}; explorer: "
+                  f"{explorer_busy} / {explorer_idle}; "
                   f"set-up {time.monotonic() - t0:.1f}s", flush=True)
         heads.close()
         if args.collab:
