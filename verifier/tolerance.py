@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -173,7 +174,8 @@ def combine(parts: Sequence[Partials]) -> Partials:
                     sum(p.determined for p in parts))
 
 
-Layout = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+# (dtype, shape) per tensor: torch dtypes, or a file header's names ("F32")
+Layout = Mapping[str, tuple[Any, tuple[int, ...]]]
 
 
 def layout_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.dtype,
