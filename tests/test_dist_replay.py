@@ -6,6 +6,7 @@ no rank holds the whole state, a corrupt checkpoint is refused with no rank left
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -86,6 +87,15 @@ def test_two_ranks_replay_an_honest_fsdp_trace(cache: Path, tmp_path: Path) -> N
         # one batch of the peer's shards (rank 0, hashing).
         assert len(ranked.held_bytes) == 2
         assert max(ranked.held_bytes) <= _bound(ctx) < expected_bytes(ctx.spec)
+    # The verifier's command line takes a world size.
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from node.cli.verifier_cmd import verifier_app  # noqa: PLC0415
+
+    res = CliRunner().invoke(verifier_app, ["replay", str(out), "1", "--dataset", str(data),
+                                            "--world-size", "2"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout.strip().splitlines()[-1])["passed"] is True
     assert _replay_processes() == []
 
 
