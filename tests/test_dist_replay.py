@@ -20,7 +20,7 @@ from node.train.layout import expected_bytes, expected_layout
 from node.train.step import TrainContext
 from node.train.trace import checkpoint_name, read_manifest
 from verifier import dist_replay
-from verifier.dist_replay import verify_segment_ranks
+from verifier.dist_replay import RankOptions, verify_segment_ranks
 from verifier.jobs import dataset_path, job
 from verifier.replay import verify_trace_segment
 
@@ -73,8 +73,8 @@ def test_two_ranks_replay_an_honest_fsdp_trace(cache: Path, tmp_path: Path) -> N
     two = TrainContext.create(ctx.spec, ctx.dataset, micro_batches=2)
     for segment in range(2):
         # Small blocks and hash batches: what a rank holds besides its shards stays small.
-        ranked = verify_segment_ranks(ctx, out, segment, 2, data, root=None,
-                                      block_bytes=1024, hash_batch_bytes=4096)
+        ranked = verify_segment_ranks(ctx, out, segment, 2, data, root=None, options=RankOptions(
+            block_bytes=1024, hash_batch_bytes=4096))
         single = verify_trace_segment(ctx, out, segment)
         assert ranked.verdict.passed and single.passed
         # The ranks' step is the solver's: their end state is the committed one, bit for
@@ -142,7 +142,8 @@ def test_a_corrupt_start_checkpoint_is_refused_with_no_rank_left(
                         lambda path: leaf if path == start else real(path))
     started: list[int] = []
     with pytest.raises(CheckpointError, match="start rows the ranks read hash to"):
-        verify_segment_ranks(ctx, out, 0, 2, data, root=None, on_start=started.extend)
+        verify_segment_ranks(ctx, out, 0, 2, data, root=None,
+                             options=RankOptions(on_start=started.extend))
     assert len(started) == 2 and not any(psutil.pid_exists(p) for p in started)
     assert _replay_processes() == []
     start.write_bytes(good)

@@ -18,7 +18,9 @@ the sums (``verdict_of``), as the one-process rule's does from the whole tensors
 Public API::
 
     verify_segment_ranks(ctx, trace_dir, segment, world_size, dataset_path, *, root,
-                         policy, init_hash, threads=1, on_start=None) -> RankedVerdict
+                         policy=None, init_hash=None, options=RankOptions()) -> RankedVerdict
+    verify_files_ranks(ctx, dataset_path, world_size, *, root, job_id, segment, start,
+                       end, policy=None, init_hash=None, options=RankOptions()) -> RankedVerdict
     python -m verifier.dist_replay '<rank config json>'   # one rank (internal)
 """
 
@@ -54,9 +56,20 @@ from node.train.distributed import (
     shard_slice,
 )
 from node.train.step import STEP_KEY, TrainContext, _export, _export_dtype
+from verifier.replay import (
+    CommittedState,
+    check_leaf,
+    expected_initial_hash,
+    leaf_zero_failure,
+    policy_from_spec,
+    segment_context,
+)
 from verifier.tolerance import (
     Partials,
+    SegmentContext,
+    Sums,
     TolerancePolicy,
+    check_loss,
     combine,
     failed_verdict,
     layout_mismatch,
@@ -140,63 +153,78 @@ def _layout(path: Path, ctx: TrainContext) -> dict[str, tuple[str, tuple[int, ..
     return header.layout()
 
 
+@dataclass(frozen=True)
+class RankOptions:
+    """How the ranks run: threads each, a callback given their pids, and the most bytes
+    a rank holds at once of a tensor's file rows (comparing) and of a peer's shards
+    (rank 0, hashing)."""
+
+    threads: int = 1
+    on_start: Callable[[list[int]], None] | None = None
+    block_bytes: int = BLOCK_BYTES
+    hash_batch_bytes: int = HASH_BATCH_BYTES
+
+
 def verify_segment_ranks(ctx: TrainContext, trace_dir: str | Path, segment: int,
                          world_size: int, dataset_path: str | Path, *, root: bytes | None,
                          policy: TolerancePolicy | None = None,
-                         init_hash: bytes | None = None, threads: int = 1,
-                         on_start: Callable[[list[int]], None] | None = None,
-                         block_bytes: int = BLOCK_BYTES,
-                         hash_batch_bytes: int = HASH_BATCH_BYTES) -> RankedVerdict:
+                         init_hash: bytes | None = None,
+                         options: RankOptions = RankOptions()) -> RankedVerdict:
     """Replay ``segment`` of the trace in ``trace_dir`` with ``world_size`` ranks and judge
-    it under the tolerance the one-process replay applies. ProofError/CheckpointError
-    (before any rank starts) when a leaf or kept file is not the committed one;
-    TrainingError when a rank fails. Both ends must be kept leaves (files)."""
-    from node.train.dist_plan import check_world  # noqa: PLC0415
-    from node.train.layout import expected_layout  # noqa: PLC0415
-    from node.train.trace import SPEC_NAME, kept_file, merkle_proof, read_manifest  # noqa: PLC0415
-    from verifier.replay import (  # noqa: PLC0415
-        CommittedState,
-        check_leaf,
-        expected_initial_hash,
-        leaf_zero_failure,
-        policy_from_spec,
-        segment_context,
-    )
+    it under the tolerance the one-process replay applies (``verify_files_ranks``). Both
+    ends must be kept leaves."""
+    from node.train.trace import kept_file, merkle_proof, read_manifest  # noqa: PLC0415
 
-    check_world(ctx.spec.batch_size, world_size)
     manifest = read_manifest(trace_dir)
     if not 0 <= segment < manifest.segment_count:
         raise VerificationError(f"segment {segment} outside 0..{manifest.segment_count - 1}")
-    if manifest.state_hash_scheme != STATE_HASH_SCHEME:
-        raise VerificationError(f"a multi-rank replay hashes with {STATE_HASH_SCHEME}; this "
-                                f"trace uses {manifest.state_hash_scheme}: replay on one process")
-    k = ctx.spec.checkpoint_interval
-    start_step = segment * k
-    root = root or bytes.fromhex(manifest.root)
-    files, leaves = [], []
+    ends: list[tuple[CommittedState, Path]] = []
     for index in (segment, segment + 1):
         if manifest.checkpoint_at(index) is None:
             raise VerificationError(f"leaf {index} is not kept in {trace_dir}: a multi-rank "
                                     "replay reads kept files only; replay on one process")
         leaf, proof = merkle_proof(manifest, index)
-        check_leaf(root, manifest.job_id, index, index * k,
-                   CommittedState({}, leaf, proof, manifest.state_hash_scheme))
-        path = kept_file(trace_dir, manifest, index)
-        if file_hash(path) != leaf.state_hash:
-            raise CheckpointError(f"checkpoint of step {index * k} does not hash to its leaf "
-                                  f"0x{leaf.state_hash.hex()[:16]}…: tampered or corrupt; "
-                                  "fetch it again from another provider")
-        files.append(path)
-        leaves.append(leaf)
+        ends.append((CommittedState({}, leaf, proof, manifest.state_hash_scheme),
+                     kept_file(trace_dir, manifest, index)))
     if segment == 0 and init_hash is None:
         init_hash = expected_initial_hash(ctx)
+    return verify_files_ranks(ctx, dataset_path, world_size, root=root or bytes.fromhex(
+        manifest.root), job_id=manifest.job_id, segment=segment, start=ends[0], end=ends[1],
+        policy=policy, init_hash=init_hash, options=options)
+
+
+def verify_files_ranks(ctx: TrainContext, dataset_path: str | Path, world_size: int, *,
+                       root: bytes, job_id: int, segment: int,
+                       start: tuple[CommittedState, Path], end: tuple[CommittedState, Path],
+                       policy: TolerancePolicy | None = None, init_hash: bytes | None = None,
+                       options: RankOptions = RankOptions()) -> RankedVerdict:
+    """``verify_segment``'s judgement with ``world_size`` ranks, from the segment's two
+    ends as (CommittedState without tensors: leaf and proof, its single file). Both
+    leaves and files are checked (ProofError/CheckpointError) before any rank starts;
+    TrainingError when a rank fails."""
+    from node.train.dist_plan import check_world  # noqa: PLC0415
+    from node.train.layout import expected_layout  # noqa: PLC0415
+    from node.train.trace import SPEC_NAME  # noqa: PLC0415
+
+    check_world(ctx.spec.batch_size, world_size)
+    k = ctx.spec.checkpoint_interval
+    start_step = segment * k
+    for index, (committed, path) in ((segment, start), (segment + 1, end)):
+        if committed.scheme != STATE_HASH_SCHEME:
+            raise VerificationError(f"a multi-rank replay hashes with {STATE_HASH_SCHEME}; "
+                                    f"this trace uses {committed.scheme}: replay on one process")
+        check_leaf(root, job_id, index, index * k, committed)
+        if file_hash(path) != committed.leaf.state_hash:
+            raise CheckpointError(f"checkpoint of step {index * k} does not hash to its leaf "
+                                  f"0x{committed.leaf.state_hash.hex()[:16]}…: tampered or "
+                                  "corrupt; fetch it again from another provider")
     seg = segment_context(ctx, start_step, k)
-    bad = leaf_zero_failure(segment, k, CommittedState({}, leaves[0], []), init_hash)
+    bad = leaf_zero_failure(segment, k, start[0], init_hash)
     want = expected_layout(ctx.spec)
-    if bad is None and _layout(files[0], ctx) != want:
+    if bad is None and _layout(start[1], ctx) != want:
         bad = failed_verdict(segment, start_step, seg, f"committed state S_{start_step} does "
                              "not fit the spec: its tensors' names, dtypes or shapes differ")
-    why = layout_mismatch(want, _layout(files[1], ctx))
+    why = layout_mismatch(want, _layout(end[1], ctx))
     if bad is None and why is not None:
         bad = failed_verdict(segment, start_step, seg, why)
     if bad is not None:
@@ -206,10 +234,11 @@ def verify_segment_ranks(ctx: TrainContext, trace_dir: str | Path, segment: int,
         out = Path(tmp)
         (out / SPEC_NAME).write_bytes(ctx.spec.canonical_json())
         figures = _run(ReplayRankConfig(
-            0, world_size, 0, os.getpid(), str(out / SPEC_NAME), str(dataset_path), threads,
-            str(files[0]), str(files[1]), start_step, leaves[0].state_hash.hex(), asdict(pol),
-            str(out), block_bytes, hash_batch_bytes), on_start)
-    return _judge(ctx, segment, pol, figures, leaves[1].loss_e9 / 1e9)
+            0, world_size, 0, os.getpid(), str(out / SPEC_NAME), str(dataset_path),
+            options.threads, str(start[1]), str(end[1]), start_step,
+            start[0].leaf.state_hash.hex(), asdict(pol), str(out), options.block_bytes,
+            options.hash_batch_bytes), options.on_start)
+    return _judge(ctx, segment, pol, figures, end[0].leaf.loss_e9 / 1e9)
 
 
 def _run(cfg: ReplayRankConfig, on_start: Callable[[list[int]], None] | None) -> dict[str, Any]:
@@ -234,8 +263,6 @@ def _run(cfg: ReplayRankConfig, on_start: Callable[[list[int]], None] | None) ->
 
 def _judge(ctx: TrainContext, segment: int, pol: TolerancePolicy, figures: dict[str, Any],
            claimed_loss: float) -> RankedVerdict:
-    from verifier.replay import segment_context  # noqa: PLC0415
-    from verifier.tolerance import Sums, check_loss  # noqa: PLC0415
 
     k = ctx.spec.checkpoint_interval
     start_step = segment * k
@@ -400,9 +427,7 @@ def _local(t: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
     return local if _export_dtype(local, cd) == local.dtype else _export(local, cd)
 
 
-def _segment_context(ctx: TrainContext, start_step: int) -> Any:
-    from verifier.replay import segment_context  # noqa: PLC0415
-
+def _segment_context(ctx: TrainContext, start_step: int) -> SegmentContext:
     return segment_context(ctx, start_step, ctx.spec.checkpoint_interval)
 
 
