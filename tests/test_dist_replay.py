@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
+import trio
 
 from node.errors import CheckpointError
 from node.tensorfile import DTYPE_BYTES
@@ -23,6 +25,7 @@ from verifier import dist_replay
 from verifier.dist_replay import RankOptions, verify_segment_ranks
 from verifier.jobs import dataset_path, job
 from verifier.replay import verify_trace_segment
+from verifier.verdict import Verdict
 
 K = 5
 
@@ -114,7 +117,29 @@ def test_two_ranks_fail_a_cheating_trace_as_one_process_does(cache: Path,
         assert not ranked.passed and ranked.ratio > 0
         _same_figures(ranked, verify_trace_segment(two, out, segment))
         assert not verify_trace_segment(ctx, out, segment).passed
+    # The verifier daemon's path (`verifier run --world-size 2`): the files it fetched.
+    verdict = trio.run(_daemon_judges, ctx, out, data)
+    assert verdict is not None and not verdict.passed
+    _same_figures(verdict, verify_trace_segment(two, out, 0))
     assert _replay_processes() == []
+
+
+async def _daemon_judges(ctx: TrainContext, out: Path, data: Path) -> Verdict | None:
+    """``judge_segment_ranks`` of segment 0 with a runtime whose p2p serves ``out``'s files
+    by sha256 (a daemon's fetch)."""
+    from node.roles.verifier_evidence import JobEvidence, judge_segment_ranks  # noqa: PLC0415
+
+    manifest = read_manifest(out)
+    files = {c.sha256: out / c.file for c in manifest.checkpoints}
+
+    async def fetch(aid: str, hints: tuple[str, ...], **kw: object) -> Path:
+        return files[aid]
+
+    rt = SimpleNamespace(fetch=fetch, settings=SimpleNamespace(threads=1),
+                         book=SimpleNamespace(states={}))
+    ev = JobEvidence(rt, 1, SimpleNamespace(solver="0x01"), ctx, manifest,  # type: ignore[arg-type]
+                     world_size=2, dataset_path=data)
+    return await judge_segment_ranks(ev, root=bytes.fromhex(manifest.root), segment=0)
 
 
 @pytest.mark.parallel
@@ -147,3 +172,16 @@ def test_a_corrupt_start_checkpoint_is_refused_with_no_rank_left(
     assert len(started) == 2 and not any(psutil.pid_exists(p) for p in started)
     assert _replay_processes() == []
     start.write_bytes(good)
+
+
+def test_verifier_commands_take_a_world_size() -> None:
+    from typer.testing import CliRunner  # noqa: PLC0415
+
+    from node.cli import verifier_daemon_cmd  # noqa: PLC0415
+    from node.cli.verifier_cmd import verifier_app  # noqa: PLC0415
+
+    if "run" not in {c.name for c in verifier_app.registered_commands}:
+        verifier_daemon_cmd.register(verifier_app)  # adds `run` to the verifier group
+    for command in ("run", "replay"):
+        out = CliRunner().invoke(verifier_app, [command, "--help"], terminal_width=200)
+        assert out.exit_code == 0 and "--world-size" in out.output, command
