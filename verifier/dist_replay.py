@@ -47,7 +47,6 @@ from node.train.distributed import (
     HASH_BATCH_BYTES,
     RankConfig,
     _die_with_parent,
-    _live_pairs,
     _Rank,
     join_group,
     rank_store,
@@ -55,7 +54,7 @@ from node.train.distributed import (
     run_ranks,
     shard_slice,
 )
-from node.train.step import STEP_KEY, TrainContext, _export, _export_dtype
+from node.train.step import STEP_KEY, TrainContext, _export, _export_dtype, _live_pairs
 from verifier.replay import (
     CommittedState,
     check_leaf,

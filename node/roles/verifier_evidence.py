@@ -27,6 +27,7 @@ from node.errors import (
     TrainingError,
 )
 from node.logs import get_logger
+from node.proof import STATE_HASH_SCHEME
 from node.roles.collab import CollabFollower
 from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs, job_context
 from node.roles.runtime import Runtime
@@ -342,9 +343,11 @@ class Evidence:
         # the accepted outer state (round 0's: checked against the spec's theta_0 by
         # workers before they bond a slot): leaf 0 is held to that hash.
         ev = JobEvidence(rt, job_id, job, ctx, manifest, init_hash=job.init_state_hash)
-        if self.world_size > 1 and not isinstance(ctx, StreamContext | ShardContext):
+        if self.world_size > 1 and not isinstance(ctx, StreamContext | ShardContext) \
+                and manifest.state_hash_scheme == STATE_HASH_SCHEME:
             # The ranks load the job's dataset file themselves (a sharded dataset's shards
-            # come through this daemon's p2p: those jobs replay on one process).
+            # come through this daemon's p2p, and ranks hash states with the current
+            # scheme only: those jobs replay on one process).
             ev.world_size = self.world_size
             ev.dataset_path = await rt.fetch(job.dataset_hash.hex(), (job.solver,))
         self._jobs[key] = ev
