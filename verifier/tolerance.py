@@ -33,8 +33,9 @@ exactly.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -115,34 +116,115 @@ class SegmentContext:
     """Adam step count after the segment, for bias correction (0: read from state)."""
 
 
-@dataclass
-class _Acc:
-    dist2: float = 0.0
-    upd2: float = 0.0
+@dataclass(frozen=True)
+class Sums:
+    """One check's figures over some rows of its tensors: sums, so the figures of a
+    tensor split by rows over ranks are the sums of the ranks' (verifier.dist_replay).
+    ``d2`` = sum (R - C)^2 and ``u2`` = sum (R - S)^2 over the tight coordinates, ``r2``
+    = sum R^2 there (the moments' relative floor), ``n`` their count; ``masked`` and
+    ``violations`` count masked coordinates and those out of bound; ``mismatch``
+    counts differing rows of an exact check."""
+
+    d2: float = 0.0
+    u2: float = 0.0
+    r2: float = 0.0
     n: int = 0
     masked: int = 0
+    violations: int = 0
+    mismatch: int = 0
+
+    def vector(self) -> list[float]:
+        return [self.d2, self.u2, self.r2, float(self.n), float(self.masked),
+                float(self.violations), float(self.mismatch)]
+
+    @classmethod
+    def of_vector(cls, v: list[float]) -> Sums:
+        return cls(v[0], v[1], v[2], int(v[3]), int(v[4]), int(v[5]), int(v[6]))
+
+
+#: Floats of one check in ``Sums.vector``.
+SUMS_WIDTH = 7
+
+
+@dataclass(frozen=True)
+class Partials:
+    """``compare_states``'s figures over some rows: per check (name, kind, sums), in
+    the order the verdict lists them, with the maxima and counts of masked
+    coordinates. The partials of disjoint rows combine (``combine``) to those of all."""
+
+    checks: tuple[tuple[str, str, Sums], ...]
+    masked_slack: float = 0.0
+    determined: int = 0
+
+
+def combine(parts: Sequence[Partials]) -> Partials:
+    """The partials of the union of the parts' rows: sums add (in the given order, so
+    the result is the same on every rank), the masked slack is their maximum."""
+    first = parts[0]
+    checks = []
+    for i, (name, kind, _) in enumerate(first.checks):
+        acc = [0.0] * SUMS_WIDTH
+        for p in parts:
+            if p.checks[i][:2] != (name, kind):
+                raise ValueError(f"partials disagree on check {i}: {p.checks[i][:2]} vs "
+                                 f"{(name, kind)}")
+            acc = [a + b for a, b in zip(acc, p.checks[i][2].vector(), strict=True)]
+        checks.append((name, kind, Sums.of_vector(acc)))
+    return Partials(tuple(checks), max(p.masked_slack for p in parts),
+                    sum(p.determined for p in parts))
+
+
+# (dtype, shape) per tensor: torch dtypes, or a file header's names ("F32")
+Layout = Mapping[str, tuple[Any, tuple[int, ...]]]
+
+
+def layout_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[torch.dtype,
+                                                                      tuple[int, ...]]]:
+    return {n: (t.dtype, tuple(t.shape)) for n, t in tensors.items()}
+
+
+def layout_mismatch(replayed: Layout, claimed: Layout,
+                    replayed_order: bool = False) -> str | None:
+    """Why the claimed state's layout is not the replayed one's, or None (the first
+    tensor that differs in name order, or in ``replayed``'s order)."""
+    if set(claimed) != set(replayed):
+        extra, missing = sorted(set(claimed) - set(replayed)), sorted(set(replayed) - set(claimed))
+        return f"state layout differs: extra {extra[:3]} missing {missing[:3]}"
+    for name in replayed if replayed_order else sorted(replayed):
+        (rd, rs), (cd, cs) = replayed[name], claimed[name]
+        if cs != rs or cd != rd:
+            return f"{name}: claimed {cd}{list(cs)}, expected {rd}{list(rs)}"
+    return None
+
+
+def non_finite_reason(name: str) -> str:
+    return f"{name}: claimed state has non-finite values"
 
 
 def _norm2(x: torch.Tensor) -> float:
     return float(torch.sum(x.double() ** 2))
 
 
-def _tight(name: str, kind: str, s: torch.Tensor, r: torch.Tensor, c: torch.Tensor,
-           tight: torch.Tensor | None, rho: float, abs_floor: float | None, masked: int,
-           masked_violations: int, rel_floor: float = 0.0) -> tuple[TensorCheck, float, float, int]:
-    """Tight check; the floor is ``abs_floor * sqrt(n)`` or ``rel_floor * ||R||``."""
+def _sums(s: torch.Tensor, r: torch.Tensor, c: torch.Tensor, tight: torch.Tensor | None,
+          masked: int = 0, violations: int = 0, rel: bool = False) -> Sums:
+    """The tight check's sums (``rel``: with R's own norm, for a relative floor)."""
     d = (r - c)
     u = (r - s)
     if tight is not None:
         d, u = d[tight], u[tight]
-    d2, u2 = _norm2(d), _norm2(u)
-    n = d.numel()
-    dist, upd = math.sqrt(d2), math.sqrt(u2)
-    floor = abs_floor * math.sqrt(n) if abs_floor is not None else rel_floor * math.sqrt(
-        _norm2(r[tight] if tight is not None else r))
+    r2 = _norm2(r[tight] if tight is not None else r) if rel else 0.0
+    return Sums(_norm2(d), _norm2(u), r2, d.numel(), masked, violations)
+
+
+def _tight(name: str, kind: str, sums: Sums, rho: float, abs_floor: float | None,
+           rel_floor: float = 0.0) -> TensorCheck:
+    """Tight check; the floor is ``abs_floor * sqrt(n)`` or ``rel_floor * ||R||``."""
+    dist, upd = math.sqrt(sums.d2), math.sqrt(sums.u2)
+    floor = abs_floor * math.sqrt(sums.n) if abs_floor is not None \
+        else rel_floor * math.sqrt(sums.r2)
     bound = rho * upd + floor
-    ok = dist <= bound and masked_violations == 0 and math.isfinite(dist)
-    return (TensorCheck(name, kind, dist, upd, bound, masked, masked_violations, ok), d2, u2, n)
+    ok = dist <= bound and sums.violations == 0 and math.isfinite(dist)
+    return TensorCheck(name, kind, dist, upd, bound, sums.masked, sums.violations, ok)
 
 
 def _bias_correction(beta: float, step: float) -> float:
@@ -168,44 +250,55 @@ def compare_states(
     """Apply the rule. ``slots`` maps each parameter name to its Adam tensors;
     every other float tensor is compared as a parameter, every non-float one
     exactly."""
-    end_step = start_step + seg.k
-
-    def fail(reason: str) -> Verdict:
-        return Verdict(segment, start_step, end_step, False, reason, math.inf, 0.0, 0.0,
-                       "", math.inf, 0)
-
-    if set(claimed) != set(replayed):
-        extra, missing = sorted(set(claimed) - set(replayed)), sorted(set(replayed) - set(claimed))
-        return fail(f"state layout differs: extra {extra[:3]} missing {missing[:3]}")
-    for name, r in replayed.items():
+    bad = layout_mismatch(layout_of(replayed), layout_of(claimed), replayed_order=True)
+    for name in replayed if bad is None else ():
         c = claimed[name]
-        if c.shape != r.shape or c.dtype != r.dtype:
-            return fail(f"{name}: claimed {c.dtype}{list(c.shape)}, expected "
-                        f"{r.dtype}{list(r.shape)}")
         if c.is_floating_point() and not bool(torch.isfinite(c).all()):
-            return fail(f"{name}: claimed state has non-finite values")
+            bad = non_finite_reason(name)
+            break
+    if bad is not None:
+        return failed_verdict(segment, start_step, seg, bad)
+    parts = partial_sums(start, replayed, claimed, slots, seg, policy, start_step)
+    return verdict_of(segment, start_step, seg, policy, parts)
 
+
+def failed_verdict(segment: int, start_step: int, seg: SegmentContext, reason: str) -> Verdict:
+    return Verdict(segment, start_step, start_step + seg.k, False, reason, math.inf, 0.0, 0.0,
+                   "", math.inf, 0)
+
+
+def partial_sums(start: Mapping[str, torch.Tensor], replayed: Mapping[str, torch.Tensor],
+                 claimed: Mapping[str, torch.Tensor], slots: Mapping[str, OptimSlots],
+                 seg: SegmentContext, policy: TolerancePolicy, start_step: int,
+                 skip: frozenset[str] = frozenset()) -> Partials:
+    """The rule's figures over the rows the three mappings hold (all of them, or one
+    rank's dim-0 rows of each tensor): every coordinate's mask and bound depend on that
+    coordinate alone, so rows can be judged apart and their sums added. ``skip``:
+    tensors whose figures another rank gives (a tensor every rank holds whole) count
+    as zero rows here; they are still read (the optimizer's step counts)."""
+    end_step = start_step + seg.k
     slot_names = {n for sl in slots.values()
                   for n in (sl.exp_avg, sl.exp_avg_sq, sl.step, sl.momentum_buffer) if n}
-    checks: list[TensorCheck] = []
-    params = _Acc()
+    checks: list[tuple[str, str, Sums]] = []
     eps = policy.adam_eps
     loose = policy.mask_bound_factor * seg.lr * seg.k
-    masked_total = determined = 0
+    determined = 0
     masked_slack = 0.0
 
     for name in sorted(replayed):
         if name in slot_names:
             continue
-        s, r, c = start[name], replayed[name], claimed[name]
+        r = replayed[name]
         if not r.is_floating_point():
-            ok = bool(torch.equal(r, c))
-            checks.append(TensorCheck(name, "exact", 0.0 if ok else math.inf, 0.0, 0.0, 0, 0, ok))
+            mismatch = 0 if name in skip or torch.equal(r, claimed[name]) else 1
+            checks.append((name, "exact", Sums(mismatch=mismatch)))
             continue
+        s, c = start[name], claimed[name]
         sl = slots.get(name)
         tight: torch.Tensor | None = None
-        masked = violations = 0
-        opt_checks: list[TensorCheck] = []
+        masked = violations = held_exact = 0
+        slack = 0.0
+        opt_checks: list[tuple[str, str, Sums]] = []
         if sl is not None and sl.exp_avg_sq is not None:
             bc2_r = _bias_correction(seg.beta2, _step_of(replayed, sl, seg.end_step or end_step))
             bc2_c = _bias_correction(seg.beta2, _step_of(claimed, sl, seg.end_step or end_step))
@@ -235,31 +328,51 @@ def compare_states(
                     noise_ratio=policy.noise_ratio, noise_floor=policy.noise_floor,
                     exact_ulps=policy.exact_ulps, ceiling=loose)
                 violations += mb.violations
-                masked_slack = max(masked_slack, mb.slack)
-                determined += mb.determined
+                slack, held_exact = mb.slack, mb.determined
         if sl is not None:
             for kind, slot in (("exp_avg", sl.exp_avg), ("exp_avg_sq", sl.exp_avg_sq),
                                ("momentum", sl.momentum_buffer)):
                 if slot is None:
                     continue
-                chk, *_ = _tight(slot, kind, start[slot], replayed[slot], claimed[slot], tight,
-                                 policy.rho_opt, None, 0, 0, policy.opt_floor)
-                opt_checks.append(chk)
+                opt_checks.append((slot, kind, _sums(start[slot], replayed[slot],
+                                                     claimed[slot], tight, rel=True)))
             if sl.step is not None:
-                ok = bool(torch.equal(replayed[sl.step], claimed[sl.step]))
-                opt_checks.append(TensorCheck(sl.step, "exact", 0.0 if ok else math.inf,
-                                              0.0, 0.0, 0, 0, ok))
-        chk, d2, u2, n = _tight(name, "param", s, r, c, tight, policy.rho_tensor, policy.abs_tol,
-                                masked, violations)
-        checks.append(chk)
-        checks.extend(opt_checks)
-        params.dist2 += d2
-        params.upd2 += u2
-        params.n += n
-        masked_total += masked
+                same = torch.equal(replayed[sl.step], claimed[sl.step])
+                opt_checks.append((sl.step, "exact", Sums(mismatch=0 if same else 1)))
+        mine = [(name, "param", _sums(s, r, c, tight, masked, violations)), *opt_checks]
+        if name in skip:  # another rank counts it (it and its slots are whole everywhere)
+            mine = [(n, kind, Sums()) for n, kind, _ in mine]
+        else:
+            masked_slack = max(masked_slack, slack)
+            determined += held_exact
+        checks.extend(mine)
+    return Partials(tuple(checks), masked_slack, determined)
 
-    distance, update = math.sqrt(params.dist2), math.sqrt(params.upd2)
-    bound = policy.rho * update + policy.abs_tol * math.sqrt(params.n)
+
+def verdict_of(segment: int, start_step: int, seg: SegmentContext, policy: TolerancePolicy,
+               parts: Partials) -> Verdict:
+    """The verdict of the rule from its figures over every row."""
+    end_step = start_step + seg.k
+    loose = policy.mask_bound_factor * seg.lr * seg.k
+    checks: list[TensorCheck] = []
+    dist2 = upd2 = 0.0
+    n = masked_total = 0
+    for name, kind, sums in parts.checks:
+        if kind == "exact":
+            ok = sums.mismatch == 0
+            checks.append(TensorCheck(name, "exact", 0.0 if ok else math.inf, 0.0, 0.0, 0, 0,
+                                      ok))
+        elif kind == "param":
+            checks.append(_tight(name, kind, sums, policy.rho_tensor, policy.abs_tol))
+            dist2 += sums.d2
+            upd2 += sums.u2
+            n += sums.n
+            masked_total += sums.masked
+        else:
+            checks.append(_tight(name, kind, sums, policy.rho_opt, None, policy.opt_floor))
+
+    distance, update = math.sqrt(dist2), math.sqrt(upd2)
+    bound = policy.rho * update + policy.abs_tol * math.sqrt(n)
     worst = max(checks, key=lambda t: t.slack, default=None)
     failed = [t for t in checks if not t.passed]
     if not math.isfinite(distance) or distance > bound:
@@ -281,7 +394,7 @@ def compare_states(
     return Verdict(segment, start_step, end_step, not failed and distance <= bound, reason,
                    distance, update, bound, worst.name if worst else "",
                    worst.slack if worst else 0.0, masked_total, tensors=tuple(checks),
-                   masked_slack=masked_slack, determined=determined)
+                   masked_slack=parts.masked_slack, determined=parts.determined)
 
 
 def check_loss(verdict: Verdict, claimed: float, replayed: float,

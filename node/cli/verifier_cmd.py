@@ -70,17 +70,31 @@ def replay_cmd(
     root: Annotated[str | None, typer.Option(
         "--root", help="Trace root to check against (default: the manifest's).")] = None,
     tensors: Annotated[bool, typer.Option("--tensors", help="Per-tensor figures.")] = False,
+    world_size: Annotated[int, typer.Option(
+        "--world-size", min=1, max=64,
+        help="Rank processes that replay it together (torch.distributed, gloo; FSDP2 "
+             "shards the state, each rank reads only its rows of the checkpoints). "
+             "1: one process.")] = 1,
 ) -> None:
     """Replay SEGMENT of TRACE_DIR from its checkpoints and print the verdict (exit 2: fail)."""
     from node.data.stream import context_for_file  # noqa: PLC0415
     from node.spec import load_spec  # noqa: PLC0415
     from node.train.trace import SPEC_NAME  # noqa: PLC0415
+    from verifier.dist_replay import verify_segment_ranks  # noqa: PLC0415
     from verifier.replay import verify_trace_segment  # noqa: PLC0415
 
     spec = load_spec(trace_dir / SPEC_NAME)
     ctx = context_for_file(spec, dataset, spec.dataset_hash)  # a file or a shard manifest
-    verdict = verify_trace_segment(ctx, trace_dir, segment,
-                                   bytes.fromhex(root.removeprefix("0x")) if root else None)
+    trusted = bytes.fromhex(root.removeprefix("0x")) if root else None
+    if world_size > 1:
+        ranked = verify_segment_ranks(ctx, trace_dir, segment, world_size, dataset,
+                                      root=trusted)
+        verdict = ranked.verdict
+        typer.echo(f"{world_size} ranks; replayed end state 0x{ranked.end_hash.hex()}; "
+                   f"most state bytes a rank held: {max(ranked.held_bytes, default=0)}",
+                   err=True)
+    else:
+        verdict = verify_trace_segment(ctx, trace_dir, segment, trusted)
     typer.echo(verdict.summary(), err=True)
     typer.echo(json.dumps(verdict.to_dict(with_tensors=tensors), sort_keys=True))
     if not verdict.passed:

@@ -28,6 +28,11 @@ def run(
     bootstrap: BootstrapOpt = None,
     metrics_port: MetricsOpt = None,
     threads: ThreadsOpt = None,
+    world_size: int = typer.Option(
+        1, "--world-size", min=1, max=64,
+        help="Rank processes that replay each sampled segment together (torch.distributed, "
+             "gloo; FSDP2 shards the state, each rank reads only its rows of the "
+             "checkpoints); disputes and juries still replay on one process."),
     duration: float | None = typer.Option(None, "--duration",
                                           help="Stop after this many seconds."),
 ) -> None:
@@ -38,7 +43,7 @@ def run(
     settings = settings_from(config, name=name or "verifier", dev_account=dev_account,
                              keystore=keystore, listen=listen, bootstrap=bootstrap,
                              metrics_port=metrics_port, threads=threads)
-    run_daemon(settings, "verifier", Verifier, duration)
+    run_daemon(settings, "verifier", lambda rt: Verifier(rt, world_size=world_size), duration)
 
 
 def challenge(

@@ -32,7 +32,7 @@ from node.proof import sample_share
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
-from node.roles.verifier_evidence import Evidence, judge_segment
+from node.roles.verifier_evidence import Evidence, judge_segment, judge_segment_ranks
 from node.roles.verifier_machine import (
     Attest,
     Challenge,
@@ -86,10 +86,12 @@ class Verifier:
     `vote_value`) are methods so that a test cheat can override them in its own
     subclass (tests/malicious_verifier.py): no cheat is a flag of the production CLI."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, world_size: int = 1) -> None:
         self.rt = rt
         self.state = RoleState(rt.dir / "verifier.json", VerifierDisk, migrate)
-        self.evidence = Evidence(rt)
+        # world_size > 1: a sampled segment of a job with a dataset file is replayed by
+        # that many rank processes, none holding the whole state (verifier.dist_replay)
+        self.evidence = Evidence(rt, world_size)
         # Collaborative jobs: recompute outer states, post / challenge them, sit on their
         # juries, keep rounds moving (a verifier takes no slots).
         self.collab = CollabFollower(rt, self.evidence)
@@ -289,10 +291,11 @@ class Verifier:
                     await self._maybe_attest(jid)  # our share is judged: attest before watching
                 if seg in self.state.data.jobs[jid].verdicts:
                     continue
-                verdict = await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
-                                              job_id=jid, segment=seg,
-                                              commitment=ev.commitment,
-                                              init_hash=ev.init_hash)
+                verdict = await judge_segment_ranks(ev, root=job.trace_root, segment=seg) \
+                    if ev.world_size > 1 else \
+                    await judge_segment(ev.committed, ev.ctx, root=job.trace_root,
+                                        job_id=jid, segment=seg, commitment=ev.commitment,
+                                        init_hash=ev.init_hash)
                 if verdict is None:
                     unjudged.append(seg)
                     continue

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import torch
 import trio
 
 from node.chain.contracts import Job
+from node.data.stream import StreamContext
 from node.errors import (
     CheckpointError,
     IntegrityError,
@@ -25,10 +27,12 @@ from node.errors import (
     TrainingError,
 )
 from node.logs import get_logger
+from node.proof import STATE_HASH_SCHEME
 from node.roles.collab import CollabFollower
 from node.roles.jobfiles import fetch_init_weights, fetch_job_inputs, job_context
 from node.roles.runtime import Runtime
 from node.train.layout import max_file_bytes
+from node.train.shards import ShardContext
 from node.train.step import TrainContext
 from node.train.trace import MAX_MANIFEST_BYTES, TraceManifest, load_checkpoint, merkle_proof
 from verifier.replay import (
@@ -61,6 +65,10 @@ class JobEvidence:
     init_hash: bytes | None = None
     """The job's S_0 (checked against the spec, ``posted_initial_problem``): leaf 0 and
     any replay from step 0 must start there."""
+    world_size: int = 1
+    """Ranks that replay a sampled segment (verifier.dist_replay); 1: this process."""
+    dataset_path: Path | None = None
+    """The job's dataset file, for the ranks (None: a sharded dataset, one process)."""
     _states: dict[tuple[int, bytes], Tensors] = field(default_factory=dict)
 
     async def _load(self, artifact_id: str, state_hash: bytes) -> Tensors:
@@ -86,6 +94,21 @@ class JobEvidence:
         tensors = await self._load(aid, leaf.state_hash)
         self._states[(leaf.step, leaf.state_hash)] = tensors
         return CommittedState(tensors, leaf, proof, self.manifest.state_hash_scheme)
+
+    async def committed_file(self, index: int) -> tuple[CommittedState, Path]:
+        """Checkpoint ``index``'s leaf and proof (no tensors) and its file, fetched but not
+        loaded: the ranks read their rows of it (``judge_segment_ranks``)."""
+        leaf, proof = merkle_proof(self.manifest, index)
+        entry = self.manifest.checkpoint_at(index)
+        aid = entry.sha256 if entry is not None else \
+            self.rt.book.states.get((self.job_id, "0x" + leaf.state_hash.hex()))
+        if aid is None:
+            raise PeerUnavailable(f"leaf {index} of job {self.job_id} is not kept by its solver "
+                                  "and not served (regenerated) yet")
+        path = await self.rt.fetch(aid, (self.job.solver,),
+                                   expected_size=max_file_bytes(self.ctx.spec),
+                                   job_id=self.job_id)
+        return CommittedState({}, leaf, proof, self.manifest.state_hash_scheme), path
 
     def commitment(self, index: int) -> CommittedState:
         """Checkpoint ``index``'s leaf and proof without its tensors: what a challenge
@@ -237,6 +260,29 @@ async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes,
                           **where)
 
 
+async def judge_segment_ranks(ev: JobEvidence, *, root: bytes, segment: int) -> Verdict | None:
+    """``judge_segment`` with ``ev.world_size`` rank processes, none holding the whole
+    state (verifier.dist_replay): a Verdict, or None when there is none to give yet
+    (a checkpoint not served, or not the committed one)."""
+    from verifier.dist_replay import RankOptions, verify_files_ranks  # noqa: PLC0415
+
+    where = {"job_id": ev.job_id, "segment": segment}
+    ends: list[tuple[CommittedState, Path]] = []
+    for index in (segment, segment + 1):
+        try:
+            ends.append(await ev.committed_file(index))
+        except (P2PError, StoreError, trio.TooSlowError) as exc:  # not served (yet)
+            log.warning("segment_unavailable", error=str(exc), **where)
+            return None
+    path = ev.dataset_path
+    assert path is not None
+    options = RankOptions(threads=ev.rt.settings.threads or 1)
+    ranked = await _checked(lambda: verify_files_ranks(
+        ev.ctx, path, ev.world_size, root=root, job_id=ev.job_id, segment=segment,
+        start=ends[0], end=ends[1], init_hash=ev.init_hash, options=options), **where)
+    return None if ranked is None else ranked.verdict
+
+
 def posted_initial_problem(ctx: TrainContext, posted: bytes) -> str | None:
     """Why a job whose posted S_0 hash (the chain's initStateHash) is not the spec's
     must not be worked on, or None. The chain checks leaf 0 against the posted hash
@@ -252,8 +298,9 @@ def posted_initial_problem(ctx: TrainContext, posted: bytes) -> str | None:
 class Evidence:
     """Per-job evidence, keyed by (job, trace root) so a reopened job starts afresh."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, world_size: int = 1) -> None:
         self.rt = rt
+        self.world_size = world_size  # ranks a sampled segment is replayed by
         self._jobs: dict[tuple[int, bytes], JobEvidence] = {}
         self.refused: dict[int, str] = {}
         """Jobs not worked on (their posted S_0 is not their spec's), and why."""
@@ -296,6 +343,13 @@ class Evidence:
         # the accepted outer state (round 0's: checked against the spec's theta_0 by
         # workers before they bond a slot): leaf 0 is held to that hash.
         ev = JobEvidence(rt, job_id, job, ctx, manifest, init_hash=job.init_state_hash)
+        if self.world_size > 1 and not isinstance(ctx, StreamContext | ShardContext) \
+                and manifest.state_hash_scheme == STATE_HASH_SCHEME:
+            # The ranks load the job's dataset file themselves (a sharded dataset's shards
+            # come through this daemon's p2p, and ranks hash states with the current
+            # scheme only: those jobs replay on one process).
+            ev.world_size = self.world_size
+            ev.dataset_path = await rt.fetch(job.dataset_hash.hex(), (job.solver,))
         self._jobs[key] = ev
         return ev
 

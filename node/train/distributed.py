@@ -61,7 +61,7 @@ import torch
 import torch.distributed as dist
 
 from node.childenv import child_env
-from node.errors import TrainingError
+from node.errors import CheckpointError, TrainingError
 from node.train.behavior import SegmentBehavior
 from node.train.dist_plan import HASH_BATCH_BYTES, check_world, rank_rows
 from node.train.step import (
@@ -230,6 +230,43 @@ class _Rank:
         for live, into in copies:
             live.copy_(into)
         return sum(into.nbytes for _, into in copies)
+
+    def load_rows(self, path: str, step: int) -> str | None:
+        """fsdp, every rank (a verifier's replay): its own dim-0 rows of the single-file
+        state at ``path`` (safetensors slices, so no rank reads the whole state), tensors
+        not sharded on dim 0 whole. Returns the first tensor (in name order) whose rows
+        here are not finite, else None. CheckpointError when the file cannot be read or
+        holds another step."""
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+        model, _ = self._skeleton()
+        state = _fresh_optimizer_state(self.ctx, model)
+        bad: str | None = None
+        transient = 0
+        with torch.no_grad(), _reading(path) as f:
+            for name, t in sorted(_live_pairs(state), key=lambda p: p[0]):
+                src = read_rows(f, name, shard_slice(t, self.world, self.rank))
+                if bad is None and src.is_floating_point() and not bool(src.isfinite().all()):
+                    bad = name
+                transient = max(transient, src.nbytes)
+                (t.to_local() if isinstance(t, DTensor) else t).copy_(src)
+                del src
+            held = int(f.get_tensor(STEP_KEY))
+        if held != step:
+            raise CheckpointError(f"{path} holds step {held}, not {step}: not the committed "
+                                  "start state; fetch it again")
+        state.step = step
+        self.live = state
+        self.start_held = transient + self.live_bytes()
+        return bad
+
+    def live_bytes(self) -> int:
+        """Bytes of this rank's live state: its shards, and tensors held whole."""
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415
+
+        assert self.live is not None
+        return sum((t.to_local() if isinstance(t, DTensor) else t).nbytes
+                   for _, t in _live_pairs(self.live))
 
     def start_leaf(self) -> ShardedLeaf | None:
         """fsdp, every rank, after ``build_start`` of S_0: its hash from the shards (rank 0
@@ -455,6 +492,41 @@ def _rows(d0: int, world: int, rank: int) -> int:
     return max(0, min(d0, (rank + 1) * c) - rank * c)
 
 
+def shard_slice(t: Any, world: int, rank: int) -> slice | None:
+    """The rows of ``t`` (a live tensor) that rank ``rank`` holds when FSDP2 shards it on
+    dim 0 (torch.chunk's split); None for a tensor every rank holds whole."""
+    from torch.distributed.tensor import DTensor, Shard  # noqa: PLC0415
+
+    if not (isinstance(t, DTensor) and tuple(t.placements) == (Shard(0),)):
+        return None
+    at = -(-t.shape[0] // world) * rank
+    return slice(at, at + _rows(t.shape[0], world, rank))
+
+
+def read_rows(f: Any, name: str, rows: slice | None) -> torch.Tensor:
+    """``rows`` (dim 0; None: all) of tensor ``name`` of the open safetensors file ``f``:
+    a slice read, never the whole tensor unless asked."""
+    try:
+        return f.get_tensor(name) if rows is None else f.get_slice(name)[rows]
+    except Exception as exc:  # safetensors' errors (truncated, missing tensor) are its own
+        raise CheckpointError(f"cannot read {name} from the checkpoint ({exc}): corrupt "
+                              "or truncated; fetch it again from another provider") from None
+
+
+@contextlib.contextmanager
+def _reading(path: str) -> Any:
+    """The safetensors file at ``path``, open for slices; CheckpointError if unreadable."""
+    from safetensors import safe_open  # noqa: PLC0415
+
+    try:
+        f = safe_open(path, "pt")
+    except Exception as exc:  # SafetensorError, OSError: a bad header or no file
+        raise CheckpointError(f"cannot open checkpoint {path} ({exc}): corrupt or "
+                              "truncated; fetch it again from another provider") from None
+    with f:
+        yield f
+
+
 def _shard_bytes(t: Any, world: int, rank: int, cd: torch.dtype) -> int:
     """Bytes of rank ``rank``'s exported shard of the Shard(0) tensor ``t``."""
     return _rows(t.shape[0], world, rank) * math.prod(t.shape[1:]) \
@@ -618,10 +690,7 @@ def rank_main(cfg: RankConfig) -> None:
     spec = parse_spec_json(Path(cfg.spec_path).read_bytes())
     ctx = TrainContext.create(spec, load_dataset(cfg.dataset_path, spec.dataset_hash),
                               threads=cfg.threads)
-    store = dist.TCPStore("127.0.0.1", cfg.store_port, cfg.world_size, is_master=False,
-                          timeout=STORE_TIMEOUT)
-    dist.init_process_group("gloo", store=store, rank=cfg.rank, world_size=cfg.world_size,
-                            timeout=PG_TIMEOUT)
+    join_group(cfg.rank, cfg.world_size, cfg.store_port)
     try:
         r = _Rank(ctx, cfg)
         if cfg.rank == 0:
@@ -679,6 +748,62 @@ def _tail(path: Path, n: int = 1500) -> str:
         return ""
 
 
+@contextlib.contextmanager
+def rank_store(world_size: int) -> Any:
+    """The rendezvous of ``world_size`` ranks: a TCP store on 127.0.0.1; yields its port."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
+                          wait_for_workers=False, timeout=STORE_TIMEOUT)
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+def join_group(rank: int, world_size: int, port: int) -> None:
+    """This rank joins the process group of the launcher's store (gloo)."""
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                          timeout=STORE_TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=PG_TIMEOUT)
+
+
+def run_ranks(module: str, configs: list[str], logs: Path, threads: int = 1,
+              on_start: Callable[[list[int]], None] | None = None,
+              after_failure: str = "") -> None:
+    """Run ``python -m module <config>`` once per config (rank order), each a child without
+    secrets in its own session, logging to ``logs/rank<i>.log``, until all exit. A rank
+    that fails kills the others: TrainingError naming it (and ``after_failure``). Every
+    rank is dead by the time this returns or raises."""
+    logs.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parents[2])  # the tree `node` is imported from
+    env = child_env({"PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": str(threads)})
+    procs: list[subprocess.Popen[bytes]] = []
+    world = len(configs)
+    try:
+        for rank, cfg in enumerate(configs):
+            with open(logs / f"rank{rank}.log", "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", module, cfg],
+                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    close_fds=True, start_new_session=True))
+        if on_start is not None:
+            on_start([p.pid for p in procs])
+        while True:
+            codes = [p.poll() for p in procs]
+            culprit = _culprit(codes)
+            if culprit is not None:
+                i, c = culprit
+                raise TrainingError(f"rank {i} of {world} exited with {c}; {after_failure}. "
+                                    f"Its log ends: {_tail(logs / f'rank{i}.log')}")
+            if all(c == 0 for c in codes):
+                return
+            time.sleep(0.05)
+    finally:
+        _kill(procs)
+
+
 def launch(spec_path: str | Path, dataset_path: str | Path, out_dir: str | Path, job_id: int,
            world_size: int, threads: int = 1, mode: Mode = "ddp", keep_every: int = 1,
            cheat: Cheat | None = None,
@@ -698,40 +823,13 @@ def launch(spec_path: str | Path, dataset_path: str | Path, out_dir: str | Path,
         raise TrainingError("a cheating rank needs data-parallel mode and >= 2 ranks")
     out = Path(out_dir)
     logs = out.parent / f"{out.name}.ranks"
-    logs.mkdir(parents=True, exist_ok=True)
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True,
-                          wait_for_workers=False, timeout=STORE_TIMEOUT)
-    root = str(Path(__file__).resolve().parents[2])  # the tree `node` is imported from
-    env = child_env({"PYTHONPATH": os.pathsep.join(
-        [root, *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": str(threads)})
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for rank in range(world_size):
-            cfg = RankConfig(rank, world_size, store.port, str(spec_path), str(dataset_path),
-                             str(out), job_id, threads, mode, keep_every, os.getpid(), cheat,
-                             hash_batch_bytes)
-            with open(logs / f"rank{rank}.log", "wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "node.train.distributed", json.dumps(asdict(cfg))],
-                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    close_fds=True, start_new_session=True))
-        if on_start is not None:
-            on_start([p.pid for p in procs])
-        while True:
-            codes = [p.poll() for p in procs]
-            culprit = _culprit(codes)
-            if culprit is not None:
-                i, c = culprit
-                raise TrainingError(f"rank {i} of {world_size} exited with {c}; the job "
-                                    f"resumes from its last kept checkpoint when restarted. "
-                                    f"Its log ends: {_tail(logs / f'rank{i}.log')}")
-            if all(c == 0 for c in codes):
-                break
-            time.sleep(0.05)
-    finally:
-        _kill(procs)
-        del store
+    with rank_store(world_size) as port:
+        configs = [json.dumps(asdict(RankConfig(
+            rank, world_size, port, str(spec_path), str(dataset_path), str(out), job_id,
+            threads, mode, keep_every, os.getpid(), cheat, hash_batch_bytes)))
+            for rank in range(world_size)]
+        run_ranks("node.train.distributed", configs, logs, threads, on_start,
+                  "the job resumes from its last kept checkpoint when restarted")
     return read_manifest(out)
 
 
