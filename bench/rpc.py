@@ -130,21 +130,23 @@ def main() -> None:
             index = ChainIndex(reader, min_age_s=0)
             old_pass(reader, watcher, jobs)  # catch up: all at the head
             view.update()
-            wview.update()
             index.snapshot()
+            wview.update()  # last: its HTTP head check is fresh (one every 30 s)
             submitter.market.post_job(terms)  # a new block with one of our events
             posted += 1
-            old_busy = counted(proxy, old_pass, reader, watcher, jobs)
-            new_busy = counted(proxy, view.update)
             head = w3.eth.block_number
             deadline = time.monotonic() + 30
             while (heads.head() or 0) < head and time.monotonic() < deadline:
                 time.sleep(0.01)
+            # The pushed-heads view first: a 1,000-job old pass takes longer than its
+            # 30 s check, which would be counted here otherwise.
             ws_busy = counted(proxy, wview.update)
+            ws_idle = counted(proxy, wview.update)
+            old_busy = counted(proxy, old_pass, reader, watcher, jobs)
+            new_busy = counted(proxy, view.update)
             explorer_busy = counted(proxy, index.snapshot)
             old_idle = counted(proxy, old_pass, reader, watcher, jobs)
             new_idle = counted(proxy, view.update)
-            ws_idle = counted(proxy, wview.update)
             explorer_idle = counted(proxy, index.snapshot)
             out[str(n)] = {"old_busy": old_busy, "new_busy": new_busy,
                            "old_idle": old_idle, "new_idle": new_idle,
