@@ -182,4 +182,10 @@ def test_a_step_file_off_the_agreed_hash_is_refused_before_ranks_start(
     with pytest.raises(CheckpointError, match="corrupt or truncated"):
         judge_step_ranks(ctx, data, 2, lo_step=LO, lo_hash=lo_hash, lo_file=lo_file,
                          hi_hash=hi_hash, options=options)
+    # The agreed hash is this file's, but it holds another step: no valid S_2 (invalid,
+    # as on one process), judged before ranks start.
+    other = judge_step_ranks(ctx, data, 2, lo_step=LO, lo_hash=hi_hash, lo_file=hi_file,
+                             hi_hash=lo_hash, options=options)
+    assert other.valid is False and other.verdict is not None
+    assert "holds step 3" in other.verdict.reason
     assert started == [] and _ranks_left() == []

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from node.errors import CheckpointError
-from node.train.step import TrainContext
+from node.train.step import STEP_KEY, TrainContext
 from verifier.dist_replay import RankOptions, ReplayRankConfig, _layout, _run, file_hash
 from verifier.replay import policy_from_spec, segment_context
 from verifier.tolerance import (
@@ -67,6 +67,13 @@ def _checked_file(path: Path, want: bytes, step: int) -> None:
                               "names; fetch it again from the solver or another provider")
 
 
+def _held_step(path: Path) -> int:
+    from safetensors import safe_open  # noqa: PLC0415
+
+    with safe_open(str(path), "pt") as f:
+        return int(f.get_tensor(STEP_KEY))
+
+
 def judge_step_ranks(ctx: TrainContext, dataset_path: str | Path, world_size: int, *,
                      lo_step: int, lo_hash: bytes, lo_file: Path, hi_hash: bytes,
                      hi_file: Path | None = None, hi_step: int | None = None,
@@ -92,6 +99,10 @@ def judge_step_ranks(ctx: TrainContext, dataset_path: str | Path, world_size: in
     want = expected_layout(ctx.spec)
     if _layout(lo_file, ctx) != want:
         return _invalid(lo_step, n, ctx, f"committed state S_{lo_step} does not fit the spec")
+    held = _held_step(lo_file)
+    if held != lo_step:  # load_state's refusal on one process (a rank's would raise)
+        return _invalid(lo_step, n, ctx, f"committed state S_{lo_step} does not fit the spec: "
+                        f"it holds step {held}")
     why = None if hi_file is None else layout_mismatch(want, _layout(hi_file, ctx))
     if why is not None:
         return _invalid(lo_step, n, ctx, why)
