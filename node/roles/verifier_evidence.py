@@ -322,29 +322,31 @@ async def vote_step_ranks(ev: JobEvidence, lo: int, lo_hash: bytes, hi: int,
     that is not served waits (the caller's deadline counts it against the solver); a
     replay that fails is invalid, as ``replay_range`` has it."""
     from verifier.dist_replay import RankOptions  # noqa: PLC0415
-    from verifier.dist_step import judge_step_ranks  # noqa: PLC0415
+    from verifier.dist_step import StepJudgement, judge_step_ranks  # noqa: PLC0415
 
     data = ev.dataset_path
     assert data is not None
     lo_file = await ev.state_file(lo, lo_hash)
 
-    def judge(hi_file: Path | None) -> bool | None:
+    def judge(hi_file: Path | None) -> StepJudgement:
         return judge_step_ranks(ev.ctx, data, ev.world_size, lo_step=lo, lo_hash=lo_hash,
                                 lo_file=lo_file, hi_hash=hi_hash, hi_file=hi_file, hi_step=hi,
                                 init_hash=ev.init_hash,
-                                options=RankOptions(threads=ev.rt.settings.threads or 1)).valid
+                                options=RankOptions(threads=ev.rt.settings.threads or 1))
 
+    why = ""
     try:
-        valid = await trio.to_thread.run_sync(judge, None)
-        if valid is None:  # not our replay bit for bit: the tolerance, on the solver's S_hi
+        found = await trio.to_thread.run_sync(judge, None)
+        if found.valid is None:  # not our replay bit for bit: the tolerance, on the solver's S_hi
             hi_file = await ev.state_file(hi, hi_hash)
-            valid = await trio.to_thread.run_sync(judge, hi_file)
-    except TrainingError as exc:
-        valid = False
-        log.info("range_replayed", job=ev.job_id, steps=[lo, hi], passed=False, reason=str(exc))
-    log.info("range_replayed", job=ev.job_id, steps=[lo, hi], passed=bool(valid),
-             ranks=ev.world_size)
-    return bool(valid)
+            found = await trio.to_thread.run_sync(judge, hi_file)
+        valid = bool(found.valid)
+        why = found.verdict.reason if found.verdict is not None and not valid else ""
+    except TrainingError as exc:  # a replay that fails: invalid, as on one process
+        valid, why = False, str(exc)
+    log.info("range_replayed", job=ev.job_id, steps=[lo, hi], passed=valid,
+             ranks=ev.world_size, reason=why)
+    return valid
 
 
 def posted_initial_problem(ctx: TrainContext, posted: bytes) -> str | None:
