@@ -65,7 +65,6 @@ from verifier.replay import (
 )
 from verifier.tolerance import (
     Partials,
-    SegmentContext,
     Sums,
     TolerancePolicy,
     check_loss,
@@ -104,6 +103,7 @@ class ReplayRankConfig:
     out: str  # rank 0's figures (result.json) and any rank's error (rank<i>.error.json)
     block_bytes: int = BLOCK_BYTES  # the most bytes of a tensor's rows compared at once
     hash_batch_bytes: int = HASH_BATCH_BYTES  # peers' shards rank 0 hashes at once
+    steps: int = 0  # steps replayed (0: the spec's checkpoint interval; a juror's: 1)
 
 
 @dataclass(frozen=True)
@@ -352,18 +352,21 @@ def _replay(ctx: TrainContext, cfg: ReplayRankConfig) -> dict[str, Any] | None:
     bad_claim: str | None = None
     if bad_start is None:
         t0 = time.perf_counter()
-        loss = r.segment(cfg.start_step, ctx.spec.checkpoint_interval)
+        loss = r.segment(cfg.start_step, _steps(ctx, cfg))
         seconds = time.perf_counter() - t0
         end = r.leaf(None)
         end_hash = end.state_hash.hex() if end is not None else ""
-        parts, bad_claim, compare_held = _compare(ctx, r, cfg)
         # rank 0 hashing: its shards and one batch of each peer's
-        held = max(held, compare_held, r.live_bytes() + r.largest_held)
+        held = max(held, r.live_bytes() + r.largest_held)
+        if cfg.end_file:  # none: a juror's first pass, the end hash alone
+            parts, bad_claim, compare_held = _compare(ctx, r, cfg)
+            held = max(held, compare_held)
     gathered = _gather((parts, bad_claim, held), world)
     if rank != 0:
         return None
     all_parts = [p for p, _, _ in gathered]
-    total = combine(all_parts) if all(p is not None for p in all_parts) else None
+    total = combine([p for p in all_parts if p is not None]) \
+        if all(p is not None for p in all_parts) and cfg.end_file else None
     return {"bad_start": bad_start, "bad_claim": _first([b for _, b, _ in gathered]),
             "held_bytes": [h for _, _, h in gathered], "loss": loss, "seconds": seconds,
             "end_hash": end_hash,
@@ -391,7 +394,7 @@ def _compare(ctx: TrainContext, r: _Rank, cfg: ReplayRankConfig
     share = sum(t.nbytes for t in replayed.values())
     blocks = max([1] + [-(-replayed[n].nbytes // cfg.block_bytes)
                         for n, rows in mine.items() if rows is not None])
-    seg_ctx = _segment_context(ctx, cfg.start_step)
+    seg_ctx = segment_context(ctx, cfg.start_step, _steps(ctx, cfg))
     policy = TolerancePolicy(**cfg.policy)
     held = [0, 0]  # checkpoint rows alive now, at most
     parts: list[Partials] = []
@@ -426,8 +429,8 @@ def _local(t: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
     return local if _export_dtype(local, cd) == local.dtype else _export(local, cd)
 
 
-def _segment_context(ctx: TrainContext, start_step: int) -> SegmentContext:
-    return segment_context(ctx, start_step, ctx.spec.checkpoint_interval)
+def _steps(ctx: TrainContext, cfg: ReplayRankConfig) -> int:
+    return cfg.steps or ctx.spec.checkpoint_interval
 
 
 def rank_main(cfg: ReplayRankConfig) -> None:

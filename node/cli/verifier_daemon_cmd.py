@@ -30,9 +30,10 @@ def run(
     threads: ThreadsOpt = None,
     world_size: int = typer.Option(
         1, "--world-size", min=1, max=64,
-        help="Rank processes that replay each sampled segment together (torch.distributed, "
-             "gloo; FSDP2 shards the state, each rank reads only its rows of the "
-             "checkpoints); disputes and juries still replay on one process."),
+        help="Rank processes that replay each sampled segment, and a jury's disputed "
+             "step, together (torch.distributed, gloo; FSDP2 shards the state, each rank "
+             "reads only its rows of the checkpoints); the challenger's bisection still "
+             "replays on one process."),
     duration: float | None = typer.Option(None, "--duration",
                                           help="Stop after this many seconds."),
 ) -> None:

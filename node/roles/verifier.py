@@ -32,7 +32,13 @@ from node.proof import sample_share
 from node.roles.collab import CollabFollower, finalize_job
 from node.roles.runtime import VERIFIER, Runtime, guarded
 from node.roles.state import RoleState
-from node.roles.verifier_evidence import Evidence, judge_segment, judge_segment_ranks
+from node.roles.verifier_evidence import (
+    Evidence,
+    judge_segment,
+    judge_segment_ranks,
+    vote_step,
+    vote_step_ranks,
+)
 from node.roles.verifier_machine import (
     Attest,
     Challenge,
@@ -570,17 +576,9 @@ class Verifier:
         if ev is not None:
             with trio.move_on_after(max(5.0, d.commit_end - await self.rt.chain(
                     self.rt.chain_client.timestamp) - 10)):
-                lo = await ev.state(d.lo, d.lo_hash, wait=True)
-                mine = None if lo is None else await trio.to_thread.run_sync(
-                    ev.replay_range, lo, d.lo, d.hi)
-                if mine is not None and await trio.to_thread.run_sync(ev.is_exact, mine, d.hi,
-                                                                      d.hi_hash):
-                    valid = True  # the solver's S_hi is our replay, bit for bit
-                elif mine is not None:
-                    hi = await ev.state(d.hi, d.hi_hash, wait=True)
-                    if hi is not None:
-                        valid = await trio.to_thread.run_sync(ev.step_range_ok, lo, d.lo,
-                                                              hi, d.hi, mine)
+                # `--world-size N`: the step on N ranks, none holding the whole state
+                vote = vote_step_ranks if ev.world_size > 1 else vote_step
+                valid = await vote(ev, d.lo, d.lo_hash, d.hi, d.hi_hash)
         valid = self.vote_value(valid)
         salt = os.urandom(32)
         with self.state as st:  # salt on disk before the commitment leaves

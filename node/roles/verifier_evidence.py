@@ -135,6 +135,21 @@ class JobEvidence:
                 return None
             await trio.sleep(0.5)
 
+    async def state_file(self, step: int, state_hash: bytes) -> Path:
+        """``state``'s file, fetched but not loaded (the ranks read their rows of it and
+        the caller checks its hash: ``verifier.dist_step``); waits until it is announced."""
+        k = self.manifest.k
+        while True:
+            if step % k == 0 and self.manifest.state_hashes[step // k] == state_hash.hex() \
+                    and self.manifest.checkpoint_at(step // k) is not None:
+                return (await self.committed_file(step // k))[1]
+            aid = self.rt.book.states.get((self.job_id, "0x" + state_hash.hex()))
+            if aid is not None:
+                return await self.rt.fetch(aid, (self.job.solver,),
+                                           expected_size=max_file_bytes(self.ctx.spec),
+                                           job_id=self.job_id)
+            await trio.sleep(0.5)
+
     def replay_range(self, lo: Tensors, lo_step: int, hi_step: int) -> Tensors | None:
         """Our replay lo_step -> hi_step from the solver's own lo; None (logged as a failed
         range) when lo is no valid state or the replay fails."""
@@ -281,6 +296,57 @@ async def judge_segment_ranks(ev: JobEvidence, *, root: bytes, segment: int) -> 
         ev.ctx, path, ev.world_size, root=root, job_id=ev.job_id, segment=segment,
         start=ends[0], end=ends[1], init_hash=ev.init_hash, options=options), **where)
     return None if ranked is None else ranked.verdict
+
+
+async def vote_step(ev: JobEvidence, lo: int, lo_hash: bytes, hi: int, hi_hash: bytes) -> bool:
+    """The juror's vote on S_lo -> S_hi, replayed here from the solver's S_lo: valid when
+    the replay is S_hi bit for bit, else when the solver's S_hi (fetched only then) is
+    within the tolerance. A state not served waits (the caller's deadline)."""
+    lo_state = await ev.state(lo, lo_hash, wait=True)
+    mine = None if lo_state is None else await trio.to_thread.run_sync(
+        ev.replay_range, lo_state, lo, hi)
+    if lo_state is None or mine is None:
+        return False
+    if await trio.to_thread.run_sync(ev.is_exact, mine, hi, hi_hash):
+        return True  # the solver's S_hi is our replay, bit for bit
+    hi_state = await ev.state(hi, hi_hash, wait=True)
+    return hi_state is not None and await trio.to_thread.run_sync(
+        ev.step_range_ok, lo_state, lo, hi_state, hi, mine)
+
+
+async def vote_step_ranks(ev: JobEvidence, lo: int, lo_hash: bytes, hi: int,
+                          hi_hash: bytes) -> bool:
+    """The juror's vote on S_lo -> S_hi (the daemon's ``_vote``) with ``ev.world_size`` rank
+    processes: valid when the ranks' replay hashes to ``hi_hash``, else (the solver's S_hi
+    fetched only then, as one process does) when S_hi is within the tolerance. A state
+    that is not served waits (the caller's deadline counts it against the solver); a
+    replay that fails is invalid, as ``replay_range`` has it."""
+    from verifier.dist_replay import RankOptions  # noqa: PLC0415
+    from verifier.dist_step import StepJudgement, judge_step_ranks  # noqa: PLC0415
+
+    data = ev.dataset_path
+    assert data is not None
+    lo_file = await ev.state_file(lo, lo_hash)
+
+    def judge(hi_file: Path | None) -> StepJudgement:
+        return judge_step_ranks(ev.ctx, data, ev.world_size, lo_step=lo, lo_hash=lo_hash,
+                                lo_file=lo_file, hi_hash=hi_hash, hi_file=hi_file, hi_step=hi,
+                                init_hash=ev.init_hash,
+                                options=RankOptions(threads=ev.rt.settings.threads or 1))
+
+    why = ""
+    try:
+        found = await trio.to_thread.run_sync(judge, None)
+        if found.valid is None:  # not our replay bit for bit: the tolerance, on the solver's S_hi
+            hi_file = await ev.state_file(hi, hi_hash)
+            found = await trio.to_thread.run_sync(judge, hi_file)
+        valid = bool(found.valid)
+        why = found.verdict.reason if found.verdict is not None and not valid else ""
+    except TrainingError as exc:  # a replay that fails: invalid, as on one process
+        valid, why = False, str(exc)
+    log.info("range_replayed", job=ev.job_id, steps=[lo, hi], passed=valid,
+             ranks=ev.world_size, reason=why)
+    return valid
 
 
 def posted_initial_problem(ctx: TrainContext, posted: bytes) -> str | None:
