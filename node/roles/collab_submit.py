@@ -140,7 +140,8 @@ async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) 
             if job.status.name in ("FINISHED", "FAILED"):
                 break
             await trio.sleep(rt.settings.poll_interval * 4)
-    job = await rt.chain(c.collab.get_collab, cid)
+    got = (await rt.snapshot(fresh=True)).collabs.get(cid)
+    job = got if got is not None else await rt.chain(c.collab.get_collab, cid)
     with trio.move_on_after(120):  # the last round's theta: bounded, the job is over
         while job.status.name == "FINISHED" and job.round not in progress.losses:
             await progress.tick_safely()
