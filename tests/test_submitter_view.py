@@ -16,6 +16,7 @@ from devnet.rpcproxy import RpcProxy, Throttle
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER
+from node.chain.ids import JobId
 from node.chain.rpc import RpcSettings
 
 REWARD, BUDGET, STAKE = 100 * TOKEN, 10 * TOKEN, 500 * TOKEN
@@ -23,13 +24,13 @@ SUBMITTER, SOLVER_ACCT = 1, 2
 N = 6
 
 
-def post_jobs(chain: LocalChain, n: int) -> list[int]:
+def post_jobs(chain: LocalChain, n: int) -> list[JobId]:
     sub = chain[SUBMITTER]
     sub.token.ensure_allowance(sub.market.address, n * (REWARD + BUDGET))
     return [sub.market.post_job(job_terms(REWARD, BUDGET)) for _ in range(n)]
 
 
-def finalize(chain: LocalChain, solver: ChainClient, jid: int) -> None:
+def finalize(chain: LocalChain, solver: ChainClient, jid: JobId) -> None:
     """Claimed, committed, its sample published, past the window and the grace: final."""
     params = chain.reader.market.market_params()
     solver.market.claim_job(jid)

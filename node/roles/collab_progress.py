@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from node.chain.ids import CollabId
 from node.chain.view import Snapshot
 from node.errors import PolnetError
 from node.logs import get_logger
@@ -30,11 +31,11 @@ log = get_logger("polnet.submitter")
 LOSSES_FILE = "losses.json"
 
 
-def losses_path(node_dir: Path, cid: int) -> Path:
+def losses_path(node_dir: Path, cid: CollabId) -> Path:
     return node_dir / "collab" / str(cid) / LOSSES_FILE
 
 
-def read_losses(node_dir: Path, cid: int) -> dict[int, dict[str, Any]]:
+def read_losses(node_dir: Path, cid: CollabId) -> dict[int, dict[str, Any]]:
     """{r: {"loss", "outer_hash"}} for theta_r (r outer steps done); {} when the file
     is missing or unreadable (a status view must not fail over it)."""
     try:
@@ -48,7 +49,7 @@ class CollabProgress:
     """Follows one collaborative job's accepted outer states; ``tick`` records what is
     new. Only reads the chain (a submitter makes no collaborative moves)."""
 
-    def __init__(self, rt: Runtime, cid: int) -> None:
+    def __init__(self, rt: Runtime, cid: CollabId) -> None:
         from node.roles.verifier_evidence import Evidence  # noqa: PLC0415 - torch is heavy
 
         self.rt = rt

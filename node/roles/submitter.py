@@ -19,6 +19,7 @@ import trio
 from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus, JobTerms
 from node.chain.events import EventWatcher
+from node.chain.ids import JobId
 from node.chain.payouts import job_payouts
 from node.chain.rpc import RPC_FAILURES
 from node.chain.view import Snapshot
@@ -204,7 +205,7 @@ async def publish_shards(rt: Runtime, dataset_path: Path) -> None:
             await rt.p2p.publish_bytes(raw)
 
 
-async def post(rt: Runtime, req: JobRequest) -> int:
+async def post(rt: Runtime, req: JobRequest) -> JobId:
     """Store and advertise the job's inputs, then escrow and post it; returns the job id."""
     spec = check_request(req)
     c = rt.chain_client
@@ -235,7 +236,7 @@ def submitter_state(rt: Runtime) -> RoleState[SubmitterDisk]:
     return RoleState(rt.dir / "submitter.json", SubmitterDisk)
 
 
-async def serve_until_final(rt: Runtime, job_ids: list[int], timeout: float | None) -> None:
+async def serve_until_final(rt: Runtime, job_ids: list[JobId], timeout: float | None) -> None:
     """Keep serving the inputs until every job is finalized or cancelled, fetching a
     model asked for and withdrawing what the settlements credited us. Decided over the
     process's chain view (issue 31): one ``eth_blockNumber`` per poll while no block
@@ -256,13 +257,13 @@ async def serve_until_final(rt: Runtime, job_ids: list[int], timeout: float | No
             await trio.sleep(rt.settings.poll_interval)
 
 
-async def serve_pass(rt: Runtime, snap: Snapshot, left: set[int]) -> None:
+async def serve_pass(rt: Runtime, snap: Snapshot, left: set[JobId]) -> None:
     """One decision per job of ``left`` over ``snap``, removing those done. A job the
     view lacks (posted since the snapshot) is read alone; ``credits`` is read once, and
     only when a job is final."""
     c = rt.chain_client
     state = submitter_state(rt)
-    status: dict[int, JobStatus] = {}
+    status: dict[JobId, JobStatus] = {}
     for jid in sorted(left):
         job = snap.jobs.get(jid)
         if job is None:
@@ -292,7 +293,7 @@ async def serve_pass(rt: Runtime, snap: Snapshot, left: set[int]) -> None:
             return
 
 
-def job_report(c: ChainClient, job_id: int) -> dict[str, Any]:
+def job_report(c: ChainClient, job_id: JobId) -> dict[str, Any]:
     """State, parties, sampled segments, verdicts on chain and payouts of one job."""
     job = c.market.get_job(job_id)
     assert c.deployment is not None
@@ -328,7 +329,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0,
+async def fetch_model(rt: Runtime, job_id: JobId, out: Path, wait: float = 30.0,
                       hf_dir: Path | None = None) -> Path:
     """Download the final checkpoint of a finalized job and write its model weights
     with the job's spec inside (node.train.models.load_model rebuilds the model);

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus
+from node.chain.ids import JobId
 
 
 class SubmitterPhase(enum.StrEnum):
@@ -32,7 +33,7 @@ class SubmittedJob(BaseModel):
 class SubmitterDisk(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    jobs: dict[int, SubmittedJob] = Field(default_factory=dict)
+    jobs: dict[JobId, SubmittedJob] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)
