@@ -7,6 +7,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {ICollabMarket} from "./interfaces/ICollabMarket.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+import {CaseId, CollabId} from "./interfaces/Ids.sol";
 import {IOuterJury} from "./interfaces/IOuterJury.sol";
 
 /// @title CollabMarket
@@ -425,7 +426,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.challenger = msg.sender;
         rr.cPhase = ChallengePhase.Live;
         _takeBond(_outerBond);
-        uint256 caseId = _jury.open(jobId, round, rr.poster, msg.sender);
+        uint256 caseId = CaseId.unwrap(_jury.open(CollabId.wrap(jobId), round, rr.poster, msg.sender));
         rr.juryCase = caseId;
         emit OuterChallenged(jobId, round, msg.sender, caseId);
     }
@@ -435,7 +436,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (rr.cPhase != ChallengePhase.Live) revert NoChallenge(jobId, round);
         uint256 held = _token.balanceOf(address(this));
         (IOuterJury.Verdict v, uint32 validVotes, uint32 invalidVotes, address[] memory majority,) =
-            _jury.tally(rr.juryCase);
+            _jury.tally(CaseId.wrap(rr.juryCase));
         // INVARIANT: credit exactly what arrived: the jurors' slashed stake forwarded by the
         // tally is owed from now on (counted with the bonds until _resolve pays it out).
         uint256 slashed = _token.balanceOf(address(this)) - held;

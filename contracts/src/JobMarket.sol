@@ -8,6 +8,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 import {IDisputeGame} from "./interfaces/IDisputeGame.sol";
+import {DisputeId, JobId} from "./interfaces/Ids.sol";
 import {IAvailability} from "./interfaces/IAvailability.sol";
 import {TraceLib} from "./libraries/TraceLib.sol";
 import {SegmentSampler} from "./libraries/SegmentSampler.sol";
@@ -626,7 +627,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     function disputeRef(uint256 disputeId) public view returns (DisputeRef memory ref) {
         if (disputeGame == address(0)) return ref;
         (ref.jobId, ref.segment, ref.challenger, ref.round, ref.settled, ref.verdict) =
-            IDisputeGame(disputeGame).refOf(disputeId);
+            IDisputeGame(disputeGame).refOf(DisputeId.wrap(disputeId));
     }
 
     function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
@@ -767,13 +768,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // Empty unless a jury decided it (Invalid), which always has a majority; none when
         // only an unanswered availability request condemned the round (winner 0).
         address[] memory jurors;
-        if (winner != 0) jurors = IDisputeGame(disputeGame).majorityOf(winner);
+        if (winner != 0) jurors = IDisputeGame(disputeGame).majorityOf(DisputeId.wrap(winner));
         uint256 perJury = jurors.length == 0 ? 0 : juryPot;
         uint256 perCh = chPot + juryPot - perJury;
         _credit(j.submitter, toSubmitter);
         // One winner, so it is paid here: O(1) however many disputes the round had.
         address challenger =
-            winner != 0 ? IDisputeGame(disputeGame).challengerOf(winner) : _availWinner[jobId][round];
+            winner != 0 ? IDisputeGame(disputeGame).challengerOf(DisputeId.wrap(winner)) : _availWinner[jobId][round];
         _credit(challenger, perCh);
         // The jurors' share split equally over the winner's majority jurors, division dust to
         // the first of them; credited here (the tokens stay in the market until withdrawn).
@@ -907,9 +908,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.openDisputes += 1;
         uint32 round = j.round;
         // INVARIANT: dispute ids are unique (the game never reuses one: `_nextId++`).
-        disputeId = IDisputeGame(disputeGame).open(
-            jobId, segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
-        );
+        disputeId = DisputeId.unwrap(IDisputeGame(disputeGame).open(
+            JobId.wrap(jobId), segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
+        ));
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 
