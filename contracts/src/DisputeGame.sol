@@ -598,9 +598,9 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 key = (jobId << 32) | round;
         uint256 amount = _delayHeld[key];
         if (amount == 0 || jobId > type(uint64).max) revert NoDelayCompensation(jobId, round);
-        IJobMarket.Job memory j = market.getJob(jobId);
+        IJobMarket.Job memory j = market.getJob(JobId.wrap(jobId));
         bool paid = j.round == round && j.status == IJobMarket.JobStatus.Finalized;
-        if (!paid && !market.roundInfo(jobId, round).settled) revert RoundNotSettled(jobId, round);
+        if (!paid && !market.roundInfo(JobId.wrap(jobId), round).settled) revert RoundNotSettled(jobId, round);
         _delayHeld[key] = 0;
         totalDelayHeld -= amount;
         if (paid) {
@@ -956,7 +956,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function _jurorCut(uint256 id) internal view returns (uint256) {
-        (, uint256 bond) = market.settlementOf(_core[id].jobId);
+        (, uint256 bond) = market.settlementOf(JobId.wrap(_core[id].jobId));
         return (bond + _challengeBond) * _jurorSlashBps / BPS;
     }
 
@@ -988,7 +988,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     /// @dev The parties and the job's attestors never judge the dispute.
     function _juryExclusions(Core memory c) internal view returns (address[] memory exclude) {
-        address[] memory atts = market.attestorsOf(c.jobId);
+        address[] memory atts = market.attestorsOf(JobId.wrap(c.jobId));
         exclude = new address[](atts.length + 2);
         exclude[0] = c.solver;
         exclude[1] = c.challenger;
@@ -1022,7 +1022,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.verdict = v;
         _store(id, s);
         Core memory c = _core[id];
-        market.resolveDispute(c.jobId, id, c.segment, c.round, c.challenger, v);
+        market.resolveDispute(JobId.wrap(c.jobId), DisputeId.wrap(id), c.segment, c.round, c.challenger, v);
         if (v == IJobMarket.Verdict.Valid) {
             if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
             uint256 toJury = majority.length == 0 ? 0 : slashedBond * _jurorShareOfChallengerBondBps / BPS;

@@ -190,16 +190,17 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- submitter ---
 
-    function postJob(JobTerms calldata t) external nonReentrant returns (uint256 jobId) {
-        return _post(t, false);
+    function postJob(JobTerms calldata t) external nonReentrant returns (JobId) {
+        return JobId.wrap(_post(t, false));
     }
 
-    function postReservedJob(JobTerms calldata t, address solver) external nonReentrant returns (uint256 jobId) {
+    function postReservedJob(JobTerms calldata t, address solver) external nonReentrant returns (JobId) {
         if (solver == address(0)) revert ZeroAddress();
-        jobId = _post(t, true);
+        uint256 jobId = _post(t, true);
         // INVARIANT: a reserved job stays reserved for its life (reopened rounds included).
         _reservedSolver[jobId] = solver;
         emit JobReserved(jobId, solver);
+        return JobId.wrap(jobId);
     }
 
     function _post(JobTerms calldata t, bool reserved) internal returns (uint256 jobId) {
@@ -251,7 +252,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
     }
 
-    function cancel(uint256 jobId) external nonReentrant {
+    function cancel(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _onlySubmitterIfReserved(jobId, j);
         if (msg.sender != j.submitter) revert NotSubmitter(msg.sender);
@@ -266,7 +268,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- solver ---
 
-    function claimJob(uint256 jobId) external nonReentrant {
+    function claimJob(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
         if (_isReserved(j) && _reservedSolver[jobId] != msg.sender) revert NotReservedSolver(jobId, msg.sender);
@@ -283,13 +286,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function commitResult(
-        uint256 jobId,
+        JobId job,
         bytes32 traceRoot,
         bytes32 finalStateHash,
         uint256 finalLossE9,
         bytes32[] calldata initProof,
         bytes32[] calldata finalProof
     ) external {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         if (msg.sender != j.solver) revert NotSolver(msg.sender);
@@ -313,7 +317,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- anyone ---
 
-    function fixSeed(uint256 jobId) external returns (bytes32 seed) {
+    function fixSeed(JobId job) external returns (bytes32 seed) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (j.seed != bytes32(0)) revert SeedAlreadyFixed();
@@ -329,7 +334,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
     }
 
-    function finalize(uint256 jobId) external nonReentrant {
+    function finalize(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         _onlySubmitterIfReserved(jobId, j);
@@ -369,7 +375,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit JobFinalized(jobId, j.solver, j.reward, count, per);
     }
 
-    function reclaim(uint256 jobId) external nonReentrant {
+    function reclaim(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         _onlySubmitterIfReserved(jobId, j);
@@ -397,7 +404,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- verifier ---
 
-    function attest(uint256 jobId) external {
+    function attest(JobId job) external {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
@@ -423,7 +431,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function challenge(
-        uint256 jobId,
+        JobId job,
         uint256 segment,
         bytes32 startStateHash,
         uint256 startLossE9,
@@ -432,6 +440,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 endLossE9,
         bytes32[] calldata endProof
     ) external nonReentrant returns (uint256 disputeId) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _checkChallenge(jobId, segment);
         // INVARIANT: a dispute is only about states the solver committed to.
         _checkLeaf(j, jobId, segment, startStateHash, startLossE9, startProof);
@@ -442,13 +451,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- dispute game only ---
 
     function resolveDispute(
-        uint256 jobId,
-        uint256 disputeId,
+        JobId job,
+        DisputeId dispute,
         uint256 segment,
         uint32 round,
         address challenger,
         Verdict verdict
     ) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
+        uint256 disputeId = DisputeId.unwrap(dispute);
         // INVARIANT: only the dispute game settles disputes (once each: it resolves a
         // dispute once, with the job, segment, round and challenger the market opened it with).
         if (msg.sender != disputeGame) revert Unauthorized(msg.sender);
@@ -486,7 +497,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- availability game only ---
 
-    function availabilityHook(uint256 jobId, uint32 round, uint8 op, address challenger) external nonReentrant {
+    function availabilityHook(JobId job, uint32 round, uint8 op, address challenger) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         // INVARIANT: only the availability game opens, answers and condemns by withholding.
         if (msg.sender != availability) revert Unauthorized(msg.sender);
         JobRec storage j = _job(jobId);
@@ -533,7 +545,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         });
     }
 
-    function getJob(uint256 jobId) external view returns (Job memory v) {
+    function getJob(JobId job) external view returns (Job memory v) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _jobs[jobId];
         v.status = j.status;
         v.submitter = j.submitter;
@@ -577,11 +590,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return c == 0 ? 0 : c - 1;
     }
 
-    function seedOf(uint256 jobId) external view returns (bytes32) {
+    function seedOf(JobId job) external view returns (bytes32) {
+        uint256 jobId = JobId.unwrap(job);
         return _jobs[jobId].seed;
     }
 
-    function sampledSegments(uint256 jobId) external view returns (uint256[] memory) {
+    function sampledSegments(JobId job) external view returns (uint256[] memory) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _jobs[jobId];
         bytes32 seed = j.seed;
         if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > _sampleBlock(j)) {
@@ -602,15 +617,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return SegmentSampler.indexOf(j.seed, j.segmentCount, j.sampleCount, segment);
     }
 
-    function committeeOf(uint256 jobId) external view returns (address[] memory) {
+    function committeeOf(JobId job) external view returns (address[] memory) {
+        uint256 jobId = JobId.unwrap(job);
         return _committeeOf(jobId, false, ALL_SEATS);
     }
 
-    function attestorsOf(uint256 jobId) public view returns (address[] memory) {
+    function attestorsOf(JobId job) public view returns (address[] memory) {
+        uint256 jobId = JobId.unwrap(job);
         return _committeeOf(jobId, true, ALL_SEATS);
     }
 
-    function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
+    function hasAttested(JobId job, address verifier) external view returns (bool) {
+        uint256 jobId = JobId.unwrap(job);
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
         for (uint256 i; i < _attestorsPerJob; ++i) {
             uint256 e = _seat(words, i);
@@ -620,33 +638,39 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return false;
     }
 
-    function isBarred(uint256 jobId, uint256 segment, address challenger) external view returns (bool) {
+    function isBarred(JobId job, uint256 segment, address challenger) external view returns (bool) {
+        uint256 jobId = JobId.unwrap(job);
         return _barred[_barKey(jobId, _jobs[jobId].round, segment, challenger)];
     }
 
-    function disputeRef(uint256 disputeId) public view returns (DisputeRef memory ref) {
+    function disputeRef(DisputeId dispute) public view returns (DisputeRef memory ref) {
+        uint256 disputeId = DisputeId.unwrap(dispute);
         if (disputeGame == address(0)) return ref;
         (ref.jobId, ref.segment, ref.challenger, ref.round, ref.settled, ref.verdict) =
             IDisputeGame(disputeGame).refOf(DisputeId.wrap(disputeId));
     }
 
-    function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
+    function roundInfo(JobId job, uint32 round) external view returns (RoundInfo memory) {
+        uint256 jobId = JobId.unwrap(job);
         return _rounds[jobId][round];
     }
 
-    function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond) {
+    function settlementOf(JobId job) external view returns (address submitter, uint256 bond) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _jobs[jobId];
         return (j.submitter, j.bond);
     }
 
-    function isDisputeLive(uint256 disputeId) external view returns (bool) {
-        DisputeRef memory d = disputeRef(disputeId);
+    function isDisputeLive(DisputeId dispute) external view returns (bool) {
+        uint256 disputeId = DisputeId.unwrap(dispute);
+        DisputeRef memory d = disputeRef(DisputeId.wrap(disputeId));
         if (d.jobId == 0 || d.settled) return false;
         JobRec storage j = _jobs[d.jobId];
         return j.status == JobStatus.Committed && j.round == d.round;
     }
 
-    function reservedSolverOf(uint256 jobId) external view returns (address) {
+    function reservedSolverOf(JobId job) external view returns (address) {
+        uint256 jobId = JobId.unwrap(job);
         return _reservedSolver[jobId];
     }
 
