@@ -24,8 +24,9 @@ interface IDisputeGame {
     function challengerOf(DisputeId id) external view returns (address);
     /// @notice What the market's `disputeRef` reports: zeros for an unknown id; `resolved`
     ///         once the game reported its verdict to the market.
-    /// @dev `jobId` stays uint256: the market copies it into `DisputeRef`, and a JobId there
-    ///      cost JobMarket 260 bytes of code (it has ~1.3 KB under EIP-170).
+    /// @dev `jobId` stays uint256: the market copies it into `DisputeRef`; typed, JobMarket
+    ///      (~1.3 KB under EIP-170) built 260 bytes larger. Its via-IR size moves by about
+    ///      that much with the AST ids of the sources compiled before it, so measure it.
     function refOf(DisputeId id)
         external
         view
