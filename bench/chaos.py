@@ -51,6 +51,7 @@ from devnet.params import short_network_params  # noqa: E402
 from node.chain.client import ChainClient  # noqa: E402
 from node.chain.contracts import JobStatus  # noqa: E402
 from node.chain.events import ChainEvent  # noqa: E402
+from node.chain.ids import JobId  # noqa: E402
 from node.demo import pack_inputs, spec_for  # noqa: E402
 from node.spec import load_spec  # noqa: E402
 
@@ -270,7 +271,7 @@ class Chaos:
                         out.append(("vote", by_addr[a], f"VoteCommitted dispute "
                                     f"{ev.args['id']} by another juror"))
             elif ev.event == "JobPosted":  # its submitter, serving the inputs now
-                jid = int(ev.args["jobId"])
+                jid = JobId(int(ev.args["jobId"]))
                 subs = [n for n in self.nodes.values() if n.role == "submitter"
                         and jid in n.jobs]
                 if subs:
@@ -279,9 +280,9 @@ class Chaos:
 
     # --- the stream of jobs ----------------------------------------------------------------
 
-    def job_statuses(self) -> dict[int, JobStatus]:
+    def job_statuses(self) -> dict[JobId, JobStatus]:
         m = self.net.c.market
-        return {j: m.get_job(j).status for j in range(1, m.job_count() + 1)}
+        return {j: m.get_job(j).status for j in map(JobId, range(1, m.job_count() + 1))}
 
     def posting(self) -> bool:
         """A submitter whose job is not on chain yet (posting is one at a time: one
@@ -299,7 +300,7 @@ class Chaos:
                     n.posted = True
                     n.jobs.add(int(ev.args["jobId"]))
 
-    def maybe_post(self, statuses: dict[int, JobStatus]) -> None:
+    def maybe_post(self, statuses: dict[JobId, JobStatus]) -> None:
         posted = sum(1 for n in self.nodes.values() if n.role == "submitter")
         live = sum(1 for s in statuses.values() if s not in FINAL)
         if posted >= self.args.jobs or live >= self.args.concurrent or self.posting():
@@ -309,11 +310,11 @@ class Chaos:
         self.start(n)
         self.note(f"post job #{posted} from {n.name}")
 
-    def submitters_done(self, statuses: dict[int, JobStatus]) -> None:
+    def submitters_done(self, statuses: dict[JobId, JobStatus]) -> None:
         """A serving-only submitter (restarted) is stopped once its jobs are final."""
         for n in self.nodes.values():
             if n.role == "submitter" and n.posted and not n.done and n.jobs \
-                    and all(statuses.get(j) in FINAL for j in n.jobs):
+                    and all(statuses.get(JobId(j)) in FINAL for j in n.jobs):
                 p = self.net.procs.get(n.name)
                 if p is not None and p.poll() is None:
                     self.net.kill(n.name, signal.SIGTERM)
@@ -370,7 +371,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
         next_random = rng.uniform(0.2, 1.0) * random_gap
         last_kill = -1e9
         max_kills = 2 * args.kills
-        statuses: dict[int, JobStatus] = {}
+        statuses: dict[JobId, JobStatus] = {}
         for _ in range(100_000):  # bounded: the duration ends it
             if ch.now() >= args.duration:
                 break
@@ -506,7 +507,7 @@ def run(args: argparse.Namespace, home: Path) -> dict[str, Any]:
     return result
 
 
-def solver_views(net: LocalNet, job: int) -> dict[str, Any]:
+def solver_views(net: LocalNet, job: JobId) -> dict[str, Any]:
     """What each solver's state file says about a job nobody takes (for the report)."""
     out: dict[str, Any] = {}
     for name in ("honest", "cheat"):

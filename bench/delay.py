@@ -43,6 +43,7 @@ from devnet.params import TOKEN, DevnetParams, production_params  # noqa: E402
 from devnet.testing import LocalChain, fake_trace, job_terms, own_deployment  # noqa: E402
 from node.chain.client import ChainClient  # noqa: E402
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side  # noqa: E402
+from node.chain.ids import DisputeId  # noqa: E402
 
 SEGMENTS, K = 16, 50  # k = 50: two bisection rounds at fanout 8
 REWARD, BUDGET = 100 * TOKEN, 30 * TOKEN
@@ -84,11 +85,11 @@ def play(c: LocalChain) -> dict[str, Any]:
     W = mp.verification_window
     horizon = committed + HORIZON_WINDOWS * W
 
-    def challenge(x: ChainClient, seg: int) -> int:
+    def challenge(x: ChainClient, seg: int) -> DisputeId:
         return x.market.challenge(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
                                   tree.proof(seg + 1))
 
-    def solver_moves(did: int) -> None:
+    def solver_moves(did: DisputeId) -> None:
         d = g.get_dispute(did)
         solver.dispute.post_mids(did, [keccak(b"m%d" % s) for s in d.mid_steps])
 

@@ -40,6 +40,7 @@ from devnet.deploy import deploy_all  # noqa: E402
 from devnet.params import TOKEN, DevnetParams  # noqa: E402
 from devnet.testing import LocalChain, fake_trace, job_terms  # noqa: E402
 from node.chain.contracts import SOLVER, VERIFIER  # noqa: E402
+from node.chain.ids import JobId  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 
 SEGMENTS, K = 64, 50  # a 3,200-step job checkpointed every 50 steps
@@ -137,7 +138,7 @@ def _one_job(c: LocalChain, submitter: Any, solver: Any) -> tuple[dict[str, list
     submitter.token.approve(submitter.market.address, terms.reward + terms.verification_budget)
     r = submitter.market.transact("postJob", terms.as_tuple())
     rec("postJob", r)
-    job = int(submitter.market.event_arg(r, "JobPosted", "jobId"))
+    job = JobId(int(submitter.market.event_arg(r, "JobPosted", "jobId")))
     rec("claimJob", solver.market.claim_job(job))
     leaves, tree = fake_trace(job, SEGMENTS, K)
     rec("commitResult", solver.market.commit_trace(job, leaves, tree))

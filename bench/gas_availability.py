@@ -15,11 +15,12 @@ from typing import Any
 from devnet.params import TOKEN
 from devnet.testing import FAKE_INIT, LocalChain, fake_trace, job_terms
 from node.chain.client import ChainClient
+from node.chain.ids import JobId
 from node.proof import MerkleTree, TraceLeaf
 
 
 def _post(c: LocalChain, submitter: ChainClient, solver: ChainClient, segments: int,
-          k: int) -> int:
+          k: int) -> JobId:
     terms = job_terms(reward=100 * TOKEN, budget=30 * TOKEN, duration=3600,
                       segments=segments, k=k)
     submitter.token.approve(submitter.market.address, terms.reward + terms.verification_budget)
@@ -28,14 +29,14 @@ def _post(c: LocalChain, submitter: ChainClient, solver: ChainClient, segments: 
     return job
 
 
-def _seed(c: LocalChain, job: int) -> list[str]:
+def _seed(c: LocalChain, job: JobId) -> list[str]:
     m = c.reader.market
     c.mine(m.market_params().sample_lookahead + 1)
     c[0].market.fix_seed(job)
     return list(m.committee_of(job))
 
 
-def _past_window(c: LocalChain, job: int) -> None:
+def _past_window(c: LocalChain, job: JobId) -> None:
     end = c.reader.market.get_job(job).window_end
     c.advance(max(1, end - c.timestamp() + 1))
 

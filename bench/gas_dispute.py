@@ -47,6 +47,7 @@ from devnet.deploy import deploy_all  # noqa: E402
 from devnet.params import TOKEN, DevnetParams  # noqa: E402
 from devnet.testing import LocalChain, fake_trace, job_terms, set_balance  # noqa: E402
 from node.chain.contracts import SOLVER, VERIFIER, Phase  # noqa: E402
+from node.chain.ids import DisputeId  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 
 TARGET = 1_200_000
@@ -171,7 +172,7 @@ def _dispute(c: LocalChain, k: int, jurors: int, solver_wins: bool,
                              tree.proof(seg), leaves[seg + 1].state_hash,
                              leaves[seg + 1].loss_e9, tree.proof(seg + 1))
     gas["challenge"].append(r["gasUsed"])
-    did = int(m.event_arg(r, "Challenged", "disputeId"))
+    did = DisputeId(int(m.event_arg(r, "Challenged", "disputeId")))
     d = g.get_dispute(did)
     while d.phase == Phase.BISECTION:
         hs = [keccak(b"mid%d" % t) for t in d.mid_steps]

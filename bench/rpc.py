@@ -58,6 +58,7 @@ from node.chain.client import ChainClient  # noqa: E402
 from node.chain.contracts import CollabTerms  # noqa: E402
 from node.chain.events import EventWatcher  # noqa: E402
 from node.chain.heads import CHECK_EVERY_S, HeadSubscription  # noqa: E402
+from node.chain.ids import CollabId, JobId  # noqa: E402
 from node.chain.rpc import make_web3  # noqa: E402
 from node.chain.view import ChainView  # noqa: E402
 from node.explorer.index import ChainIndex  # noqa: E402
@@ -65,7 +66,7 @@ from node.explorer.index import ChainIndex  # noqa: E402
 PASSES_PER_HOUR = 3600 / 0.5
 
 
-def old_pass(c: ChainClient, watcher: EventWatcher, jobs: list[int]) -> None:
+def old_pass(c: ChainClient, watcher: EventWatcher, jobs: list[JobId]) -> None:
     """The reads of the verifier's pass before the chain view (node/roles/verifier.py)."""
     watcher.poll()
     c.timestamp()
@@ -73,7 +74,7 @@ def old_pass(c: ChainClient, watcher: EventWatcher, jobs: list[int]) -> None:
         c.market.get_job(jid)
 
 
-def old_collab_pass(c: ChainClient, jobs: list[int]) -> None:
+def old_collab_pass(c: ChainClient, jobs: list[CollabId]) -> None:
     """The reads of CollabFollower.tick before the snapshot, for jobs in round 0 waiting
     for their slots (node/roles/collab.py: tick, _live_job, _join_window_over)."""
     c.collab.collab_count()
@@ -122,7 +123,7 @@ def main() -> None:
             while posted < n:
                 submitter.market.post_job(terms)
                 posted += 1
-            jobs = list(range(1, n + 1))
+            jobs = [JobId(j) for j in range(1, n + 1)]
             watcher = EventWatcher(reader.w3, [reader.market, reader.dispute],
                                    start_block=dep.deploy_block)
             view = ChainView(reader)

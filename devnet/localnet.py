@@ -25,6 +25,7 @@ from devnet.params import DevnetParams
 from node.chain.client import ChainClient
 from node.chain.deployment import Deployment
 from node.chain.events import ChainEvent, EventWatcher
+from node.chain.ids import CollabId, JobId
 from node.errors import PolnetError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -129,7 +130,7 @@ class LocalNet:
         return info
 
     def submit(self, name: str, dev_account: int, spec: Path, dataset: Path,
-               reward: float = 100, budget: float = 12, solve_duration: int = 300) -> int:
+               reward: float = 100, budget: float = 12, solve_duration: int = 300) -> JobId:
         """Post a job from a serving submitter process; returns the job id."""
         before = self.c.market.job_count()
         self.polnet(name, "job", "submit", str(spec), "--dataset", str(dataset),
@@ -138,7 +139,7 @@ class LocalNet:
         end = time.monotonic() + 120
         while time.monotonic() < end:
             if self.c.market.job_count() > before:
-                return before + 1
+                return JobId(before + 1)
             self.check_alive()
             time.sleep(0.5)
         raise PolnetError(f"{name} did not post its job; see {self.home}/logs/{name}.log")
@@ -146,7 +147,7 @@ class LocalNet:
     def submit_collab(self, name: str, dev_account: int, spec: Path, dataset: Path,
                       reward: float = 100, budget: float = 12,
                       round_duration: int = 120, init_weights: Path | None = None,
-                      pipeline_depth: int = 0) -> int:
+                      pipeline_depth: int = 0) -> CollabId:
         """Post a collaborative job from a serving submitter process; returns its id.
         ``init_weights``: theta_0's file, for a spec that names one (a warm start);
         ``pipeline_depth``: the job's D (issue 35)."""
@@ -161,7 +162,7 @@ class LocalNet:
         end = time.monotonic() + 120
         while time.monotonic() < end:
             if self.c.collab.collab_count() > before:
-                return before + 1
+                return CollabId(before + 1)
             self.check_alive()
             time.sleep(0.5)
         raise PolnetError(f"{name} did not post its job; see {self.home}/logs/{name}.log")
@@ -229,7 +230,7 @@ class LocalNet:
         self._events += fresh
         return fresh
 
-    def wait_job(self, job_id: int, statuses: Iterable[int], timeout: float,
+    def wait_job(self, job_id: JobId, statuses: Iterable[int], timeout: float,
                  on_tick: Any = None) -> None:
         want = set(statuses)
         end = time.monotonic() + timeout

@@ -30,6 +30,7 @@ from node.chain.artifacts import artifacts_dir
 from node.chain.client import ChainClient
 from node.chain.contracts import VERIFIER, JobTerms, NodeInfo, Registry
 from node.chain.deployment import Deployment
+from node.chain.ids import JobId
 from node.chain.rpc import make_web3
 from node.config import NodeSettings, load_config
 from node.errors import ChainError, ContractRevert
@@ -219,7 +220,7 @@ class LocalChain:
         """The dev account client with ``address``."""
         return next(c for c in self.clients if c.address == address)
 
-    def attest_majority(self, job_id: int) -> list[str]:
+    def attest_majority(self, job_id: JobId) -> list[str]:
         """A strict majority of the round's committee attests (the seed fixed first, past
         the sampling block): the evidence a clean round is paid on. Returns the attestors."""
         m = self.reader.market
@@ -233,7 +234,7 @@ class LocalChain:
             self.client_of(a).market.attest(job_id)
         return attestors
 
-    def publish_sample(self, solver: ChainClient, job_id: int, leaves: Sequence[TraceLeaf],
+    def publish_sample(self, solver: ChainClient, job_id: JobId, leaves: Sequence[TraceLeaf],
                        tree: MerkleTree) -> None:
         """The solver puts every sampled segment's leaves on chain (Availability): the
         evidence a round no committee majority attested is paid on, one disputeGrace later."""

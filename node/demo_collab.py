@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from devnet.localnet import LocalNet
+from node.chain.ids import CollabId
 from node.demo import Narrator, holdings_table
 
 if TYPE_CHECKING:  # torch is heavy; the functions that train import it
@@ -136,7 +137,7 @@ def warm_start_inputs(spec_path: Path, text: Path, steps: int, seed: int = WARM_
     return out
 
 
-def final_and_solo_loss(home: Path, spec_path: Path, text: Path, cid: int,
+def final_and_solo_loss(home: Path, spec_path: Path, text: Path, cid: CollabId,
                         outer_hash: bytes, workers: list[str],
                         init: Path | None = None) -> dict[str, float]:
     """The job's final weights (a worker's cached outer state, checked against the
@@ -254,7 +255,7 @@ def run_collab_demo(home: Path, timeout: float = 1500.0, rounds: int = 5,
     return 0 if ok and paid and conserved else 1
 
 
-def _claimed_sub_job(net: LocalNet, cid: int, r: int, worker: str) -> bool:
+def _claimed_sub_job(net: LocalNet, cid: CollabId, r: int, worker: str) -> bool:
     from node.chain.contracts import JobStatus
 
     rnd = net.c.collab.get_round(cid, r)
@@ -266,7 +267,7 @@ def _claimed_sub_job(net: LocalNet, cid: int, r: int, worker: str) -> bool:
     return False
 
 
-def _history(net: LocalNet, cid: int) -> Table:
+def _history(net: LocalNet, cid: CollabId) -> Table:
     from node.roles.collab_progress import read_losses
     from node.roles.collab_submit import collab_report
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from devnet.testing import LocalChain, sha
 from node.chain.contracts import SOLVER, JobTerms
+from node.chain.ids import JobId
 from node.roles.runtime import Runtime
 from node.roles.solver import Solver
 from node.roles.solver_machine import SolverJob
@@ -12,7 +13,7 @@ from node.roles.solver_machine import SolverJob
 
 async def train_and_commit(rt: Runtime, c: LocalChain, submitter: int, terms: JobTerms,
                            spec_b: bytes, data: bytes, stake: int,
-                           behavior: str = "honest") -> tuple[Solver, int]:
+                           behavior: str = "honest") -> tuple[Solver, JobId]:
     """The solver daemon's own path on ``rt``: registered with ``stake``, holding the spec
     and data (as if fetched from the submitter), it claims the job dev account
     ``submitter`` posts with ``terms``, trains it with ``Solver._train_and_commit`` and

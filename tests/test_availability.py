@@ -21,6 +21,7 @@ from devnet.testing import FAKE_INIT, LocalChain, expect_revert, fake_trace, job
 from node.chain.availability import RequestState
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus
+from node.chain.ids import JobId
 from node.proof import MerkleTree, TraceLeaf
 
 SEGMENTS, K = 12, 5
@@ -59,7 +60,7 @@ def net(chain: LocalChain) -> Net:
                verifiers=[chain.join(i, VERIFIER, 200 * TOKEN) for i in (3, 4, 5, 6, 7, 8)])
 
 
-def fix_seed(net: Net, job: int) -> list[str]:
+def fix_seed(net: Net, job: JobId) -> list[str]:
     """Mine past the sampling block, fix the seed; returns the committee drawn."""
     net.chain.mine(net.chain.reader.market.market_params().sample_lookahead + 1)
     net.verifiers[0].market.fix_seed(job)
@@ -68,7 +69,7 @@ def fix_seed(net: Net, job: int) -> list[str]:
     return list(committee)
 
 
-def post_withholding(net: Net) -> int:
+def post_withholding(net: Net) -> JobId:
     """The issue's solver: a root over leaf 0 (S_0) and the last leaf, nothing else."""
     job = net.submitter.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
     net.solver.market.claim_job(job)
@@ -79,7 +80,7 @@ def post_withholding(net: Net) -> int:
     return job
 
 
-def post_honest(net: Net) -> tuple[int, list[TraceLeaf], MerkleTree]:
+def post_honest(net: Net) -> tuple[JobId, list[TraceLeaf], MerkleTree]:
     job = net.submitter.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
     net.solver.market.claim_job(job)
     leaves, tree = fake_trace(job, SEGMENTS, K)
@@ -87,19 +88,19 @@ def post_honest(net: Net) -> tuple[int, list[TraceLeaf], MerkleTree]:
     return job, leaves, tree
 
 
-def request(c: ChainClient, job: int, segment: int) -> int:
+def request(c: ChainClient, job: JobId, segment: int) -> int:
     av = c.availability
     c.token.ensure_allowance(av.address, av.availability_params().bond)
     return av.request(job, segment)
 
 
-def publish(c: ChainClient, job: int, seg: int, leaves: list[TraceLeaf],
+def publish(c: ChainClient, job: JobId, seg: int, leaves: list[TraceLeaf],
             tree: MerkleTree) -> TxReceipt:
     return c.availability.publish(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
                                   tree.proof(seg + 1))
 
 
-def past_window(net: Net, job: int) -> None:
+def past_window(net: Net, job: JobId) -> None:
     end = net.chain.reader.market.get_job(job).window_end
     if end > net.chain.timestamp():
         net.chain.advance(end - net.chain.timestamp())

@@ -20,6 +20,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from node.boundary import MAX_DEPTH, check_fields, decode_json, json_depth
+from node.chain.ids import DisputeId
 from node.datasets import pack_digits, pack_text, parse_dataset, write_dataset
 from node.errors import CheckpointError, IntegrityError, MalformedInput, SpecError
 from node.roles.state import RoleState
@@ -305,11 +306,11 @@ def test_cli_train_on_bad_labels_prints_one_clean_line(digits: bytes, tmp_path: 
 def test_role_state_is_owner_only(tmp_path: Path) -> None:
     state = RoleState(tmp_path / "verifier.json", VerifierDisk)
     with state as data:
-        data.disputes[1] = VerifierDispute(role=Role.JUROR, valid=True, salt="ab" * 32)
+        data.disputes[DisputeId(1)] = VerifierDispute(role=Role.JUROR, valid=True, salt="ab" * 32)
     mode = stat.S_IMODE(os.stat(tmp_path / "verifier.json").st_mode)
     assert mode == 0o600
     again = RoleState(tmp_path / "verifier.json", VerifierDisk)
-    assert again.data.disputes[1].salt == "ab" * 32 and not again.fresh
+    assert again.data.disputes[DisputeId(1)].salt == "ab" * 32 and not again.fresh
 
 
 def test_anvil_log_is_owner_only(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from devnet.rpcproxy import RpcProxy
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
+from node.chain.ids import JobId
 from node.chain.view import ChainView, EventFeed
 from node.roles import verifier_machine as vm
 from tests.test_dispute_game import CHAL, CHAL2, challenge, deploy_game, new_job
@@ -159,7 +160,7 @@ def test_verifier_pass_requests_do_not_grow_with_jobs(chain: LocalChain, tmp_pat
     settings.rpc_url = proxy.url
     out: dict[int, Any] = {}
 
-    def follow(v: Verifier, ids: list[int]) -> None:
+    def follow(v: Verifier, ids: list[JobId]) -> None:
         with v.state as st:  # checked, passed, attested: each pass only waits on them
             for j in ids:
                 st.jobs[j] = vm.VerifierJob(round=1, checked=True, verdicts={0: True},

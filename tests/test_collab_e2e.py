@@ -34,6 +34,7 @@ import pytest
 
 from devnet.localnet import LocalNet
 from node.chain.contracts import JobStatus
+from node.chain.ids import CollabId, JobId
 from node.demo_collab import (
     BYZANTINE,
     KILLED,
@@ -69,7 +70,7 @@ def test_collab_job_survives_a_byzantine_and_a_killed_worker(tmp_path: Path) -> 
         cid = net.submit_collab("sub", SUBMITTER, spec, text, reward=120, budget=12,
                                 round_duration=45, init_weights=init)
         killed = restarted = False
-        lost = 0  # the killed worker's round-1 sub-job
+        lost = JobId(0)  # the killed worker's round-1 sub-job
         end = time.monotonic() + 840
         while time.monotonic() < end:
             job = c.collab.get_collab(cid)
@@ -226,7 +227,7 @@ def test_a_skipping_worker_is_slashed_and_the_others_are_paid_by_contribution(
         assert net.conserved(), net.books()
 
 
-def finished(net: LocalNet, cid: int) -> tuple[Any, list[Any]]:
+def finished(net: LocalNet, cid: CollabId) -> tuple[Any, list[Any]]:
     """The job, which must have finished, and the chain's events once the daemons have
     withdrawn what they were credited."""
     job = net.c.collab.get_collab(cid)
@@ -329,7 +330,7 @@ def _failed_on(log: Path, digest: str) -> bool:
                for line in log.read_text(errors="replace").splitlines())
 
 
-def _refused(log: Path, cid: int, what: str) -> bool:
+def _refused(log: Path, cid: CollabId, what: str) -> bool:
     """Has the worker marked job ``cid`` unusable for its forged ``what``?"""
     return log.is_file() and any(
         "collab_follow_failed" in line and f"job {cid}: {what} is not" in line

@@ -17,6 +17,7 @@ import trio
 from safetensors.torch import save as st_save
 
 from devnet.testing import LocalChain, node_settings
+from node.chain.ids import CollabId
 from node.datasets import Dataset, pack_text, parse_dataset
 from node.errors import CheckpointError
 from node.p2p.announce import Announcement
@@ -129,7 +130,7 @@ def test_ban_list_survives_a_restart_and_reaches_the_account(tmp_path: Path) -> 
     assert not small.banned("peer00000000") and small.banned("peer00000004")
 
 
-def _announce(rt: Any, sender: str, cid: int, r: int, h: bytes, aid: str) -> None:
+def _announce(rt: Any, sender: str, cid: CollabId, r: int, h: bytes, aid: str) -> None:
     rt.book.add(Announcement(kind="outer_state", sender=sender, seq=0, ts_ms=0, sig="00",
                              payload={"collab_job_id": cid, "round": r,
                                       "outer_hash": "0x" + h.hex(), "artifact_id": aid}))

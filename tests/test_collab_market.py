@@ -27,6 +27,7 @@ from node.chain.contracts import (
     RoundPhase,
     Verdict,
 )
+from node.chain.ids import CaseId, CollabId, JobId
 from node.proof import sample_segments, sample_segments_with_final
 from node.roles.collab_submit import collab_report
 from node.roles.leafserve import sample_size_of
@@ -101,7 +102,7 @@ def terms(rounds: int = 2, min_workers: int = 2, max_workers: int = 3, **kw: Any
     return replace(base, **kw)
 
 
-def post(net: Net, t: CollabTerms) -> int:
+def post(net: Net, t: CollabTerms) -> CollabId:
     return net.submitter.post_collab_job(t)
 
 
@@ -113,11 +114,11 @@ def conserved(net: Net) -> None:
     assert r.token.balance_of(r.outer_jury.address) == 0
 
 
-def sub_jobs(net: Net, job: int, r: int) -> list[int]:
+def sub_jobs(net: Net, job: CollabId, r: int) -> list[JobId]:
     return net.chain.reader.collab.get_round(job, r).sub_jobs
 
 
-def work(net: Net, job: int, r: int, slots: list[int] | None = None) -> None:
+def work(net: Net, job: CollabId, r: int, slots: list[int] | None = None) -> None:
     """Each chosen slot's holder claims its reserved sub-job, commits a trace from the
     round's S_0 (real Merkle root and proofs) and puts its sampled segments' leaves on
     chain: the evidence its run is paid on with no committee attesting (issue 30)."""
@@ -144,17 +145,17 @@ def slot_bond(net: Net) -> int:
     return net.chain.reader.collab.collab_params().slot_bond
 
 
-def post_outer(net: Net, who: ChainClient, job: int, r: int, h: bytes | None = None) -> None:
+def post_outer(net: Net, who: ChainClient, job: CollabId, r: int, h: bytes | None = None) -> None:
     who.token.approve(who.collab.address, bond_of(net))
     who.collab.post_outer(job, r, h or outer(r), init(r + 1))
 
 
-def accept_outer(net: Net, job: int, r: int) -> None:
+def accept_outer(net: Net, job: CollabId, r: int) -> None:
     net.chain.advance(net.chain.reader.collab.collab_params().outer_window)
     net.outsider.collab.accept_outer(job, r)
 
 
-def honest_round(net: Net, job: int, r: int) -> None:
+def honest_round(net: Net, job: CollabId, r: int) -> None:
     c = net.outsider.collab
     c.start_round(job)
     work(net, job, r)
@@ -164,12 +165,12 @@ def honest_round(net: Net, job: int, r: int) -> None:
     accept_outer(net, job, r)
 
 
-def claim_all(net: Net, job: int) -> None:
+def claim_all(net: Net, job: CollabId) -> None:
     for w in net.workers:
         w.collab.claim_slot(job, 1, RATE)
 
 
-def settled_one_round_job(net: Net) -> int:
+def settled_one_round_job(net: Net) -> CollabId:
     """A one-round job whose three slots worked their sub-jobs, settled: its outer
     state is next (phase Outer, nothing posted)."""
     job = post(net, terms(rounds=1))
@@ -466,8 +467,8 @@ def test_below_min_workers_retries_then_fails_and_refunds(net: Net) -> None:
 # --- (e) the outer state: first poster + jury challenge ---------------------------------------
 
 
-def _challenge_and_draw(net: Net, job: int, r: int,
-                        challenger: ChainClient) -> tuple[int, list[Any]]:
+def _challenge_and_draw(net: Net, job: CollabId, r: int,
+                        challenger: ChainClient) -> tuple[CaseId, list[Any]]:
     """Challenge the posted outer state and draw its OuterJury case: (case id, jury)."""
     chain, c, oj = net.chain, net.chain.reader.collab, net.chain.reader.outer_jury
     jp = oj.jury_params()
@@ -488,7 +489,7 @@ def _challenge_and_draw(net: Net, job: int, r: int,
     return case, cs.jury
 
 
-def _jury_round(net: Net, job: int, r: int, challenger: ChainClient, vote: bool | list[bool],
+def _jury_round(net: Net, job: CollabId, r: int, challenger: ChainClient, vote: bool | list[bool],
                 reveal: int | None = None) -> Any:
     """Challenge the posted outer state, draw the jury, juror i votes ``vote`` (or
     ``vote[i]``; the first ``reveal`` of them reveal), resolve. Returns (jury, the

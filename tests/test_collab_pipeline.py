@@ -21,6 +21,7 @@ from node.chain.contracts import (
     RoundPhase,
     Verdict,
 )
+from node.chain.ids import CaseId, CollabId, JobId
 from tests.test_collab_market import (
     BPS,
     ROUND,
@@ -50,14 +51,14 @@ def net(chain: LocalChain) -> Net:
     return make_net(chain)
 
 
-def bonds(net: Net, job: int) -> tuple[int, int, int]:
+def bonds(net: Net, job: CollabId) -> tuple[int, int, int]:
     """(slot bond, outer bond, pipeline bond P) of a job."""
     cp = net.chain.reader.collab.collab_params()
     p = net.chain.reader.collab.get_collab(job).pipeline_bond
     return cp.slot_bond + p, cp.outer_bond + p, p
 
 
-def work_from(net: Net, job: int, r: int, s0: bytes, slots: list[int] | None = None,
+def work_from(net: Net, job: CollabId, r: int, s0: bytes, slots: list[int] | None = None,
               tag: str = "") -> None:
     """Chosen slots' holders claim and commit round r's sub-jobs from S_0 ``s0``, evidence
     on chain (as tests/test_collab_market.py's ``work``, with the S_0 a candidate gave)."""
@@ -71,13 +72,13 @@ def work_from(net: Net, job: int, r: int, s0: bytes, slots: list[int] | None = N
         net.chain.publish_sample(w, jid, leaves, tree)
 
 
-def candidate(net: Net, who: ChainClient, job: int, r: int, h: bytes | None = None,
+def candidate(net: Net, who: ChainClient, job: CollabId, r: int, h: bytes | None = None,
               nxt: bytes | None = None) -> None:
     who.token.approve(who.collab.address, bonds(net, job)[1])
     who.collab.post_outer(job, r, h or outer(r), nxt or init(r + 1))
 
 
-def pipelined_job(net: Net, rounds: int, depth: int) -> int:
+def pipelined_job(net: Net, rounds: int, depth: int) -> CollabId:
     job = post(net, terms(rounds=rounds, pipeline_depth=depth))
     claim_all(net, job)
     return job
@@ -174,7 +175,7 @@ def test_depth_two_runs_two_rounds_ahead_and_finalizes_in_order(net: Net) -> Non
     conserved(net)
 
 
-def _condemn(net: Net, jid: int, leaves: Any, tree: Any) -> None:
+def _condemn(net: Net, jid: JobId, leaves: Any, tree: Any) -> None:
     """A verifier challenges the sub-job's first segment; the cheat never answers."""
     chain, m = net.chain, net.chain.reader.market
     chain.extra(11, 1_000 * TOKEN)
@@ -185,7 +186,7 @@ def _condemn(net: Net, jid: int, leaves: Any, tree: Any) -> None:
     assert m.events(r, "DisputeResolved")[0]["args"]["verdict"] == Verdict.SOLVER_TIMED_OUT
 
 
-def _cheat_then_two_ahead(net: Net, job: int) -> tuple[list[int], list[int]]:
+def _cheat_then_two_ahead(net: Net, job: CollabId) -> tuple[list[JobId], list[JobId]]:
     """Round 0 with the third worker's forged delta in its candidate, rounds 1 and 2 started
     on it, then the forged sub-job condemned: (round 0's sub-jobs, rounds 1-2's sub-jobs)."""
     sub, out, cheat = net.submitter, net.outsider.collab, net.workers[2]
@@ -354,12 +355,13 @@ def test_an_invalid_candidate_rolls_back_and_its_poster_pays(net: Net) -> None:
     conserved(net)
 
 
-def _open_challenge(net: Net, job: int, challenger: ChainClient, r: int = 0) -> int:
+def _open_challenge(net: Net, job: CollabId, challenger: ChainClient,
+                    r: int = 0) -> CaseId:
     case, _ = _challenge_and_draw(net, job, r, challenger)
     return case
 
 
-def _vote(net: Net, votes: dict[int, bool]) -> None:
+def _vote(net: Net, votes: dict[CaseId, bool]) -> None:
     """Each case's jurors all commit and reveal its vote, the cases side by side; their
     reveal windows then end."""
     chain, oj = net.chain, net.chain.reader.outer_jury
@@ -375,7 +377,8 @@ def _vote(net: Net, votes: dict[int, bool]) -> None:
     chain.advance(jp.reveal_window)
 
 
-def _finish_jury(net: Net, job: int, case: int, vote: bool, r: int = 0) -> tuple[list[Any], Any]:
+def _finish_jury(net: Net, job: CollabId, case: CaseId, vote: bool,
+                 r: int = 0) -> tuple[list[Any], Any]:
     """The case's jurors vote ``vote`` (``_vote``); the case is then resolved."""
     _vote(net, {case: vote})
     jury = net.chain.reader.outer_jury.get_case(case).jury
@@ -442,7 +445,7 @@ def test_a_roll_back_never_fails_the_job_while_its_orphans_hold_the_escrow(net: 
     conserved(net)
 
 
-def _fund(net: Net, who: ChainClient, job: int, posts: int = 2) -> None:
+def _fund(net: Net, who: ChainClient, job: CollabId, posts: int = 2) -> None:
     net.chain.set_balance(who.address, 10**20)
     net.submitter.token.transfer(who.address, posts * bonds(net, job)[1])
 

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from devnet.localnet import LocalNet
+from node.chain.ids import CollabId, JobId
 from node.datasets import pack_text, write_dataset
 from node.demo_collab import collab_demo_params, collab_spec_dict
 
@@ -45,7 +46,7 @@ def write_inputs(data: Path, min_workers: int, max_workers: int) -> tuple[Path, 
 
 @dataclass
 class Run:
-    cid: int
+    cid: CollabId
     before: dict[str, int]  # each worker's holdings before the job
     spec: Path
     text: Path
@@ -73,7 +74,7 @@ def run_job(net: LocalNet, tmp: Path, workers: dict[str, int], min_workers: int,
     return Run(cid, before, spec, text)
 
 
-def job_events(net: LocalNet, cid: int) -> list[Any]:
+def job_events(net: LocalNet, cid: CollabId) -> list[Any]:
     return [e for e in net.events() if e.contract == "CollabMarket"
             and e.args.get("jobId") == cid]
 
@@ -174,7 +175,7 @@ def test_a_condemned_delta_rolls_back_the_rounds_built_on_it(tmp_path: Path) -> 
         honest = sorted(slot_of[addr[n]] for n in ("worker-1", "worker-2"))
         assert job.outer_hash == honest_final_hash(spec, text, honest)
         # Orphans: every one settled; the honest workers' runs paid.
-        orphans = {int(e.args["marketJobId"]): bool(e.args["paid"]) for e in evs
+        orphans = {JobId(int(e.args["marketJobId"])): bool(e.args["paid"]) for e in evs
                    if e.event == "OrphanSettled"}
         assert orphans
         finalized = {int(e.args["jobId"]): e.args for e in events

@@ -20,6 +20,7 @@ from eth_utils import keccak
 from devnet.rpcproxy import RpcProxy
 from devnet.testing import LocalChain, node_settings
 from node.chain.client import ChainClient
+from node.chain.ids import CaseId, CollabId
 from node.chain.rpc import RpcSettings
 from node.chain.view import ChainView
 from tests.test_collab_market import (
@@ -40,7 +41,7 @@ def net(chain: LocalChain) -> Net:
     return make_net(chain)
 
 
-def _same_collab_state(view: ChainView, net: Net, job: int, case: int | None) -> None:
+def _same_collab_state(view: ChainView, net: Net, job: CollabId, case: CaseId | None) -> None:
     snap = view.snapshot
     assert snap is not None
     r = net.chain.reader
@@ -68,7 +69,8 @@ def test_view_holds_rounds_cases_holders_and_orphans(net: Net, proxy: RpcProxy) 
     net.by_address(jury[0]).outer_jury.commit_vote(case, False, keccak(b"salt"))
     view.update()
     _same_collab_state(view, net, job, case)
-    assert view.snapshot is not None and view.snapshot.round(12345, 0) is None  # no such job
+    no_job = CollabId(12345)
+    assert view.snapshot is not None and view.snapshot.round(no_job, 0) is None
 
 
 @asynccontextmanager
@@ -88,7 +90,7 @@ async def follower_runtime(tmp_path: Path, chain: LocalChain, url: str,
     async with Runtime(settings, "verifier") as rt:
         f = CollabFollower(rt, Evidence(rt))
 
-        async def honest(cid: int, r: int) -> tuple[bytes, bytes]:
+        async def honest(cid: CollabId, r: int) -> tuple[bytes, bytes]:
             return outer(r), init(r + 1)
 
         f.next_hashes = honest  # type: ignore[method-assign]

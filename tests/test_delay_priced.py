@@ -27,6 +27,7 @@ from devnet.params import TOKEN
 from devnet.testing import LocalChain, expect_revert, fake_trace, job_terms
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side, Verdict
+from node.chain.ids import DisputeId, JobId
 from node.proof import MerkleTree, TraceLeaf
 
 SEGMENTS, K = 8, 4  # k = 4 < fanout: one bisection round, then a jury
@@ -62,7 +63,7 @@ def net(chain: LocalChain) -> Net:
                griefers=griefers)
 
 
-def request(c: ChainClient, job: int, segment: int) -> int:
+def request(c: ChainClient, job: JobId, segment: int) -> int:
     av = c.availability
     c.token.ensure_allowance(av.address, av.availability_params().bond)
     return av.request(job, segment)
@@ -72,7 +73,7 @@ def game_params(net: Net) -> Any:
     return net.chain.reader.dispute.call("params")
 
 
-def commit(net: Net, tag: str = "state") -> tuple[int, list[TraceLeaf], MerkleTree]:
+def commit(net: Net, tag: str = "state") -> tuple[JobId, list[TraceLeaf], MerkleTree]:
     job = net.submitter.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
     net.solver.market.claim_job(job)
     leaves, tree = fake_trace(job, SEGMENTS, K, tag=tag)
@@ -80,7 +81,7 @@ def commit(net: Net, tag: str = "state") -> tuple[int, list[TraceLeaf], MerkleTr
     return job, leaves, tree
 
 
-def attest_all(net: Net, job: int) -> None:
+def attest_all(net: Net, job: JobId) -> None:
     """Every committee seat attests (griefers drawn too: the round has its majority)."""
     net.chain.mine(3)
     net.honest[0].market.fix_seed(job)
@@ -89,13 +90,13 @@ def attest_all(net: Net, job: int) -> None:
         by[a].market.attest(job)
 
 
-def challenge(c: ChainClient, job: int, seg: int, leaves: list[TraceLeaf],
-              tree: MerkleTree) -> int:
+def challenge(c: ChainClient, job: JobId, seg: int, leaves: list[TraceLeaf],
+              tree: MerkleTree) -> DisputeId:
     return c.market.challenge(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
                               tree.proof(seg + 1))
 
 
-def solver_moves(net: Net, did: int) -> None:
+def solver_moves(net: Net, did: DisputeId) -> None:
     d = net.chain.reader.dispute.get_dispute(did)
     assert d.phase == Phase.BISECTION and d.turn == Side.SOLVER
     net.solver.dispute.post_mids(did, [keccak(b"m%d" % s) for s in d.mid_steps])
@@ -172,7 +173,7 @@ def test_chained_griefing_is_bounded_and_pays_the_solver(net: Net) -> None:
     assert held_tokens == owed
 
 
-def vote(net: Net, did: int, valid_of: dict[str, bool]) -> None:
+def vote(net: Net, did: DisputeId, valid_of: dict[str, bool]) -> None:
     by: dict[str, ChainClient] = {x.address: x for x in [*net.honest, *net.griefers]}
     for a, v in valid_of.items():
         by[a].dispute.commit_vote(did, v, keccak(a.encode()))

@@ -14,6 +14,7 @@ import trio
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.contracts import SOLVER, VERIFIER, JobTerms
+from node.chain.ids import DisputeId
 from node.roles import solver_machine as sm
 
 STAKE = 500 * TOKEN
@@ -139,7 +140,7 @@ def test_verifier_moves_its_dispute_while_a_collab_job_holds_the_pass(
         tick_over = True
         moves: list[bool]
 
-        async def _dispute_move(self, did: int) -> object:
+        async def _dispute_move(self, did: DisputeId) -> object:
             self.moves.append(self.tick_over)
             return await super()._dispute_move(did)
 

@@ -52,6 +52,7 @@ from node.chain.contracts import (
     range_root,
     vote_commitment,
 )
+from node.chain.ids import DisputeId, JobId
 from node.chain.rpc import make_web3
 from node.errors import ChainError
 from node.proof import MerkleTree, TraceLeaf
@@ -142,7 +143,7 @@ def addr(c: LocalChain, i: int) -> str:
     return c.addresses[i]
 
 
-def state(c: LocalChain, did: int) -> DisputeState:
+def state(c: LocalChain, did: DisputeId) -> DisputeState:
     return c.reader.dispute.get_dispute(did)
 
 
@@ -168,7 +169,7 @@ def uints(c: LocalChain, calls: Sequence[tuple[Any, str, tuple[Any, ...]]]) -> l
 
 @dataclass
 class Job:
-    id: int
+    id: JobId
     leaves: list[TraceLeaf]
     tree: MerkleTree
     bond: int
@@ -210,17 +211,17 @@ def liable(c: LocalChain, job: Job, *segs: int) -> list[str]:
     return [a for i, a in enumerate(job.committee) if i in hit and a in job.attestors]
 
 
-def challenge(c: LocalChain, job: Job, who: int = CHAL, seg: int = SEG) -> int:
+def challenge(c: LocalChain, job: Job, who: int = CHAL, seg: int = SEG) -> DisputeId:
     return c[who].market.challenge(job.id, seg, job.leaves[seg], job.tree.proof(seg),
                                    job.leaves[seg + 1], job.tree.proof(seg + 1))
 
 
-def mids(c: LocalChain, did: int, tag: bytes = b"") -> list[bytes]:
+def mids(c: LocalChain, did: DisputeId, tag: bytes = b"") -> list[bytes]:
     """Mid hashes for the dispute's current ``mid_steps``."""
     return [keccak(b"mid-%d-%d%s" % (did, t, tag)) for t in state(c, did).mid_steps]
 
 
-def bisect(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
+def bisect(c: LocalChain, did: DisputeId, lower: bool = True) -> TxReceipt:
     """Play the bisection down to one step, always disputing the first part (``lower``)
     or the last; returns the receipt that asked for the jury."""
     d = state(c, did)
@@ -235,7 +236,7 @@ def bisect(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
     return r
 
 
-def draw(c: LocalChain, did: int) -> TxReceipt:
+def draw(c: LocalChain, did: DisputeId) -> TxReceipt:
     """Mine up to the dispute's seed block, then an outsider draws the jury."""
     d = state(c, did)
     assert d.phase == Phase.DRAWING
@@ -245,7 +246,7 @@ def draw(c: LocalChain, did: int) -> TxReceipt:
     return c[OUTSIDER].dispute.draw_jury(did)
 
 
-def to_jury(c: LocalChain, did: int, lower: bool = True) -> TxReceipt:
+def to_jury(c: LocalChain, did: DisputeId, lower: bool = True) -> TxReceipt:
     """Bisect and draw; returns the draw's receipt (a full jury is asserted)."""
     bisect(c, did, lower)
     r = draw(c, did)
@@ -262,7 +263,7 @@ HIDE = "hide"  # commit (valid) but never reveal
 Ballot = bool | str | None  # True / False: commit and reveal; HIDE; None: never commit
 
 
-def run_jury(c: LocalChain, did: int, ballots: Sequence[Ballot]) -> TxReceipt:
+def run_jury(c: LocalChain, did: DisputeId, ballots: Sequence[Ballot]) -> TxReceipt:
     """Jurors (in ``jury`` order) vote per ``ballots``; then resolve at revealEnd, unless
     every juror revealed: then the last reveal settled it, and its receipt is returned."""
     d = state(c, did)
@@ -295,7 +296,7 @@ def requested(c: LocalChain, r: TxReceipt) -> tuple[int, int, int]:
     return r["blockNumber"], e["drawBlock"], e["poolLen"]
 
 
-def jury_seed(c: LocalChain, draw_block: int, did: int) -> bytes:
+def jury_seed(c: LocalChain, draw_block: int, did: DisputeId) -> bytes:
     bh = bytes(c.w3.eth.get_block(draw_block)["hash"])
     return keccak(abi_encode(["bytes32", "uint256"], [bh, did]))
 
@@ -429,7 +430,7 @@ def expected_round(c: LocalChain, job: Job, by_jury: bool,
     return RoundSplit(to_sub, ch_pot + jury_pot - per_jury, per_jury, att)
 
 
-def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: int,
+def assert_paid_in_finalize(c: LocalChain, job: Job, rf: TxReceipt, winner: DisputeId,
                             exp: RoundSplit) -> dict[str, int]:
     """``rf`` (finalize of a condemned round) settled the round and paid ``winner`` there:
     ``RewardPaid``, the round's record, and the market's credits: the submitter, the

@@ -25,6 +25,7 @@ import torch
 
 from devnet.localnet import LocalNet
 from devnet.params import short_network_params
+from node.chain.ids import DisputeId
 from node.demo import pack_inputs, spec_for
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.parallel]
@@ -53,7 +54,7 @@ def start_verifiers(net: LocalNet) -> None:
         net.start_verifier(name, acct)
 
 
-def dispute_events(net: LocalNet, did: int) -> dict[str, list[dict[str, Any]]]:
+def dispute_events(net: LocalNet, did: DisputeId) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for ev in net.events():
         if ev.contract == "DisputeGame" and ev.args.get("id") == did:
@@ -83,7 +84,7 @@ def test_cheater_bisected_to_one_step_slashed_and_job_finished_by_honest_solver(
         # settled once, paying the earliest-opened dispute the solver lost.
         resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
         assert resolved.args["verdict"] == INVALID
-        did = int(resolved.args["id"])
+        did = DisputeId(int(resolved.args["id"]))
         challenger = next(str(e.args["challenger"]) for e in net.events()
                           if e.event == "Challenged" and e.args["disputeId"] == did)
         evs = dispute_events(net, did)
@@ -232,7 +233,7 @@ def test_consistent_liar_is_bisected_to_its_one_bad_step(tmp_path: Path) -> None
         job = net.submit("sub", SUBMITTER, spec, dataset)
         resolved = net.wait_event("DisputeResolved", 300, contract="DisputeGame", jobId=job)
         assert resolved.args["verdict"] == INVALID
-        evs = dispute_events(net, int(resolved.args["id"]))
+        evs = dispute_events(net, DisputeId(int(resolved.args["id"])))
         start = int(evs["DisputeOpened"][0]["startStep"])
         assert int(evs["DisputeOpened"][0]["endStep"]) - start == 10
         # fanout 8 over 10 steps: mids at +1 2 3 5 6 7 8; S_5 is the first that is off,
@@ -257,7 +258,7 @@ def test_solver_that_stops_answering_loses_on_time(tmp_path: Path) -> None:
         net.kill("cheat", signal.SIGKILL)  # gone: it will never post its mids
         resolved = net.wait_event("DisputeResolved", 260, contract="DisputeGame", jobId=job)
         assert resolved.args["verdict"] == SOLVER_TIMED_OUT
-        did = int(resolved.args["id"])
+        did = DisputeId(int(resolved.args["id"]))
         timed_out = [e for e in net.events() if e.event == "TimedOut" and e.args["id"] == did]
         assert timed_out and int(timed_out[0].args["loser"]) == 0  # Side.Solver
         assert not any(e.event == "JuryDrawn" and e.args["id"] == did for e in net.events())

@@ -18,6 +18,7 @@ from eth_utils import keccak
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, fake_trace, job_terms
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase
+from node.chain.ids import DisputeId, JobId
 from node.datasets import load_dataset, pack_digits, write_dataset
 from node.errors import PolnetError
 from node.explorer.index import ChainIndex
@@ -35,9 +36,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 class Scene:
     chain: LocalChain
     server: ExplorerServer
-    honest: int
-    cheat: int
-    dispute: int
+    honest: JobId
+    cheat: JobId
+    dispute: DisputeId
     solver: str
     cheater: str
     challenger: str
@@ -53,7 +54,7 @@ def _get(url: str, method: str = "GET") -> tuple[int, str, dict[str, str]]:
         return e.code, e.read().decode(), dict(e.headers)
 
 
-def _committee_attests(chain: LocalChain, job: int) -> None:
+def _committee_attests(chain: LocalChain, job: JobId) -> None:
     m = chain.reader.market
     sb = m.get_job(job).sample_block
     chain.mine(max(1, sb - chain.w3.eth.block_number + 1))
@@ -79,7 +80,7 @@ def scene(chain: LocalChain, tmp_path: Path) -> Iterator[Scene]:
     data = tmp_path / "digits.safetensors"
     write_dataset(pack_digits(), data)
     ctx = TrainContext.create(spec, load_dataset(data, spec.dataset_hash))
-    honest = m.job_count() + 1
+    honest = JobId(m.job_count() + 1)
     trace_dir = home / "nodes" / "solver" / "jobs" / f"{honest}-r1" / "trace"
     man = run_training(ctx, trace_dir, job_id=honest)
     leaves, tree = man.leaves_and_tree()
@@ -265,19 +266,19 @@ def test_tokens_seen_per_segment_of_a_language_model(tmp_path: Path) -> None:
     job = Job(JobStatus.COMMITTED, zero, zero, spec.spec_hash(), bytes(32), 0, 0, 0, 0, 0, 0,
               0, 0, bytes.fromhex(man.root.removeprefix("0x")), bytes(32), 3, 2, 0, bytes(32),
               0, 1, 0, 6, bytes(32), 0, 0)
-    curve = find_loss_curve(home, 3, job)
+    curve = find_loss_curve(home, JobId(3), job)
     assert curve is not None and curve.tokens_per_step is None  # no node here holds the spec
     h = spec.spec_hash_hex().removeprefix("0x")
     held = home / "nodes" / "solver" / "p2p" / "store" / "objects" / h[:2] / h
     held.parent.mkdir(parents=True)
     held.write_bytes(spec.canonical_json())
-    curve = find_loss_curve(home, 3, job)
+    curve = find_loss_curve(home, JobId(3), job)
     assert curve is not None
     assert [(r["segment"], r["step"], r["tokens_seen"]) for r in curve.rows()] == [
         (0, 2, 2 * 4 * 16), (1, 4, 4 * 4 * 16), (2, 6, 6 * 4 * 16)]
     assert [r["loss"] for r in curve.rows()] == list(man.losses)
     other = Job(**{**job.__dict__, "trace_root": bytes(31) + b"\x01"})
-    assert find_loss_curve(home, 3, other) is None  # not the root on chain: not shown
+    assert find_loss_curve(home, JobId(3), other) is None  # not the root on chain: not shown
 
 
 def test_slash_rows_link_to_their_job_and_dispute(scene: Scene) -> None:

@@ -42,6 +42,7 @@ from devnet.testing import LocalChain, fake_trace, job_terms
 from node.chain.bound import batch_call
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side, Verdict
 from node.chain.events import EventWatcher
+from node.chain.ids import DisputeId
 from node.errors import ContractRevert
 from node.proof import MerkleTree, TraceLeaf
 
@@ -388,7 +389,7 @@ class Market(RuleBasedStateMachine):
         def vote(i: int) -> bool:
             return (True, False, bool(votes >> (i + 2) & 1))[votes % 3]
         for _ in range(moves):
-            d = game.get_dispute(did)
+            d = game.get_dispute(DisputeId(did))
             hs = [keccak(b"mid%d" % t) for t in d.mid_steps]
             if d.phase == Phase.BISECTION and (d.solver_clock_left == 0
                                                or d.challenger_clock_left == 0):

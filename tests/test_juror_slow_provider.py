@@ -78,6 +78,7 @@ from devnet.testing import (
 )
 from node.chain.contracts import VERIFIER, JobStatus, Phase
 from node.chain.events import ChainEvent
+from node.chain.ids import DisputeId
 from node.config import NodeSettings
 from node.datasets import pack_digits
 from node.p2p import PolnetNode
@@ -122,7 +123,7 @@ class Judged:
     took: float
 
 
-async def judge(v: Verifier, did: int, jury: list[str]) -> Judged:
+async def judge(v: Verifier, did: DisputeId, jury: list[str]) -> Judged:
     """What the verifier daemon does for a dispute it sits on the jury of."""
     rt = v.rt
     v._on_event(ChainEvent("DisputeGame", "JuryDrawn", {"id": did, "jury": jury}, 0, "0x", 0,

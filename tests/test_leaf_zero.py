@@ -16,6 +16,7 @@ import trio
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, node_settings, sha
 from node.chain.contracts import JobTerms
+from node.chain.ids import JobId
 from node.proof import state_hash
 from node.roles.verifier_evidence import judge_segment, posted_initial_problem
 from node.train.step import TrainContext, TrainState, init_state, initial_state_hash, state_tensors
@@ -23,7 +24,7 @@ from node.train.trace import read_manifest, run_training
 from verifier.jobs import job
 from verifier.replay import CommittedState, committed_from_trace, verify_trace_segment
 
-K, T, JOB = 5, 20, 3
+K, T, JOB = 5, 20, JobId(3)
 SUBMITTER, SOLVER_ACCT = 1, 2
 
 
@@ -126,7 +127,7 @@ def test_verifier_refuses_a_committed_job_whose_posted_s0_is_chosen(
                            init_state_hash=state_hash(state_tensors(planted())))
     stake = 200 * TOKEN
 
-    async def commit(rt: Runtime, terms: JobTerms, initial: Any) -> int:
+    async def commit(rt: Runtime, terms: JobTerms, initial: Any) -> JobId:
         """The solver daemon's own training and commit (tests.role_support.train_and_commit),
         from ``initial`` when given."""
         rt.p2p.store.put_bytes(spec_b)

@@ -13,6 +13,7 @@ from devnet.params import TOKEN
 from devnet.testing import FAKE_INIT, LocalChain, expect_revert, fake_trace, job_terms
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, JobTerms, Phase, Verdict
+from node.chain.ids import DisputeId, JobId
 from node.errors import ContractRevert
 from node.proof import MerkleTree, TraceLeaf, sample_segments
 
@@ -50,7 +51,7 @@ def terms(**kw: Any) -> JobTerms:
     return job_terms(**{**base, **kw})
 
 
-def commit(chain: LocalChain, roles: Roles) -> tuple[int, list[TraceLeaf], MerkleTree]:
+def commit(chain: LocalChain, roles: Roles) -> tuple[JobId, list[TraceLeaf], MerkleTree]:
     job = roles.submitter.post_job(terms())
     roles.solver.market.claim_job(job)
     leaves, tree = fake_trace(job, SEGMENTS, K)
@@ -58,7 +59,7 @@ def commit(chain: LocalChain, roles: Roles) -> tuple[int, list[TraceLeaf], Merkl
     return job, leaves, tree
 
 
-def past_sample_block(chain: LocalChain, job: int) -> None:
+def past_sample_block(chain: LocalChain, job: JobId) -> None:
     sb = chain.reader.market.get_job(job).sample_block
     chain.mine(max(1, sb - chain.w3.eth.block_number + 1))
 
@@ -78,7 +79,7 @@ def test_whole_job_life(chain: LocalChain, roles: Roles) -> None:
     t = terms()
     sub.token.approve(m.address, REWARD + BUDGET)
     r = m.transact("postJob", t.as_tuple())
-    job = int(m.event_arg(r, "JobPosted", "jobId"))
+    job = JobId(int(m.event_arg(r, "JobPosted", "jobId")))
     assert job == m.job_count() == 1
     fixed = m.events(r, "JobTermsFixed")[0]["args"]
     assert (fixed["totalSteps"], fixed["stepsPerSegment"], fixed["initStateHash"]) == \
@@ -188,7 +189,7 @@ def test_post_job_reverts(chain: LocalChain, roles: Roles) -> None:
     poor.token.approve(m.address, 10**30)
     poor.token.transfer(chain.addresses[0], poor.token.balance_of(poor.address))
     assert revert(poor.market.post_job, terms(budget=0)).error == "ERC20InsufficientBalance"
-    assert m.get_job(99).submitter == "0x" + "00" * 20
+    assert m.get_job(JobId(99)).submitter == "0x" + "00" * 20
     check_conserved(chain)
 
 
@@ -463,7 +464,7 @@ def test_dispute_facade_reads_the_opened_game(chain: LocalChain, roles: Roles) -
     assert revert(v.dispute.draw_jury, did).error == "JuryNotReady"
 
 
-def _timeout(chain: LocalChain, roles: Roles, did: int) -> Any:
+def _timeout(chain: LocalChain, roles: Roles, did: DisputeId) -> Any:
     chain.advance(clock(chain) + 1)
     return roles.outsider.dispute.timeout(did)
 

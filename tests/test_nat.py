@@ -36,6 +36,7 @@ import pytest
 from devnet.localnet import REPO, LocalNet
 from devnet.netns import Home, NatLab
 from devnet.params import short_network_params
+from node.chain.ids import DisputeId, JobId
 from node.demo import pack_inputs, spec_for
 from node.errors import PolnetError
 
@@ -262,7 +263,7 @@ def test_job_settles_between_homes_behind_nat_through_a_relay(tmp_path: Path,
                           "settled_after_s": round(time.monotonic() - t0, 1)}))
 
 
-def _served(net: NatNet, solver: str, job: int) -> dict[int, str]:
+def _served(net: NatNet, solver: str, job: JobId) -> dict[int, str]:
     """Step -> artifact id of the states `solver` served for `job` (its bisection mids)."""
     data = json.loads((net.home / "nodes" / solver / "solver.json").read_text())
     return {int(s["step"]): str(s["artifact_id"]) for s in data.get("served", [])
@@ -307,7 +308,7 @@ def test_cheater_behind_nat_is_bisected_and_judged_by_nated_jurors(tmp_path: Pat
         job = net.submit("sub", SUBMITTER, spec, dataset)
         resolved = net.wait_event("DisputeResolved", 360, contract="DisputeGame", jobId=job)
         resolved_after = time.monotonic() - t0
-        did = int(resolved.args["id"])
+        did = DisputeId(int(resolved.args["id"]))
         evs: dict[str, list[dict[str, Any]]] = {}
         for ev in net.events():
             if ev.contract == "DisputeGame" and ev.args.get("id") == did:

@@ -46,6 +46,7 @@ from devnet.testing import (
 )
 from node.chain.contracts import JobStatus, Phase
 from node.chain.events import ChainEvent, EventWatcher
+from node.chain.ids import JobId
 from node.config import NodeSettings
 from node.datasets import pack_digits
 from node.roles.runtime import Runtime
@@ -87,7 +88,7 @@ def test_poisoned_committed_state_is_challenged_on_chain(module_chain: LocalChai
     verifier_addr = c.addresses[VERIFIER_I]
     out: dict[str, Any] = {}
 
-    def challenged_events(jid: int) -> list[ChainEvent]:
+    def challenged_events(jid: JobId) -> list[ChainEvent]:
         dep = c.deployment
         return [e for e in EventWatcher(c.w3, [c.reader.market]).fetch(
                     dep.deploy_block, c.w3.eth.block_number)

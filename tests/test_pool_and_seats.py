@@ -24,6 +24,7 @@ from devnet.params import TOKEN
 from devnet.testing import LocalChain, expect_revert, fake_trace, job_terms
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, Phase, Side, Verdict
+from node.chain.ids import DisputeId, JobId
 from node.proof import MerkleTree, TraceLeaf
 
 SEGMENTS, K = 8, 4
@@ -58,7 +59,7 @@ def net(chain: LocalChain) -> Net:
                verifiers=verifiers)
 
 
-def post_commit(net: Net) -> tuple[int, list[TraceLeaf], MerkleTree]:
+def post_commit(net: Net) -> tuple[JobId, list[TraceLeaf], MerkleTree]:
     job = net.owner.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
     net.solver.market.claim_job(job)
     leaves, tree = fake_trace(job, SEGMENTS, K)
@@ -66,16 +67,16 @@ def post_commit(net: Net) -> tuple[int, list[TraceLeaf], MerkleTree]:
     return job, leaves, tree
 
 
-def dispute_to_jury(net: Net, challenger: ChainClient, job: int, seg: int,
-                    leaves: list[TraceLeaf], tree: MerkleTree) -> tuple[int, list[str]]:
+def dispute_to_jury(net: Net, challenger: ChainClient, job: JobId, seg: int,
+                    leaves: list[TraceLeaf], tree: MerkleTree) -> tuple[DisputeId, list[str]]:
     """Challenge ``seg``, bisect to one step (solver posts made-up hashes), draw the jury."""
     did = dispute_to_request(net, challenger, job, seg, leaves, tree)
     net.verifiers[0].dispute.draw_jury(did)
     return did, [str(a) for a in net.chain.reader.dispute.get_dispute(did).jury]
 
 
-def dispute_to_request(net: Net, challenger: ChainClient, job: int, seg: int,
-                       leaves: list[TraceLeaf], tree: MerkleTree) -> int:
+def dispute_to_request(net: Net, challenger: ChainClient, job: JobId, seg: int,
+                       leaves: list[TraceLeaf], tree: MerkleTree) -> DisputeId:
     """Challenge ``seg``, bisect to one step, mine past the block whose hash seeds the jury."""
     c, g = net.chain, net.chain.reader.dispute
     did = challenger.market.challenge(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
@@ -90,7 +91,7 @@ def dispute_to_request(net: Net, challenger: ChainClient, job: int, seg: int,
     return did
 
 
-def commit_reveal(net: Net, did: int, votes: dict[str, bool]) -> TxReceipt | None:
+def commit_reveal(net: Net, did: DisputeId, votes: dict[str, bool]) -> TxReceipt | None:
     """Commit and reveal ``votes``, then let the reveal window pass; the last reveal's
     receipt (it settled the dispute when every juror revealed)."""
     c = net.chain
@@ -115,7 +116,7 @@ def lock_all_free_in_a_dummy_job(net: Net, node: ChainClient) -> None:
     assert reg.free_stake(node.address) < TOKEN  # all but division dust is a bond now
 
 
-def juror_cut(net: Net, job: int) -> int:
+def juror_cut(net: Net, job: JobId) -> int:
     r = net.chain.reader
     bps = r.dispute.call("params").jurorSlashBps
     bond = r.market.get_job(job).bond

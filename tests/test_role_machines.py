@@ -20,6 +20,7 @@ import trio
 from devnet.params import TOKEN
 from devnet.testing import LocalChain, fake_trace, job_terms, node_settings
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side
+from node.chain.ids import DisputeId, JobId
 from node.roles import juror_machine as jm
 from node.roles import solver_machine as sm
 from node.roles import submitter_machine as subm
@@ -220,7 +221,7 @@ def vdispute(phase: Phase, turn: Side = Side.SOLVER, clock: int = 30, now: int =
                           my_revealed=revealed, round_settled=settled, credits=credits)
 
 
-CH = vm.VerifierDispute(role=vm.Role.CHALLENGER, job=1, round=1)
+CH = vm.VerifierDispute(role=vm.Role.CHALLENGER, job=JobId(1), round=1)
 JUROR = vm.VerifierDispute(role=vm.Role.JUROR)
 SALTED = vm.VerifierDispute(role=vm.Role.JUROR, valid=True, salt="ab" * 32)
 
@@ -323,8 +324,9 @@ def test_old_solver_state_loads(tmp_path: Path) -> None:
     st = RoleState(path, sm.SolverDisk, sm.migrate)
     assert not st.fresh
     d = st.data
-    assert set(d.jobs) == {3, 4} and d.jobs[3].manifest == "cc" * 32
-    assert d.jobs[4].phase == sm.SolverPhase.TRAINING and d.jobs[4].round == 2
+    j3, j4 = JobId(3), JobId(4)
+    assert set(d.jobs) == {3, 4} and d.jobs[j3].manifest == "cc" * 32
+    assert d.jobs[j4].phase == sm.SolverPhase.TRAINING and d.jobs[j4].round == 2
     assert (d.candidates, d.disputes, d.rejected, d.considering) == ([6, 7], [2],
                                                                      {8: "too slow"}, {7: 1})
     assert d.served[0].job_id == 3
@@ -337,13 +339,15 @@ def test_old_verifier_state_loads(tmp_path: Path) -> None:
     path.write_text(json.dumps(OLD_VERIFIER))
     st = RoleState(path, vm.VerifierDisk, vm.migrate)
     d = st.data
-    assert d.jobs[3].checked and d.jobs[3].not_in_committee and not d.jobs[3].attested
-    assert d.jobs[3].verdicts == {0: True, 5: False} and d.jobs[3].challenged
-    assert d.jobs[4].round is None and not d.jobs[4].checked
-    assert d.jobs[9].attested and d.jobs[9].phase == vm.VerifierPhase.DONE
-    assert d.disputes[2].role == vm.Role.CHALLENGER and d.disputes[2].job is None
-    assert d.disputes[6].salt == "ab" * 32 and d.disputes[6].valid is True
-    assert d.disputes[7].over and not d.disputes[6].over
+    jobs = {j: d.jobs[JobId(j)] for j in (3, 4, 9)}
+    disputes = {i: d.disputes[DisputeId(i)] for i in (2, 6, 7)}
+    assert jobs[3].checked and jobs[3].not_in_committee and not jobs[3].attested
+    assert jobs[3].verdicts == {0: True, 5: False} and jobs[3].challenged
+    assert jobs[4].round is None and not jobs[4].checked
+    assert jobs[9].attested and jobs[9].phase == vm.VerifierPhase.DONE
+    assert disputes[2].role == vm.Role.CHALLENGER and disputes[2].job is None
+    assert disputes[6].salt == "ab" * 32 and disputes[6].valid is True
+    assert disputes[7].over and not disputes[6].over
 
 
 @pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"jobs": {"1": {"round": "x"}}}',
@@ -447,7 +451,7 @@ def test_solver_recovers_from_a_stale_or_lost_state_file(chain: LocalChain,
 
 
 
-def committed_job(chain: LocalChain) -> tuple[int, list[Any], Any, int]:
+def committed_job(chain: LocalChain) -> tuple[JobId, list[Any], Any, int]:
     """A committed fake-trace job, its seed fixed, and a dev account in its committee."""
     verifiers = (4, 5, 6, 7, 8)
     for i in verifiers:
@@ -466,7 +470,7 @@ def committed_job(chain: LocalChain) -> tuple[int, list[Any], Any, int]:
     return jid, leaves, tree, next(i for i in verifiers if chain.addresses[i] in committee)
 
 
-def old_verifier_file(path: Path, jid: int, verdicts: dict[str, bool]) -> None:
+def old_verifier_file(path: Path, jid: JobId, verdicts: dict[str, bool]) -> None:
     """verifier.json as the old code wrote it after checking ``jid`` (round 1)."""
     path.write_text(json.dumps({"jobs": {str(jid): {"round": 1, "phase": "checked",
                                                     "verdicts": verdicts}},
@@ -656,7 +660,7 @@ def test_verifier_events_are_read_by_their_contract(chain: LocalChain, tmp_path:
     def event(contract: str, name: str, **args: Any) -> ChainEvent:
         return ChainEvent(contract, name, args, 1, "0x" + "00" * 32, 0, "0x" + "11" * 20)
 
-    async def main() -> dict[int, vm.VerifierDispute]:
+    async def main() -> dict[DisputeId, vm.VerifierDispute]:
         async with Runtime(settings, "verifier") as rt:
             v = Verifier(rt)
             v._on_event(event("OuterJury", "JuryDrawn", caseId=7, jury=[addr],
@@ -666,7 +670,7 @@ def test_verifier_events_are_read_by_their_contract(chain: LocalChain, tmp_path:
             return dict(v.state.data.disputes)
 
     disputes = trio.run(main)
-    assert list(disputes) == [3] and disputes[3].role == vm.Role.JUROR
+    assert list(disputes) == [3] and disputes[DisputeId(3)].role == vm.Role.JUROR
 
 
 # --- the one juror machine (DisputeGame's juries and OuterJury's) ------------------------

@@ -19,6 +19,7 @@ from devnet.params import TOKEN
 from devnet.testing import FAKE_INIT, LocalChain, expect_revert, fake_trace, job_terms
 from node.chain.client import ChainClient
 from node.chain.contracts import SOLVER, VERIFIER, JobStatus, Phase, Side, Verdict
+from node.chain.ids import DisputeId, JobId
 from node.proof import MerkleTree, TraceLeaf
 
 SEGMENTS, K = 8, 4
@@ -62,7 +63,7 @@ def more_verifiers(net: Net, extra: int) -> None:
     net.honest += [c.join(i, VERIFIER, 200 * TOKEN) for i in (0, 9, *range(10, 10 + extra))]
 
 
-def post_commit(net: Net, tag: str = "state") -> tuple[int, list[TraceLeaf], MerkleTree]:
+def post_commit(net: Net, tag: str = "state") -> tuple[JobId, list[TraceLeaf], MerkleTree]:
     job = net.submitter.post_job(job_terms(REWARD, BUDGET, segments=SEGMENTS, k=K))
     net.solver.market.claim_job(job)
     leaves, tree = fake_trace(job, SEGMENTS, K, tag=tag)
@@ -70,13 +71,13 @@ def post_commit(net: Net, tag: str = "state") -> tuple[int, list[TraceLeaf], Mer
     return job, leaves, tree
 
 
-def open_dispute(c: ChainClient, job: int, seg: int, leaves: list[TraceLeaf],
-                 tree: MerkleTree) -> int:
+def open_dispute(c: ChainClient, job: JobId, seg: int, leaves: list[TraceLeaf],
+                 tree: MerkleTree) -> DisputeId:
     return c.market.challenge(job, seg, leaves[seg], tree.proof(seg), leaves[seg + 1],
                               tree.proof(seg + 1))
 
 
-def bisect_to_step(net: Net, did: int, solver_hashes: dict[int, bytes]) -> None:
+def bisect_to_step(net: Net, did: DisputeId, solver_hashes: dict[int, bytes]) -> None:
     """Solver posts its hashes; the challenger always takes the first part."""
     g = net.chain.reader.dispute
     while (d := g.get_dispute(did)).phase == Phase.BISECTION:
@@ -89,7 +90,7 @@ def bisect_to_step(net: Net, did: int, solver_hashes: dict[int, bytes]) -> None:
             c.dispute.choose(did, 0, hashes)
 
 
-def draw(net: Net, did: int) -> list[ChecksumAddress]:
+def draw(net: Net, did: DisputeId) -> list[ChecksumAddress]:
     d = net.chain.reader.dispute.get_dispute(did)
     assert d.phase == Phase.DRAWING
     net.chain.mine(max(1, d.draw_block - net.chain.reader.block_number() + 1))
@@ -97,7 +98,7 @@ def draw(net: Net, did: int) -> list[ChecksumAddress]:
     return net.chain.reader.dispute.get_dispute(did).jury
 
 
-def vote(net: Net, did: int, votes: dict[str, bool]) -> None:
+def vote(net: Net, did: DisputeId, votes: dict[str, bool]) -> None:
     """Jurors in ``votes`` commit and reveal; others stay silent; then resolve (unless the
     last reveal did: when every juror revealed)."""
     by_addr: dict[str, ChainClient] = {c.address: c for c in [net.puppet, *net.honest]}
@@ -112,14 +113,14 @@ def vote(net: Net, did: int, votes: dict[str, bool]) -> None:
         net.honest[0].dispute.resolve(did)
 
 
-def timeout(net: Net, did: int) -> None:
+def timeout(net: Net, did: DisputeId) -> None:
     d = net.chain.reader.dispute.get_dispute(did)
     left = d.solver_clock_left if d.turn == Side.SOLVER else d.challenger_clock_left
     net.chain.advance(left + 1)
     net.honest[0].dispute.timeout(did)
 
 
-def finalize_after_window(net: Net, job: int) -> None:
+def finalize_after_window(net: Net, job: JobId) -> None:
     j = net.chain.reader.market.get_job(job)
     if j.window_end > net.chain.timestamp():
         net.chain.advance(j.window_end - net.chain.timestamp())

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from node.behaviors import make_behavior
+from node.chain.ids import JobId
 from node.errors import CheckpointError
 from node.proof import verify_proof
 from node.roles.verifier_evidence import Committed, judge_segment
@@ -29,7 +30,7 @@ from verifier.jobs import job
 from verifier.replay import CommittedState, committed_from_trace
 from verifier.verdict import Verdict
 
-K, T, JOB = 5, 20, 3
+K, T, JOB = 5, 20, JobId(3)
 
 
 @pytest.fixture(scope="module")

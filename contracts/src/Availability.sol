@@ -5,6 +5,7 @@ import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {IAvailability} from "./interfaces/IAvailability.sol";
+import {JobId} from "./interfaces/Ids.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {TraceLib} from "./libraries/TraceLib.sol";
 
@@ -80,7 +81,7 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         _pending[key] = requestId;
         totalOwed += _bond;
         // The market refuses a condemned round (AlreadyCondemned) and counts the request live.
-        _market.availabilityHook(jobId, j.round, OP_OPEN, msg.sender);
+        _market.availabilityHook(JobId.wrap(jobId), j.round, OP_OPEN, msg.sender);
         if (_bond != 0) _token.safeTransferFrom(msg.sender, address(this), _bond);
         emit Requested(requestId, jobId, j.round, segment, msg.sender, deadline);
     }
@@ -101,7 +102,7 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         emit Published(jobId, j.round, segment, start, end);
         if (id == 0) {
             // Unasked evidence (a solver whose committee stays silent): others get time to dispute it.
-            _market.availabilityHook(jobId, j.round, OP_PUBLISHED, address(0));
+            _market.availabilityHook(JobId.wrap(jobId), j.round, OP_PUBLISHED, address(0));
             return;
         }
         Request storage r = _requests[id];
@@ -109,7 +110,7 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         r.state = State.Answered;
         _pending[key] = 0;
         totalOwed -= _bond;
-        _market.availabilityHook(jobId, j.round, OP_ANSWERED, r.challenger);
+        _market.availabilityHook(JobId.wrap(jobId), j.round, OP_ANSWERED, r.challenger);
         // The requester of a segment that was there pays the solver for its trouble.
         uint256 toSolver = _bond * _solverShareBps / BPS;
         uint256 back = _bond - toSolver;
@@ -127,7 +128,7 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
         _pending[_key(r.jobId, r.round, r.segment)] = 0;
         totalOwed -= _bond;
         // INVARIANT: withholding a named segment past its clock condemns the round.
-        _market.availabilityHook(r.jobId, r.round, OP_LOST, r.challenger);
+        _market.availabilityHook(JobId.wrap(r.jobId), r.round, OP_LOST, r.challenger);
         if (_bond != 0) _token.safeTransfer(r.challenger, _bond);
         emit Expired(requestId, r.jobId, r.challenger, _bond);
     }
@@ -135,8 +136,8 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
     // --- views ---
 
     function evidenced(uint256 jobId, uint32 round) external view returns (bool) {
-        if (_market.seedOf(jobId) == bytes32(0)) return false;
-        uint256[] memory s = _market.sampledSegments(jobId);
+        if (_market.seedOf(JobId.wrap(jobId)) == bytes32(0)) return false;
+        uint256[] memory s = _market.sampledSegments(JobId.wrap(jobId));
         for (uint256 i; i < s.length; ++i) {
             if (!_published[_key(jobId, round, s[i])]) return false;
         }
@@ -170,17 +171,17 @@ contract Availability is IAvailability, ReentrancyGuardTransient {
     // --- internals ---
 
     function _committed(uint256 jobId) internal view returns (IJobMarket.Job memory j) {
-        j = _market.getJob(jobId);
+        j = _market.getJob(JobId.wrap(jobId));
         if (j.status != IJobMarket.JobStatus.Committed) revert NotCommitted(jobId);
     }
 
     /// @dev The market's rule (JobMarket.finalize): a strict majority of the seats drawn attested.
     function _quorum(uint256 jobId, IJobMarket.Job memory j) internal view returns (bool) {
-        return j.attestations * 2 > _market.committeeOf(jobId).length;
+        return j.attestations * 2 > _market.committeeOf(JobId.wrap(jobId)).length;
     }
 
     function _sampled(uint256 jobId, uint256 segment) internal view returns (bool) {
-        uint256[] memory s = _market.sampledSegments(jobId);
+        uint256[] memory s = _market.sampledSegments(JobId.wrap(jobId));
         for (uint256 i; i < s.length; ++i) {
             if (s[i] == segment) return true;
         }

@@ -7,6 +7,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {ICollabMarket} from "./interfaces/ICollabMarket.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+import {CaseId, CollabId, JobId} from "./interfaces/Ids.sol";
 import {IOuterJury} from "./interfaces/IOuterJury.sol";
 
 /// @title CollabMarket
@@ -425,7 +426,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         rr.challenger = msg.sender;
         rr.cPhase = ChallengePhase.Live;
         _takeBond(_outerBond);
-        uint256 caseId = _jury.open(jobId, round, rr.poster, msg.sender);
+        uint256 caseId = CaseId.unwrap(_jury.open(CollabId.wrap(jobId), round, rr.poster, msg.sender));
         rr.juryCase = caseId;
         emit OuterChallenged(jobId, round, msg.sender, caseId);
     }
@@ -435,7 +436,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         if (rr.cPhase != ChallengePhase.Live) revert NoChallenge(jobId, round);
         uint256 held = _token.balanceOf(address(this));
         (IOuterJury.Verdict v, uint32 validVotes, uint32 invalidVotes, address[] memory majority,) =
-            _jury.tally(rr.juryCase);
+            _jury.tally(CaseId.wrap(rr.juryCase));
         // INVARIANT: credit exactly what arrived: the jurors' slashed stake forwarded by the
         // tally is owed from now on (counted with the bonds until _resolve pays it out).
         uint256 slashed = _token.balanceOf(address(this)) - held;
@@ -488,7 +489,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         ) revert NotOrphan(id);
         (uint8 outcome,,) = _closeSubJob(id, 0);
         c.orphans -= 1; // only a rolled-back sub-job is still open here
-        if (outcome == DROP_CONDEMNED) _exclude(jobId, _market.reservedSolverOf(id));
+        if (outcome == DROP_CONDEMNED) _exclude(jobId, _market.reservedSolverOf(JobId.wrap(id)));
         // Escrow, unpaid budget and slash shares: the pool's (the submitter's once it is over).
         uint256 got = _market.credits(address(this)) == 0 ? 0 : _market.withdraw();
         if (c.status <= CollabStatus.Running) {
@@ -738,7 +739,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         for (uint32 i; i < n; ++i) {
             if (!_holds(jobId, i)) continue;
             address h = _slots[jobId][i];
-            uint256 id = _market.postReservedJob(terms, h);
+            uint256 id = JobId.unwrap(_market.postReservedJob(terms, h));
             ids[i] = id;
             mask |= uint64(1) << i;
             _subJobs[jobId][r][i] = id;
@@ -751,7 +752,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     function _settleOne(RoundRec storage rr, uint32 slot, Tally memory t) internal {
         uint256 jobId = t.jobId;
         uint256 id = _subJobs[jobId][t.round][slot];
-        address worker = _market.reservedSolverOf(id);
+        address worker = _market.reservedSolverOf(JobId.wrap(id));
         (uint8 dropReason, uint64 committedAt, uint256 back) = _closeSubJob(id, rr.deadline);
         // Escrow and unpaid budget back to the pool; any other credit is a slash share (the pot).
         t.poolGain += back;
@@ -792,14 +793,14 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
         uint256 pre = _market.credits(address(this));
         if (j.status == IJobMarket.JobStatus.Committed) {
             if (block.timestamp < j.windowEnd || j.openDisputes != 0) revert RoundNotSettled(id);
-            _market.finalize(id);
+            _market.finalize(JobId.wrap(id));
             if (_jobFields(id).status == IJobMarket.JobStatus.Finalized) {
                 return (PAID, j.committedAt, _market.credits(address(this)) - pre);
             }
             outcome = DROP_CONDEMNED; // the market slashed the bond; our share is in the pot
         } else if (j.status == IJobMarket.JobStatus.Claimed) {
             if (block.timestamp <= j.deadline) revert RoundNotSettled(id);
-            _market.reclaim(id);
+            _market.reclaim(JobId.wrap(id));
             outcome = DROP_MISSED;
         } else if (j.status == IJobMarket.JobStatus.Open) {
             if (block.timestamp <= roundDeadline) revert RoundNotSettled(id);
@@ -810,7 +811,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
             revert RoundNotSettled(id); // Cancelled: never, only this contract cancels
         }
         pre = _market.credits(address(this));
-        _market.cancel(id);
+        _market.cancel(JobId.wrap(id));
         back = _market.credits(address(this)) - pre;
     }
 
@@ -838,7 +839,7 @@ contract CollabMarket is ICollabMarket, ReentrancyGuardTransient {
     }
 
     function _jobFields(uint256 id) internal view returns (JobFields memory f) {
-        (bool ok, bytes memory ret) = address(_market).staticcall(abi.encodeCall(IJobMarket.getJob, (id)));
+        (bool ok, bytes memory ret) = address(_market).staticcall(abi.encodeCall(IJobMarket.getJob, (JobId.wrap(id))));
         if (!ok || ret.length < 20 * 32) revert RoundNotSettled(id);
         uint256 status;
         uint256 deadline;

@@ -5,6 +5,7 @@ import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {IDisputeGame} from "./interfaces/IDisputeGame.sol";
+import {DisputeId, JobId} from "./interfaces/Ids.sol";
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 
@@ -356,7 +357,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     /// @inheritdoc IDisputeGame
     function open(
-        uint256 jobId,
+        JobId job,
         uint256 segment,
         uint32 round,
         address solver,
@@ -365,7 +366,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         uint256 endStep,
         bytes32 startHash,
         bytes32 endHash
-    ) external returns (uint256 id) {
+    ) external returns (DisputeId) {
+        uint256 jobId = JobId.unwrap(job);
         // INVARIANT: only the market opens disputes (it proved the leaves and locked the bond).
         if (msg.sender != address(market)) revert Unauthorized(msg.sender);
         if (
@@ -374,7 +376,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
                 || startStep != segment * (endStep - startStep)
         ) revert InvalidRange(startStep, endStep);
         // INVARIANT: dispute ids are unique: never reused.
-        id = _nextId++;
+        uint256 id = _nextId++;
         uint256 k = endStep - startStep;
         _core[id] = Core(solver, uint32(segment), uint32(k), round, challenger, uint64(jobId));
         _word[id] = keccak256(abi.encode(startHash, endHash));
@@ -387,12 +389,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         emit DisputeOpened(id, jobId, segment, solver, challenger, startStep, endStep, startHash, endHash);
         if (k == 1) _requestJury(id, s);
         _store(id, s);
+        return DisputeId.wrap(id);
     }
 
     // --- bisection ---
 
     /// @notice Solver: the state hashes after steps `midSteps(id)` (p_1..p_{parts-1}).
-    function postMids(uint256 id, bytes32[] calldata hashes) external {
+    function postMids(DisputeId disputeId, bytes32[] calldata hashes) external {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _bisecting(id);
         Core storage c = _core[id];
         if (s.turn != Side.Solver || msg.sender != c.solver) revert NotYourTurn(msg.sender);
@@ -417,9 +421,10 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @notice Challenger: dispute part `part` of the range, [p_part, p_part+1]; `hashes`
     ///         are the solver's posted mids (from `MidsPosted`), `loHash` / `hiHash` the
     ///         states at the range's ends (from the last `RangeNarrowed`, or `DisputeOpened`).
-    function choose(uint256 id, uint256 part, bytes32[] calldata hashes, bytes32 loHash, bytes32 hiHash)
+    function choose(DisputeId disputeId, uint256 part, bytes32[] calldata hashes, bytes32 loHash, bytes32 hiHash)
         external
     {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _bisecting(id);
         if (s.turn != Side.Challenger || msg.sender != _core[id].challenger) revert NotYourTurn(msg.sender);
         uint256 parts = _parts(s);
@@ -457,7 +462,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @notice Anyone: the side to move ran out of clock and loses.
-    function timeout(uint256 id) external nonReentrant {
+    function timeout(DisputeId disputeId) external nonReentrant {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _bisecting(id);
         uint256 left = s.turn == Side.Solver ? s.solverClock : s.challengerClock;
         // INVARIANT: exactly one of {move, timeout} is possible at any time.
@@ -473,7 +479,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     // --- jury ---
 
     /// @notice Anyone, once block Q + juryLookahead is mined: draw the jury from its hash.
-    function drawJury(uint256 id) external nonReentrant {
+    function drawJury(DisputeId disputeId) external nonReentrant {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _load(id);
         if (s.phase == Phase.None) revert UnknownDispute(id);
         if (s.phase != Phase.Drawing) revert WrongPhase(id, s.phase);
@@ -509,7 +516,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         emit JuryDrawn(id, seed, jury, commitEnd, uint64(commitEnd + _revealWindow));
     }
 
-    function commitVote(uint256 id, bytes32 commitment) external {
+    function commitVote(DisputeId disputeId, bytes32 commitment) external {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _inJury(id);
         (uint256 i, uint256 e) = _findJuror(id, msg.sender);
         if (i == NOT_FOUND) revert NotJuror(msg.sender);
@@ -534,7 +542,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @dev The last juror's reveal settles the dispute (as `resolve`): once every juror
     ///      revealed, nothing can change the count, and the tally in the same transaction
     ///      spares a `resolve` transaction and its cold reads.
-    function revealVote(uint256 id, bool valid, bytes32 salt) external nonReentrant {
+    function revealVote(DisputeId disputeId, bool valid, bytes32 salt) external nonReentrant {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _inJury(id);
         (uint256 i, uint256 e) = _findJuror(id, msg.sender);
         if (i == NOT_FOUND) revert NotJuror(msg.sender);
@@ -562,7 +571,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     /// @notice Anyone, at or after revealEnd: count votes, slash absent / minority jurors, settle.
     ///         (Once every juror revealed, the last reveal did it already.)
-    function resolve(uint256 id) external nonReentrant {
+    function resolve(DisputeId disputeId) external nonReentrant {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _inJury(id);
         uint64 revealEnd = uint64(s.lastMove + _commitWindow + _revealWindow);
         if (block.timestamp < revealEnd) revert RevealNotOver(revealEnd);
@@ -583,13 +593,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     /// @notice Anyone, once the round settled: its held delay compensation (half of what its
     ///         lost challenges' bonds left after the jurors) to its solver when the round was
     ///         paid (`finalize`), burned when it was condemned.
-    function settleDelay(uint256 jobId, uint32 round) external nonReentrant {
+    function settleDelay(JobId job, uint32 round) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         uint256 key = (jobId << 32) | round;
         uint256 amount = _delayHeld[key];
         if (amount == 0 || jobId > type(uint64).max) revert NoDelayCompensation(jobId, round);
-        IJobMarket.Job memory j = market.getJob(jobId);
+        IJobMarket.Job memory j = market.getJob(JobId.wrap(jobId));
         bool paid = j.round == round && j.status == IJobMarket.JobStatus.Finalized;
-        if (!paid && !market.roundInfo(jobId, round).settled) revert RoundNotSettled(jobId, round);
+        if (!paid && !market.roundInfo(JobId.wrap(jobId), round).settled) revert RoundNotSettled(jobId, round);
         _delayHeld[key] = 0;
         totalDelayHeld -= amount;
         if (paid) {
@@ -602,12 +613,14 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @notice Delay compensation held for round `round` of job `jobId`.
-    function delayHeld(uint256 jobId, uint32 round) external view returns (uint256) {
+    function delayHeld(JobId job, uint32 round) external view returns (uint256) {
+        uint256 jobId = JobId.unwrap(job);
         return jobId > type(uint64).max ? 0 : _delayHeld[(jobId << 32) | round];
     }
 
     /// @inheritdoc IDisputeGame
-    function majorityOf(uint256 id) external view returns (address[] memory majority) {
+    function majorityOf(DisputeId disputeId) external view returns (address[] memory majority) {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _load(id);
         if (s.phase != Phase.Resolved || s.verdict != IJobMarket.Verdict.Invalid) return majority;
         uint256[] memory entries = _juryEntries(id);
@@ -663,7 +676,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         return _creditsPlusOne - 1;
     }
 
-    function getDispute(uint256 id) external view returns (DisputeView memory out) {
+    function getDispute(DisputeId disputeId) external view returns (DisputeView memory out) {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _load(id);
         Core memory c = _core[id];
         Dispute memory d = out.dispute;
@@ -723,22 +737,25 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IDisputeGame
-    function challengerOf(uint256 id) external view returns (address) {
+    function challengerOf(DisputeId disputeId) external view returns (address) {
+        uint256 id = DisputeId.unwrap(disputeId);
         return _core[id].challenger;
     }
 
     /// @inheritdoc IDisputeGame
-    function refOf(uint256 id)
+    function refOf(DisputeId disputeId)
         external
         view
         returns (uint256 jobId, uint256 segment, address challenger, uint32 round, bool resolved, IJobMarket.Verdict verdict)
     {
+        uint256 id = DisputeId.unwrap(disputeId);
         Core storage c = _core[id];
         State memory s = _load(id);
         return (c.jobId, c.segment, c.challenger, c.round, s.phase == Phase.Resolved, s.verdict);
     }
 
-    function voteOf(uint256 id, address juror) external view returns (Vote memory v) {
+    function voteOf(DisputeId disputeId, address juror) external view returns (Vote memory v) {
+        uint256 id = DisputeId.unwrap(disputeId);
         (uint256 i, uint256 e) = _drawn(_load(id)) ? _findJuror(id, juror) : (NOT_FOUND, 0);
         if (i != NOT_FOUND) {
             v.commitment = _commitmentOf(id, juror, e);
@@ -747,7 +764,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         }
     }
 
-    function isJuror(uint256 id, address account) external view returns (bool) {
+    function isJuror(DisputeId disputeId, address account) external view returns (bool) {
+        uint256 id = DisputeId.unwrap(disputeId);
         if (!_drawn(_load(id))) return false;
         (uint256 i,) = _findJuror(id, account);
         return i != NOT_FOUND;
@@ -755,7 +773,8 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     /// @notice Steps p_1..p_{parts-1} whose states the solver posts this round (empty
     ///         once bisection is over).
-    function midSteps(uint256 id) external view returns (uint256[] memory) {
+    function midSteps(DisputeId disputeId) external view returns (uint256[] memory) {
+        uint256 id = DisputeId.unwrap(disputeId);
         State memory s = _load(id);
         if (s.phase != Phase.Bisection) return new uint256[](0);
         return _midSteps(_startOf(_core[id]), s, _parts(s));
@@ -937,7 +956,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
     }
 
     function _jurorCut(uint256 id) internal view returns (uint256) {
-        (, uint256 bond) = market.settlementOf(_core[id].jobId);
+        (, uint256 bond) = market.settlementOf(JobId.wrap(_core[id].jobId));
         return (bond + _challengeBond) * _jurorSlashBps / BPS;
     }
 
@@ -969,7 +988,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
 
     /// @dev The parties and the job's attestors never judge the dispute.
     function _juryExclusions(Core memory c) internal view returns (address[] memory exclude) {
-        address[] memory atts = market.attestorsOf(c.jobId);
+        address[] memory atts = market.attestorsOf(JobId.wrap(c.jobId));
         exclude = new address[](atts.length + 2);
         exclude[0] = c.solver;
         exclude[1] = c.challenger;
@@ -1003,7 +1022,7 @@ contract DisputeGame is IDisputeGame, ReentrancyGuardTransient {
         s.verdict = v;
         _store(id, s);
         Core memory c = _core[id];
-        market.resolveDispute(c.jobId, id, c.segment, c.round, c.challenger, v);
+        market.resolveDispute(JobId.wrap(c.jobId), DisputeId.wrap(id), c.segment, c.round, c.challenger, v);
         if (v == IJobMarket.Verdict.Valid) {
             if (_challengeBond != 0) slashedBond = registry.slash(c.challenger, _challengeBond, address(this));
             uint256 toJury = majority.length == 0 ? 0 : slashedBond * _jurorShareOfChallengerBondBps / BPS;

@@ -8,6 +8,7 @@ import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/Reentrancy
 import {IJobMarket} from "./interfaces/IJobMarket.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
 import {IDisputeGame} from "./interfaces/IDisputeGame.sol";
+import {DisputeId, JobId} from "./interfaces/Ids.sol";
 import {IAvailability} from "./interfaces/IAvailability.sol";
 import {TraceLib} from "./libraries/TraceLib.sol";
 import {SegmentSampler} from "./libraries/SegmentSampler.sol";
@@ -189,16 +190,17 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- submitter ---
 
-    function postJob(JobTerms calldata t) external nonReentrant returns (uint256 jobId) {
-        return _post(t, false);
+    function postJob(JobTerms calldata t) external nonReentrant returns (JobId) {
+        return JobId.wrap(_post(t, false));
     }
 
-    function postReservedJob(JobTerms calldata t, address solver) external nonReentrant returns (uint256 jobId) {
+    function postReservedJob(JobTerms calldata t, address solver) external nonReentrant returns (JobId) {
         if (solver == address(0)) revert ZeroAddress();
-        jobId = _post(t, true);
+        uint256 jobId = _post(t, true);
         // INVARIANT: a reserved job stays reserved for its life (reopened rounds included).
         _reservedSolver[jobId] = solver;
         emit JobReserved(jobId, solver);
+        return JobId.wrap(jobId);
     }
 
     function _post(JobTerms calldata t, bool reserved) internal returns (uint256 jobId) {
@@ -250,7 +252,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit JobTermsFixed(jobId, t.totalSteps, t.stepsPerSegment, t.initStateHash);
     }
 
-    function cancel(uint256 jobId) external nonReentrant {
+    function cancel(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _onlySubmitterIfReserved(jobId, j);
         if (msg.sender != j.submitter) revert NotSubmitter(msg.sender);
@@ -265,7 +268,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- solver ---
 
-    function claimJob(uint256 jobId) external nonReentrant {
+    function claimJob(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Open);
         if (_isReserved(j) && _reservedSolver[jobId] != msg.sender) revert NotReservedSolver(jobId, msg.sender);
@@ -282,13 +286,14 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function commitResult(
-        uint256 jobId,
+        JobId job,
         bytes32 traceRoot,
         bytes32 finalStateHash,
         uint256 finalLossE9,
         bytes32[] calldata initProof,
         bytes32[] calldata finalProof
     ) external {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         if (msg.sender != j.solver) revert NotSolver(msg.sender);
@@ -312,7 +317,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- anyone ---
 
-    function fixSeed(uint256 jobId) external returns (bytes32 seed) {
+    function fixSeed(JobId job) external returns (bytes32 seed) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (j.seed != bytes32(0)) revert SeedAlreadyFixed();
@@ -328,7 +334,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         }
     }
 
-    function finalize(uint256 jobId) external nonReentrant {
+    function finalize(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         _onlySubmitterIfReserved(jobId, j);
@@ -368,7 +375,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         emit JobFinalized(jobId, j.solver, j.reward, count, per);
     }
 
-    function reclaim(uint256 jobId) external nonReentrant {
+    function reclaim(JobId job) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Claimed);
         _onlySubmitterIfReserved(jobId, j);
@@ -396,7 +404,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- verifier ---
 
-    function attest(uint256 jobId) external {
+    function attest(JobId job) external {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _job(jobId);
         _requireStatus(jobId, j, JobStatus.Committed);
         if (block.timestamp >= j.windowEnd) revert WindowClosed(j.windowEnd);
@@ -422,7 +431,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     }
 
     function challenge(
-        uint256 jobId,
+        JobId job,
         uint256 segment,
         bytes32 startStateHash,
         uint256 startLossE9,
@@ -431,6 +440,7 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         uint256 endLossE9,
         bytes32[] calldata endProof
     ) external nonReentrant returns (uint256 disputeId) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _checkChallenge(jobId, segment);
         // INVARIANT: a dispute is only about states the solver committed to.
         _checkLeaf(j, jobId, segment, startStateHash, startLossE9, startProof);
@@ -441,13 +451,15 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
     // --- dispute game only ---
 
     function resolveDispute(
-        uint256 jobId,
-        uint256 disputeId,
+        JobId job,
+        DisputeId dispute,
         uint256 segment,
         uint32 round,
         address challenger,
         Verdict verdict
     ) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
+        uint256 disputeId = DisputeId.unwrap(dispute);
         // INVARIANT: only the dispute game settles disputes (once each: it resolves a
         // dispute once, with the job, segment, round and challenger the market opened it with).
         if (msg.sender != disputeGame) revert Unauthorized(msg.sender);
@@ -485,7 +497,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
 
     // --- availability game only ---
 
-    function availabilityHook(uint256 jobId, uint32 round, uint8 op, address challenger) external nonReentrant {
+    function availabilityHook(JobId job, uint32 round, uint8 op, address challenger) external nonReentrant {
+        uint256 jobId = JobId.unwrap(job);
         // INVARIANT: only the availability game opens, answers and condemns by withholding.
         if (msg.sender != availability) revert Unauthorized(msg.sender);
         JobRec storage j = _job(jobId);
@@ -532,7 +545,8 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         });
     }
 
-    function getJob(uint256 jobId) external view returns (Job memory v) {
+    function getJob(JobId job) external view returns (Job memory v) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _jobs[jobId];
         v.status = j.status;
         v.submitter = j.submitter;
@@ -576,11 +590,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return c == 0 ? 0 : c - 1;
     }
 
-    function seedOf(uint256 jobId) external view returns (bytes32) {
+    function seedOf(JobId job) external view returns (bytes32) {
+        uint256 jobId = JobId.unwrap(job);
         return _jobs[jobId].seed;
     }
 
-    function sampledSegments(uint256 jobId) external view returns (uint256[] memory) {
+    function sampledSegments(JobId job) external view returns (uint256[] memory) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _jobs[jobId];
         bytes32 seed = j.seed;
         if (seed == bytes32(0) && j.status == JobStatus.Committed && block.number > _sampleBlock(j)) {
@@ -601,15 +617,18 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return SegmentSampler.indexOf(j.seed, j.segmentCount, j.sampleCount, segment);
     }
 
-    function committeeOf(uint256 jobId) external view returns (address[] memory) {
+    function committeeOf(JobId job) external view returns (address[] memory) {
+        uint256 jobId = JobId.unwrap(job);
         return _committeeOf(jobId, false, ALL_SEATS);
     }
 
-    function attestorsOf(uint256 jobId) public view returns (address[] memory) {
+    function attestorsOf(JobId job) public view returns (address[] memory) {
+        uint256 jobId = JobId.unwrap(job);
         return _committeeOf(jobId, true, ALL_SEATS);
     }
 
-    function hasAttested(uint256 jobId, address verifier) external view returns (bool) {
+    function hasAttested(JobId job, address verifier) external view returns (bool) {
+        uint256 jobId = JobId.unwrap(job);
         mapping(uint256 => uint256) storage words = _seats[jobId][_jobs[jobId].round];
         for (uint256 i; i < _attestorsPerJob; ++i) {
             uint256 e = _seat(words, i);
@@ -619,33 +638,39 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         return false;
     }
 
-    function isBarred(uint256 jobId, uint256 segment, address challenger) external view returns (bool) {
+    function isBarred(JobId job, uint256 segment, address challenger) external view returns (bool) {
+        uint256 jobId = JobId.unwrap(job);
         return _barred[_barKey(jobId, _jobs[jobId].round, segment, challenger)];
     }
 
-    function disputeRef(uint256 disputeId) public view returns (DisputeRef memory ref) {
+    function disputeRef(DisputeId dispute) public view returns (DisputeRef memory ref) {
+        uint256 disputeId = DisputeId.unwrap(dispute);
         if (disputeGame == address(0)) return ref;
         (ref.jobId, ref.segment, ref.challenger, ref.round, ref.settled, ref.verdict) =
-            IDisputeGame(disputeGame).refOf(disputeId);
+            IDisputeGame(disputeGame).refOf(DisputeId.wrap(disputeId));
     }
 
-    function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory) {
+    function roundInfo(JobId job, uint32 round) external view returns (RoundInfo memory) {
+        uint256 jobId = JobId.unwrap(job);
         return _rounds[jobId][round];
     }
 
-    function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond) {
+    function settlementOf(JobId job) external view returns (address submitter, uint256 bond) {
+        uint256 jobId = JobId.unwrap(job);
         JobRec storage j = _jobs[jobId];
         return (j.submitter, j.bond);
     }
 
-    function isDisputeLive(uint256 disputeId) external view returns (bool) {
-        DisputeRef memory d = disputeRef(disputeId);
+    function isDisputeLive(DisputeId dispute) external view returns (bool) {
+        uint256 disputeId = DisputeId.unwrap(dispute);
+        DisputeRef memory d = disputeRef(DisputeId.wrap(disputeId));
         if (d.jobId == 0 || d.settled) return false;
         JobRec storage j = _jobs[d.jobId];
         return j.status == JobStatus.Committed && j.round == d.round;
     }
 
-    function reservedSolverOf(uint256 jobId) external view returns (address) {
+    function reservedSolverOf(JobId job) external view returns (address) {
+        uint256 jobId = JobId.unwrap(job);
         return _reservedSolver[jobId];
     }
 
@@ -767,13 +792,13 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         // Empty unless a jury decided it (Invalid), which always has a majority; none when
         // only an unanswered availability request condemned the round (winner 0).
         address[] memory jurors;
-        if (winner != 0) jurors = IDisputeGame(disputeGame).majorityOf(winner);
+        if (winner != 0) jurors = IDisputeGame(disputeGame).majorityOf(DisputeId.wrap(winner));
         uint256 perJury = jurors.length == 0 ? 0 : juryPot;
         uint256 perCh = chPot + juryPot - perJury;
         _credit(j.submitter, toSubmitter);
         // One winner, so it is paid here: O(1) however many disputes the round had.
         address challenger =
-            winner != 0 ? IDisputeGame(disputeGame).challengerOf(winner) : _availWinner[jobId][round];
+            winner != 0 ? IDisputeGame(disputeGame).challengerOf(DisputeId.wrap(winner)) : _availWinner[jobId][round];
         _credit(challenger, perCh);
         // The jurors' share split equally over the winner's majority jurors, division dust to
         // the first of them; credited here (the tokens stay in the market until withdrawn).
@@ -907,9 +932,9 @@ contract JobMarket is IJobMarket, Ownable, ReentrancyGuardTransient {
         j.openDisputes += 1;
         uint32 round = j.round;
         // INVARIANT: dispute ids are unique (the game never reuses one: `_nextId++`).
-        disputeId = IDisputeGame(disputeGame).open(
-            jobId, segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
-        );
+        disputeId = DisputeId.unwrap(IDisputeGame(disputeGame).open(
+            JobId.wrap(jobId), segment, round, j.solver, msg.sender, segment * k, (segment + 1) * k, startHash, endHash
+        ));
         emit Challenged(jobId, disputeId, segment, msg.sender, round);
     }
 

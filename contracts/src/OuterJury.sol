@@ -5,6 +5,7 @@ import {IERC20} from "@openzeppelin/contracts/token/ERC20/IERC20.sol";
 import {SafeERC20} from "@openzeppelin/contracts/token/ERC20/utils/SafeERC20.sol";
 import {ReentrancyGuardTransient} from "@openzeppelin/contracts/utils/ReentrancyGuardTransient.sol";
 import {INodeRegistry} from "./interfaces/INodeRegistry.sol";
+import {CaseId, CollabId} from "./interfaces/Ids.sol";
 import {IOuterJury} from "./interfaces/IOuterJury.sol";
 
 /// @title OuterJury
@@ -77,22 +78,24 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IOuterJury
-    function open(uint256 jobId, uint32 round, address poster, address challenger)
+    function open(CollabId jobId, uint32 round, address poster, address challenger)
         external
         onlyCollab
-        returns (uint256 caseId)
+        returns (CaseId)
     {
-        caseId = ++caseCount;
+        uint256 caseId = ++caseCount;
         Case storage c = _cases[caseId];
-        c.jobId = jobId;
+        c.jobId = CollabId.unwrap(jobId);
         c.round = round;
         c.poster = poster;
         c.challenger = challenger;
         _request(caseId, c);
+        return CaseId.wrap(caseId);
     }
 
     /// @inheritdoc IOuterJury
-    function draw(uint256 caseId) external nonReentrant {
+    function draw(CaseId id) external nonReentrant {
+        uint256 caseId = CaseId.unwrap(id);
         Case storage c = _inPhase(caseId, Phase.Drawing);
         uint64 drawBlock = uint64(c.requestBlock + _juryLookahead);
         if (block.number <= drawBlock) revert JuryNotReady(drawBlock);
@@ -126,7 +129,8 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IOuterJury
-    function commitVote(uint256 caseId, bytes32 commitment) external {
+    function commitVote(CaseId id, bytes32 commitment) external {
+        uint256 caseId = CaseId.unwrap(id);
         Case storage c = _inPhase(caseId, Phase.Voting);
         if (!_isJuror(c, msg.sender)) revert NotJuror(msg.sender);
         if (block.timestamp >= c.commitEnd) revert CommitClosed(c.commitEnd);
@@ -138,7 +142,8 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IOuterJury
-    function revealVote(uint256 caseId, bool valid, bytes32 salt) external {
+    function revealVote(CaseId id, bool valid, bytes32 salt) external {
+        uint256 caseId = CaseId.unwrap(id);
         Case storage c = _inPhase(caseId, Phase.Voting);
         if (block.timestamp < c.commitEnd || block.timestamp >= c.revealEnd) {
             revert RevealNotOpen(c.commitEnd, c.revealEnd);
@@ -155,12 +160,13 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
     }
 
     /// @inheritdoc IOuterJury
-    function tally(uint256 caseId)
+    function tally(CaseId id)
         external
         onlyCollab
         nonReentrant
         returns (Verdict verdict, uint32 validVotes, uint32 invalidVotes, address[] memory majority, uint256 slashed)
     {
+        uint256 caseId = CaseId.unwrap(id);
         Case storage c = _inPhase(caseId, Phase.Voting);
         if (block.timestamp < c.revealEnd) revert RevealNotOver(c.revealEnd);
         c.phase = Phase.Tallied;
@@ -184,11 +190,13 @@ contract OuterJury is IOuterJury, ReentrancyGuardTransient {
         return Params(_juryLookahead, _jurySize, _quorum, _commitWindow, _revealWindow, _jurorSlash);
     }
 
-    function getCase(uint256 caseId) external view returns (Case memory) {
+    function getCase(CaseId id) external view returns (Case memory) {
+        uint256 caseId = CaseId.unwrap(id);
         return _cases[caseId];
     }
 
-    function voteOf(uint256 caseId, address juror) external view returns (uint8) {
+    function voteOf(CaseId id, address juror) external view returns (uint8) {
+        uint256 caseId = CaseId.unwrap(id);
         return _votes[caseId][juror];
     }
 

@@ -16,6 +16,7 @@ from web3.types import TxReceipt
 
 from node.chain.bound import Bound
 from node.chain.contracts import from_struct
+from node.chain.ids import JobId
 from node.proof import TraceLeaf
 
 
@@ -32,7 +33,7 @@ class RequestState(enum.IntEnum):
 class AvailabilityRequest:
     """IAvailability.Request."""
 
-    job_id: int
+    job_id: JobId
     round: int
     segment: int
     challenger: ChecksumAddress
@@ -56,13 +57,13 @@ def leaf_arg(leaf: TraceLeaf, proof: list[bytes]) -> tuple[Any, ...]:
 
 
 class Availability(Bound):
-    def request(self, job_id: int, segment: int) -> int:
+    def request(self, job_id: JobId, segment: int) -> int:
         """Name ``segment`` of the job's round (approve ``bond`` for this contract first);
         returns the request id."""
         r = self.transact("request", job_id, segment)
         return int(self.event_arg(r, "Requested", "requestId"))
 
-    def publish(self, job_id: int, segment: int, start: TraceLeaf, start_proof: list[bytes],
+    def publish(self, job_id: JobId, segment: int, start: TraceLeaf, start_proof: list[bytes],
                 end: TraceLeaf, end_proof: list[bytes]) -> TxReceipt:
         """Put leaves ``segment`` and ``segment + 1`` on chain (answers a pending request)."""
         return self.transact("publish", job_id, segment, leaf_arg(start, start_proof),
@@ -71,13 +72,13 @@ class Availability(Bound):
     def expire(self, request_id: int) -> TxReceipt:
         return self.transact("expire", request_id)
 
-    def evidenced(self, job_id: int, round_: int) -> bool:
+    def evidenced(self, job_id: JobId, round_: int) -> bool:
         return bool(self.call("evidenced", job_id, round_))
 
-    def is_published(self, job_id: int, round_: int, segment: int) -> bool:
+    def is_published(self, job_id: JobId, round_: int, segment: int) -> bool:
         return bool(self.call("isPublished", job_id, round_, segment))
 
-    def pending_of(self, job_id: int, round_: int, segment: int) -> int:
+    def pending_of(self, job_id: JobId, round_: int, segment: int) -> int:
         return int(self.call("pendingOf", job_id, round_, segment))
 
     def get_request(self, request_id: int) -> AvailabilityRequest:

@@ -13,6 +13,7 @@ from web3 import Web3
 from node.chain.artifacts import ErrorTable, artifacts_dir, load_artifact, load_error_table
 from node.chain.bound import Bound
 from node.chain.deployment import Deployment
+from node.chain.ids import CollabId, JobId
 from node.chain.rpc import RpcSettings, check_connected, make_web3, rpc_guard
 from node.chain.tx import TxSender
 from node.errors import ChainError, ConfigError
@@ -187,7 +188,7 @@ class ChainClient:
         self.token.ensure_allowance(self.registry.address, amount)
         self.registry.stake(amount)
 
-    def post_job(self, terms: JobTerms) -> int:
+    def post_job(self, terms: JobTerms) -> JobId:
         """Approve the market for the escrow and post the job; returns its id."""
         self.token.ensure_allowance(self.market.address, self.escrow_of(terms))
         return self.market.post_job(terms)
@@ -201,7 +202,7 @@ class ChainClient:
         floor = min(self.market.market_params().sample_count, segments)
         return terms.reward + terms.verification_budget * terms.sample_count // floor
 
-    def post_collab_job(self, terms: CollabTerms) -> int:
+    def post_collab_job(self, terms: CollabTerms) -> CollabId:
         """Approve the CollabMarket for the escrow and post the collaborative job."""
         self.token.ensure_allowance(self.collab.address,
                                     terms.reward + terms.verification_budget)

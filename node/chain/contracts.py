@@ -20,6 +20,7 @@ from eth_utils import keccak
 from web3.types import TxReceipt
 
 from node.chain.bound import Bound
+from node.chain.ids import CaseId, CollabId, DisputeId, JobId
 from node.chain.rpc import rpc_guard
 from node.errors import ChainError
 from node.proof import TraceLeaf
@@ -226,14 +227,14 @@ class RoundInfo:
     settled: bool
     jury_wins: int
     timeout_wins: int
-    first_winner: int  # the earliest-opened dispute the solver lost: the one finalize pays
+    first_winner: DisputeId  # the earliest-opened dispute the solver lost: the one finalize pays
     # (what it paid is in the RoundSettled / RewardPaid events, not stored)
     liable_seats: int  # bit i: committee seat i's share held an invalid segment (slashed)
 
 
 @dataclass(frozen=True)
 class DisputeRef:
-    job_id: int
+    job_id: JobId
     segment: int
     challenger: ChecksumAddress
     round: int
@@ -266,51 +267,51 @@ ZERO32 = bytes(32)
 
 class Market(Bound):
     # submitter
-    def post_job(self, terms: JobTerms) -> int:
+    def post_job(self, terms: JobTerms) -> JobId:
         """Escrows reward + budget (approve the market first); returns the job id."""
         r = self.transact("postJob", terms.as_tuple())
-        return int(self.event_arg(r, "JobPosted", "jobId"))
+        return JobId(int(self.event_arg(r, "JobPosted", "jobId")))
 
-    def post_reserved_job(self, terms: JobTerms, solver: str) -> int:
+    def post_reserved_job(self, terms: JobTerms, solver: str) -> JobId:
         """Like :meth:`post_job`, but only ``solver`` may claim it and only the caller
         (its submitter) may finalize, reclaim or cancel it; returns the job id."""
         r = self.transact("postReservedJob", terms.as_tuple(), solver)
-        return int(self.event_arg(r, "JobPosted", "jobId"))
+        return JobId(int(self.event_arg(r, "JobPosted", "jobId")))
 
-    def reserved_solver_of(self, job_id: int) -> ChecksumAddress:
+    def reserved_solver_of(self, job_id: JobId) -> ChecksumAddress:
         """The only solver that may claim ``job_id``; the zero address for an ordinary job."""
         return self.call("reservedSolverOf", job_id)  # type: ignore[no-any-return]
 
-    def cancel(self, job_id: int) -> TxReceipt:
+    def cancel(self, job_id: JobId) -> TxReceipt:
         return self.transact("cancel", job_id)
 
     # solver
-    def claim_job(self, job_id: int) -> TxReceipt:
+    def claim_job(self, job_id: JobId) -> TxReceipt:
         return self.transact("claimJob", job_id)
 
-    def commit_result(self, job_id: int, trace_root: bytes, final: TraceLeaf,
+    def commit_result(self, job_id: JobId, trace_root: bytes, final: TraceLeaf,
                       init_proof: list[bytes], final_proof: list[bytes]) -> TxReceipt:
         """Commit with proofs that leaf 0 is the job's S_0 and the last leaf is ``final``."""
         return self.transact("commitResult", job_id, trace_root, final.state_hash,
                              final.loss_e9, init_proof, final_proof)
 
-    def commit_trace(self, job_id: int, leaves: list[TraceLeaf], tree: Any) -> TxReceipt:
+    def commit_trace(self, job_id: JobId, leaves: list[TraceLeaf], tree: Any) -> TxReceipt:
         """:meth:`commit_result` from a whole trace (``node.proof.MerkleTree``)."""
         return self.commit_result(job_id, tree.root, leaves[-1], tree.proof(0),
                                   tree.proof(len(leaves) - 1))
 
     # anyone
-    def fix_seed(self, job_id: int) -> bytes:
+    def fix_seed(self, job_id: JobId) -> bytes:
         """The fixed seed, or 32 zero bytes if the sampling block was re-armed."""
         r = self.transact("fixSeed", job_id)
         fixed = self.events(r, "SeedFixed")
         return bytes(fixed[0]["args"]["seed"]) if fixed else ZERO32
 
-    def finalize(self, job_id: int) -> TxReceipt:
+    def finalize(self, job_id: JobId) -> TxReceipt:
         """Pays a clean round, or settles a condemned one (bond split, job reopened)."""
         return self.transact("finalize", job_id)
 
-    def reclaim(self, job_id: int) -> TxReceipt:
+    def reclaim(self, job_id: JobId) -> TxReceipt:
         return self.transact("reclaim", job_id)
 
     def withdraw(self) -> int:
@@ -318,38 +319,38 @@ class Market(Bound):
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
 
     # verifier
-    def attest(self, job_id: int) -> TxReceipt:
+    def attest(self, job_id: JobId) -> TxReceipt:
         """Committee member: every sampled segment replayed within tolerance."""
         return self.transact("attest", job_id)
 
-    def challenge(self, job_id: int, segment: int, start: TraceLeaf, start_proof: list[bytes],
-                  end: TraceLeaf, end_proof: list[bytes]) -> int:
+    def challenge(self, job_id: JobId, segment: int, start: TraceLeaf, start_proof: list[bytes],
+                  end: TraceLeaf, end_proof: list[bytes]) -> DisputeId:
         """Dispute ``segment`` with its two committed leaves and their proofs
         (``node.proof.MerkleTree.proof``); returns the dispute id."""
         r = self.transact("challenge", job_id, segment, start.state_hash, start.loss_e9,
                           start_proof, end.state_hash, end.loss_e9, end_proof)
-        return int(self.event_arg(r, "Challenged", "disputeId"))
+        return DisputeId(int(self.event_arg(r, "Challenged", "disputeId")))
 
-    def committee_of(self, job_id: int) -> list[ChecksumAddress]:
+    def committee_of(self, job_id: JobId) -> list[ChecksumAddress]:
         return list(self.call("committeeOf", job_id))
 
-    def attestors_of(self, job_id: int) -> list[ChecksumAddress]:
+    def attestors_of(self, job_id: JobId) -> list[ChecksumAddress]:
         return list(self.call("attestorsOf", job_id))
 
-    def has_attested(self, job_id: int, who: str) -> bool:
+    def has_attested(self, job_id: JobId, who: str) -> bool:
         return bool(self.call("hasAttested", job_id, who))
 
-    def is_barred(self, job_id: int, segment: int, who: str) -> bool:
+    def is_barred(self, job_id: JobId, segment: int, who: str) -> bool:
         return bool(self.call("isBarred", job_id, segment, who))
 
-    def round_info(self, job_id: int, round_: int) -> RoundInfo:
+    def round_info(self, job_id: JobId, round_: int) -> RoundInfo:
         return from_struct(RoundInfo, self.call("roundInfo", job_id, round_))
 
-    def dispute_ref(self, dispute_id: int) -> DisputeRef:
+    def dispute_ref(self, dispute_id: DisputeId) -> DisputeRef:
         return from_struct(DisputeRef, self.call("disputeRef", dispute_id))
 
     # views
-    def get_job(self, job_id: int) -> Job:
+    def get_job(self, job_id: JobId) -> Job:
         return from_struct(Job, self.call("getJob", job_id))
 
     def job_count(self) -> int:
@@ -362,10 +363,10 @@ class Market(Bound):
         """Attestor slashes burned, ever (the dispute game's burns are its own)."""
         return int(self.call("totalBurned"))
 
-    def seed_of(self, job_id: int) -> bytes:
+    def seed_of(self, job_id: JobId) -> bytes:
         return bytes(self.call("seedOf", job_id))
 
-    def sampled_segments(self, job_id: int) -> list[int]:
+    def sampled_segments(self, job_id: JobId) -> list[int]:
         return [int(s) for s in self.call("sampledSegments", job_id)]
 
     def market_params(self) -> MarketParamsView:
@@ -403,8 +404,8 @@ class Vote:
 class DisputeState:
     """``getDispute``: the stored game with phase and clocks as of now."""
 
-    id: int
-    job_id: int
+    id: DisputeId
+    job_id: JobId
     segment: int
     solver: ChecksumAddress
     challenger: ChecksumAddress
@@ -460,13 +461,13 @@ def mids_commitment(lo_hash: bytes, hi_hash: bytes, hashes: list[bytes]) -> byte
     return keccak(range_root(lo_hash, hi_hash) + keccak(b"".join(hashes)))
 
 
-def vote_commitment(dispute_id: int, juror: str, valid: bool, salt: bytes) -> bytes:
+def vote_commitment(dispute_id: DisputeId, juror: str, valid: bool, salt: bytes) -> bytes:
     """``keccak256(abi.encode(id, juror, valid, salt))``, what ``commitVote`` takes."""
     return keccak(abi_encode(["uint256", "address", "bool", "bytes32"],
                              [dispute_id, juror, valid, salt]))
 
 
-def dispute_state(dispute_id: int, view: Any, hashes: tuple[bytes, bytes]) -> DisputeState:
+def dispute_state(dispute_id: DisputeId, view: Any, hashes: tuple[bytes, bytes]) -> DisputeState:
     """A decoded ``getDispute`` and the range's end hashes (which the game does not
     store: :meth:`Dispute.range_hashes`, or the chain view's events) as a DisputeState."""
     raw = {_snake(k): v for k, v in view.dispute._asdict().items()}
@@ -485,18 +486,18 @@ def dispute_state(dispute_id: int, view: Any, hashes: tuple[bytes, bytes]) -> Di
 
 class Dispute(Bound):
     # bisection
-    def post_mids(self, dispute_id: int, hashes: list[bytes]) -> TxReceipt:
+    def post_mids(self, dispute_id: DisputeId, hashes: list[bytes]) -> TxReceipt:
         """Solver: the state hashes after the dispute's ``mid_steps``, in order."""
         return self.transact("postMids", dispute_id, hashes)
 
-    def choose(self, dispute_id: int, part: int, hashes: list[bytes]) -> TxReceipt:
+    def choose(self, dispute_id: DisputeId, part: int, hashes: list[bytes]) -> TxReceipt:
         """Challenger: dispute part ``part`` ([points[part], points[part + 1]]);
         ``hashes`` are the solver's posted mids (:meth:`posted_mids`). The range's end
         states, which the game checks but does not store, come from its logs."""
         lo_hash, hi_hash = self.range_hashes(dispute_id)
         return self.transact("choose", dispute_id, part, hashes, lo_hash, hi_hash)
 
-    def _newest_log(self, event: Any, dispute_id: int, earliest: int = 0,
+    def _newest_log(self, event: Any, dispute_id: DisputeId, earliest: int = 0,
                     window: int = 5_000) -> Any:
         """The newest ``event`` log of the dispute (None if none), searched backwards from
         the head in ``window``-block ranges down to block ``earliest``."""
@@ -512,7 +513,7 @@ class Dispute(Bound):
             hi = lo - 1
         return None
 
-    def range_hashes(self, dispute_id: int) -> tuple[bytes, bytes]:
+    def range_hashes(self, dispute_id: DisputeId) -> tuple[bytes, bytes]:
         """The states at the dispute's current lo and hi: the newest ``RangeNarrowed``,
         or ``DisputeOpened`` before any (zeros for an unknown dispute)."""
         log = self._newest_log(self.contract.events.RangeNarrowed, dispute_id)
@@ -523,7 +524,7 @@ class Dispute(Bound):
             return bytes(log["args"]["startHash"]), bytes(log["args"]["endHash"])
         return ZERO32, ZERO32
 
-    def posted_mids(self, dispute_id: int, root: bytes, earliest: int = 0,
+    def posted_mids(self, dispute_id: DisputeId, root: bytes, earliest: int = 0,
                     window: int = 5_000) -> list[bytes]:
         """The mid hashes behind ``root`` (the dispute's pending ``mids_root``), from
         the newest ``MidsPosted`` log of the dispute: searched backwards from the head
@@ -545,34 +546,34 @@ class Dispute(Bound):
         raise ChainError(f"dispute {dispute_id}: no MidsPosted log matches mids root "
                          f"0x{root.hex()} (searched blocks {earliest}..head)")
 
-    def timeout(self, dispute_id: int) -> TxReceipt:
+    def timeout(self, dispute_id: DisputeId) -> TxReceipt:
         return self.transact("timeout", dispute_id)
 
     # jury
-    def commit_vote(self, dispute_id: int, valid: bool, salt: bytes) -> TxReceipt:
+    def commit_vote(self, dispute_id: DisputeId, valid: bool, salt: bytes) -> TxReceipt:
         assert self.sender is not None
         return self.transact("commitVote", dispute_id,
                              vote_commitment(dispute_id, self.sender.address, valid, salt))
 
-    def reveal_vote(self, dispute_id: int, valid: bool, salt: bytes) -> TxReceipt:
+    def reveal_vote(self, dispute_id: DisputeId, valid: bool, salt: bytes) -> TxReceipt:
         return self.transact("revealVote", dispute_id, valid, salt)
 
-    def resolve(self, dispute_id: int) -> TxReceipt:
+    def resolve(self, dispute_id: DisputeId) -> TxReceipt:
         return self.transact("resolve", dispute_id)
 
-    def draw_jury(self, dispute_id: int) -> TxReceipt:
+    def draw_jury(self, dispute_id: DisputeId) -> TxReceipt:
         """Anyone, once ``draw_block`` is mined: draw the jury from its hash."""
         return self.transact("drawJury", dispute_id)
 
     def total_burned(self) -> int:
         return int(self.call("totalBurned"))
 
-    def settle_delay(self, job_id: int, round_: int) -> TxReceipt:
+    def settle_delay(self, job_id: JobId, round_: int) -> TxReceipt:
         """Anyone, once the round settled: its held delay compensation to its solver (the
         round was paid) or to the burn address (condemned)."""
         return self.transact("settleDelay", job_id, round_)
 
-    def delay_held(self, job_id: int, round_: int) -> int:
+    def delay_held(self, job_id: JobId, round_: int) -> int:
         return int(self.call("delayHeld", job_id, round_))
 
     def total_delay_held(self) -> int:
@@ -582,11 +583,11 @@ class Dispute(Bound):
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
 
     # views
-    def get_dispute(self, dispute_id: int) -> DisputeState:
+    def get_dispute(self, dispute_id: DisputeId) -> DisputeState:
         return dispute_state(dispute_id, self.call("getDispute", dispute_id),
                              self.range_hashes(dispute_id))
 
-    def is_juror(self, dispute_id: int, who: str) -> bool:
+    def is_juror(self, dispute_id: DisputeId, who: str) -> bool:
         return bool(self.call("isJuror", dispute_id, who))
 
     def credits(self, who: str) -> int:
@@ -696,7 +697,7 @@ class CollabRound:
     start: int
     deadline: int
     attempt: int
-    sub_jobs: list[int]  # market job id per slot, 0 where the slot had none
+    sub_jobs: list[JobId]  # market job id per slot, 0 where the slot had none
     accepted_mask: int
     settled: bool
     outer_hash: bytes
@@ -707,13 +708,13 @@ class CollabRound:
     accepted: bool
     challenge_phase: ChallengePhase
     challenger: ChecksumAddress
-    jury_case: int  # OuterJury case of the live (or last) challenge; 0 if none
+    jury_case: CaseId  # OuterJury case of the live (or last) challenge; 0 if none
     last_verdict: OuterVerdict
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "challenge_phase", ChallengePhase(self.challenge_phase))
         object.__setattr__(self, "last_verdict", OuterVerdict(self.last_verdict))
-        object.__setattr__(self, "sub_jobs", [int(x) for x in self.sub_jobs])
+        object.__setattr__(self, "sub_jobs", [JobId(int(x)) for x in self.sub_jobs])
 
     def accepted_slots(self) -> list[int]:
         return [i for i in range(len(self.sub_jobs)) if self.accepted_mask >> i & 1]
@@ -721,7 +722,7 @@ class CollabRound:
 
 @dataclass(frozen=True)
 class SubJobRef:
-    collab_job_id: int  # 0: not a collaborative inner run
+    collab_job_id: CollabId  # 0: not a collaborative inner run
     round: int
     slot: int
 
@@ -737,7 +738,7 @@ class CollabParamsView:
     slot_bond: int
 
 
-def outer_vote_commitment(valid: bool, salt: bytes, juror: str, case_id: int) -> bytes:
+def outer_vote_commitment(valid: bool, salt: bytes, juror: str, case_id: CaseId) -> bytes:
     """``keccak256(abi.encode(valid, salt, juror, caseId))``, what
     ``OuterJury.commitVote`` takes."""
     return keccak(abi_encode(["bool", "bytes32", "address", "uint256"],
@@ -748,7 +749,7 @@ def outer_vote_commitment(valid: bool, salt: bytes, juror: str, case_id: int) ->
 class JuryCase:
     """IOuterJury.Case: one challenge of a posted outer state."""
 
-    job_id: int
+    job_id: CollabId
     round: int
     phase: JuryPhase
     poster: ChecksumAddress
@@ -778,21 +779,21 @@ class OuterJury(Bound):
     """OuterJury: draws, votes and tallies the juries over challenged outer states (the
     CollabMarket opens and tallies cases; jurors commit and reveal here)."""
 
-    def draw(self, case_id: int) -> TxReceipt:
+    def draw(self, case_id: CaseId) -> TxReceipt:
         return self.transact("draw", case_id)
 
-    def commit_vote(self, case_id: int, valid: bool, salt: bytes) -> TxReceipt:
+    def commit_vote(self, case_id: CaseId, valid: bool, salt: bytes) -> TxReceipt:
         assert self.sender is not None
         return self.transact("commitVote", case_id,
                              outer_vote_commitment(valid, salt, self.sender.address, case_id))
 
-    def reveal_vote(self, case_id: int, valid: bool, salt: bytes) -> TxReceipt:
+    def reveal_vote(self, case_id: CaseId, valid: bool, salt: bytes) -> TxReceipt:
         return self.transact("revealVote", case_id, valid, salt)
 
-    def get_case(self, case_id: int) -> JuryCase:
+    def get_case(self, case_id: CaseId) -> JuryCase:
         return from_struct(JuryCase, self.call("getCase", case_id))
 
-    def vote_of(self, case_id: int, juror: str) -> int:
+    def vote_of(self, case_id: CaseId, juror: str) -> int:
         """0 none, 1 committed, 2 revealed valid, 3 revealed invalid."""
         return int(self.call("voteOf", case_id, juror))
 
@@ -807,51 +808,52 @@ class Collab(Bound):
     """CollabMarket: collaborative jobs whose inner runs are reserved JobMarket jobs."""
 
     # submitter
-    def post_collab_job(self, terms: CollabTerms) -> int:
+    def post_collab_job(self, terms: CollabTerms) -> CollabId:
         """Escrows reward + budget (approve the CollabMarket first); returns the job id."""
         r = self.transact("postCollabJob", terms.as_tuple())
-        return int(self.event_arg(r, "CollabPosted", "jobId"))
+        return CollabId(int(self.event_arg(r, "CollabPosted", "jobId")))
 
     # workers
-    def claim_slot(self, job_id: int, count: int, claimed_milli_steps_per_sec: int) -> list[int]:
+    def claim_slot(self, job_id: CollabId, count: int,
+                   claimed_milli_steps_per_sec: int) -> list[int]:
         """Take ``count`` free slots (lowest first), each backed by ``slotBond`` tokens, plus
         ``get_collab(job).pipeline_bond`` in a pipelined job (approve ``count`` bonds for the
         CollabMarket first); returns their indices."""
         r = self.transact("claimSlot", job_id, count, claimed_milli_steps_per_sec)
         return [int(e["args"]["slot"]) for e in self.events(r, "SlotClaimed")]
 
-    def leave_slot(self, job_id: int, slot: int) -> TxReceipt:
+    def leave_slot(self, job_id: CollabId, slot: int) -> TxReceipt:
         return self.transact("leaveSlot", job_id, slot)
 
     # rounds (anyone)
-    def start_round(self, job_id: int) -> TxReceipt:
+    def start_round(self, job_id: CollabId) -> TxReceipt:
         """The base round when Idle; in a pipelined job otherwise the next round ahead, from
         its predecessor's posted ``next_init_hash`` (at most ``pipeline_depth`` ahead)."""
         return self.transact("startRound", job_id)
 
-    def settle_round(self, job_id: int) -> TxReceipt:
+    def settle_round(self, job_id: CollabId) -> TxReceipt:
         return self.transact("settleRound", job_id)
 
     # outer state (anyone; jurors vote)
-    def post_outer(self, job_id: int, round_: int, outer_hash: bytes,
+    def post_outer(self, job_id: CollabId, round_: int, outer_hash: bytes,
                    next_init_hash: bytes) -> TxReceipt:
         """Needs ``outerBond`` (+ the job's ``pipeline_bond``) approved for the CollabMarket.
         In a pipelined job this also posts a round's candidate: a started, unsettled round
         whose every sub-job is committed, over all of them."""
         return self.transact("postOuter", job_id, round_, outer_hash, next_init_hash)
 
-    def challenge_outer(self, job_id: int, round_: int) -> TxReceipt:
+    def challenge_outer(self, job_id: CollabId, round_: int) -> TxReceipt:
         """Needs ``outerBond`` approved for the CollabMarket. Opens an OuterJury case
         (``get_round(...).jury_case``): the jury is drawn and votes there."""
         return self.transact("challengeOuter", job_id, round_)
 
-    def resolve_outer(self, job_id: int, round_: int) -> TxReceipt:
+    def resolve_outer(self, job_id: CollabId, round_: int) -> TxReceipt:
         return self.transact("resolveOuter", job_id, round_)
 
-    def accept_outer(self, job_id: int, round_: int) -> TxReceipt:
+    def accept_outer(self, job_id: CollabId, round_: int) -> TxReceipt:
         return self.transact("acceptOuter", job_id, round_)
 
-    def settle_orphan(self, market_job_id: int) -> TxReceipt:
+    def settle_orphan(self, market_job_id: JobId) -> TxReceipt:
         """Settle a sub-job of a rolled-back round through the market (anyone)."""
         return self.transact("settleOrphan", market_job_id)
 
@@ -859,24 +861,24 @@ class Collab(Bound):
         return int(self.event_arg(self.transact("withdraw"), "Withdrawn", "amount"))
 
     # views
-    def get_collab(self, job_id: int) -> CollabJob:
+    def get_collab(self, job_id: CollabId) -> CollabJob:
         return from_struct(CollabJob, self.call("getCollab", job_id))
 
-    def slot_holders(self, job_id: int) -> list[ChecksumAddress]:
+    def slot_holders(self, job_id: CollabId) -> list[ChecksumAddress]:
         return list(self.call("slotHolders", job_id))
 
-    def get_round(self, job_id: int, round_: int) -> CollabRound:
+    def get_round(self, job_id: CollabId, round_: int) -> CollabRound:
         return from_struct(CollabRound, self.call("getRound", job_id, round_))
 
-    def sub_job_of(self, market_job_id: int) -> SubJobRef:
+    def sub_job_of(self, market_job_id: JobId) -> SubJobRef:
         c, r, s = self.call("subJobOf", market_job_id)
-        return SubJobRef(int(c), int(r), int(s))
+        return SubJobRef(CollabId(int(c)), int(r), int(s))
 
-    def orphans_of(self, job_id: int) -> int:
+    def orphans_of(self, job_id: CollabId) -> int:
         """Sub-jobs of the job's rolled-back rounds not settled yet (``settle_orphan``)."""
         return int(self.call("orphansOf", job_id))
 
-    def is_excluded(self, job_id: int, node: str) -> bool:
+    def is_excluded(self, job_id: CollabId, node: str) -> bool:
         """A sub-job of ``node`` in this job was condemned: it may not take a slot again."""
         return bool(self.call("isExcluded", job_id, node))
 

@@ -52,6 +52,7 @@ from node.chain.contracts import (
 )
 from node.chain.events import ChainEvent, Cursor, EventWatcher
 from node.chain.heads import HeadSubscription
+from node.chain.ids import CaseId, CollabId, DisputeId, JobId
 from node.chain.rpc import endpoint_of, rpc_guard
 from node.errors import ChainError, ConfigError
 from node.fsutil import atomic_write
@@ -75,21 +76,21 @@ class Snapshot:
     block_hash: bytes
     timestamp: int
     epoch: int
-    jobs: Mapping[int, Job]
-    disputes: Mapping[int, DisputeState]
-    collabs: Mapping[int, CollabJob]
+    jobs: Mapping[JobId, Job]
+    disputes: Mapping[DisputeId, DisputeState]
+    collabs: Mapping[CollabId, CollabJob]
     events: tuple[ChainEvent, ...] = ()
     # CollabMarket rounds by (collab job, round), slot holders and orphan counts by job,
     # OuterJury cases by id: each as of ``block`` (read when an event named it).
-    rounds: Mapping[tuple[int, int], CollabRound] = field(default_factory=dict)
-    holders: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
-    orphans: Mapping[int, int] = field(default_factory=dict)
-    cases: Mapping[int, JuryCase] = field(default_factory=dict)
+    rounds: Mapping[tuple[CollabId, int], CollabRound] = field(default_factory=dict)
+    holders: Mapping[CollabId, tuple[str, ...]] = field(default_factory=dict)
+    orphans: Mapping[CollabId, int] = field(default_factory=dict)
+    cases: Mapping[CaseId, JuryCase] = field(default_factory=dict)
 
-    def live_disputes(self) -> list[int]:
+    def live_disputes(self) -> list[DisputeId]:
         return sorted(i for i, d in self.disputes.items() if d.phase != Phase.RESOLVED)
 
-    def round(self, cid: int, r: int) -> CollabRound | None:
+    def round(self, cid: CollabId, r: int) -> CollabRound | None:
         """Round ``r`` of collaborative job ``cid``; None if the job is not in the
         snapshot. Every write to a round emits an event naming it, so a round the view
         never read is one never started: the contract's all-zero view of it."""
@@ -100,8 +101,9 @@ class Snapshot:
         if job is None:
             return None
         nobody = cast(Any, ZERO_ADDRESS)
-        return CollabRound(0, 0, 0, [0] * job.max_workers, 0, False, ZERO32, ZERO32, nobody,
-                           0, 0, False, ChallengePhase.NONE, nobody, 0, OuterVerdict.NONE)
+        return CollabRound(0, 0, 0, [JobId(0)] * job.max_workers, 0, False, ZERO32, ZERO32,
+                           nobody, 0, 0, False, ChallengePhase.NONE, nobody, CaseId(0),
+                           OuterVerdict.NONE)
 
 
 @dataclass
@@ -109,29 +111,29 @@ class _State:
     block: int  # last block taken in
     block_hash: bytes
     timestamp: int = 0
-    jobs: dict[int, Job] = field(default_factory=dict)
-    disputes: dict[int, DisputeState] = field(default_factory=dict)
-    collabs: dict[int, CollabJob] = field(default_factory=dict)
-    rounds: dict[tuple[int, int], CollabRound] = field(default_factory=dict)
-    holders: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    orphans: dict[int, int] = field(default_factory=dict)
-    cases: dict[int, JuryCase] = field(default_factory=dict)
+    jobs: dict[JobId, Job] = field(default_factory=dict)
+    disputes: dict[DisputeId, DisputeState] = field(default_factory=dict)
+    collabs: dict[CollabId, CollabJob] = field(default_factory=dict)
+    rounds: dict[tuple[CollabId, int], CollabRound] = field(default_factory=dict)
+    holders: dict[CollabId, tuple[str, ...]] = field(default_factory=dict)
+    orphans: dict[CollabId, int] = field(default_factory=dict)
+    cases: dict[CaseId, JuryCase] = field(default_factory=dict)
     # (lo hash, hi hash) of each dispute's current range: the game does not store them,
     # its DisputeOpened / RangeNarrowed events carry them.
-    ranges: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)
+    ranges: dict[DisputeId, tuple[bytes, bytes]] = field(default_factory=dict)
 
 
 @dataclass
 class Touched:
     """What a block range's events may have changed, by id."""
 
-    jobs: set[int] = field(default_factory=set)
-    disputes: set[int] = field(default_factory=set)
-    collabs: set[int] = field(default_factory=set)
-    rounds: set[tuple[int, int]] = field(default_factory=set)
-    holders: set[int] = field(default_factory=set)
-    orphans: set[int] = field(default_factory=set)
-    cases: set[int] = field(default_factory=set)
+    jobs: set[JobId] = field(default_factory=set)
+    disputes: set[DisputeId] = field(default_factory=set)
+    collabs: set[CollabId] = field(default_factory=set)
+    rounds: set[tuple[CollabId, int]] = field(default_factory=set)
+    holders: set[CollabId] = field(default_factory=set)
+    orphans: set[CollabId] = field(default_factory=set)
+    cases: set[CaseId] = field(default_factory=set)
 
 
 # CollabMarket events after which a job's slotHolders / orphansOf may differ.
@@ -149,12 +151,12 @@ def touched(events: list[ChainEvent]) -> Touched:
         a = ev.args
         if ev.contract == "DisputeGame":
             if "id" in a:
-                t.disputes.add(int(a["id"]))
+                t.disputes.add(DisputeId(int(a["id"])))
             if "jobId" in a:
-                t.jobs.add(int(a["jobId"]))
+                t.jobs.add(JobId(int(a["jobId"])))
         elif ev.contract == "CollabMarket":
             if "jobId" in a:
-                cid = int(a["jobId"])
+                cid = CollabId(int(a["jobId"]))
                 t.collabs.add(cid)
                 if "round" in a:
                     t.rounds.add((cid, int(a["round"])))
@@ -166,18 +168,18 @@ def touched(events: list[ChainEvent]) -> Touched:
                 if ev.event in ORPHAN_EVENTS:
                     t.orphans.add(cid)
             if "juryCase" in a:
-                t.cases.add(int(a["juryCase"]))
+                t.cases.add(CaseId(int(a["juryCase"])))
             if "marketJobId" in a:
-                t.jobs.add(int(a["marketJobId"]))
-            t.jobs.update(int(j) for j in a.get("subJobs", ()))
+                t.jobs.add(JobId(int(a["marketJobId"])))
+            t.jobs.update(JobId(int(j)) for j in a.get("subJobs", ()))
         elif ev.contract == "OuterJury":
             if "caseId" in a:
-                t.cases.add(int(a["caseId"]))
+                t.cases.add(CaseId(int(a["caseId"])))
         elif ev.contract in ("JobMarket", "Availability"):
             if "jobId" in a:
-                t.jobs.add(int(a["jobId"]))
+                t.jobs.add(JobId(int(a["jobId"])))
             if "disputeId" in a:
-                t.disputes.add(int(a["disputeId"]))
+                t.disputes.add(DisputeId(int(a["disputeId"])))
     return t
 
 
@@ -327,10 +329,10 @@ class ChainView:
             if ev.contract != "DisputeGame":
                 continue
             if ev.event == "DisputeOpened":
-                st.ranges[int(ev.args["id"])] = (bytes(ev.args["startHash"]),
+                st.ranges[DisputeId(int(ev.args["id"]))] = (bytes(ev.args["startHash"]),
                                                  bytes(ev.args["endHash"]))
             elif ev.event == "RangeNarrowed":
-                st.ranges[int(ev.args["id"])] = (bytes(ev.args["loHash"]),
+                st.ranges[DisputeId(int(ev.args["id"]))] = (bytes(ev.args["loHash"]),
                                                  bytes(ev.args["hiHash"]))
         t.disputes |= {i for i, d in st.disputes.items() if d.phase != Phase.RESOLVED}
         if not self._has_collab:
@@ -396,8 +398,8 @@ class ChainView:
             st.holders[k] = tuple(str(h) for h in next(it))
         for k in orphans:
             st.orphans[k] = int(next(it))
-        for k in cases:
-            st.cases[k] = from_struct(JuryCase, next(it))
+        for case in cases:
+            st.cases[case] = from_struct(JuryCase, next(it))
 
 
 class EventFeed:

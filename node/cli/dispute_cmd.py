@@ -23,6 +23,7 @@ def status(
 
     from node.chain.client import ChainClient
     from node.chain.deployment import Deployment
+    from node.chain.ids import DisputeId
     from node.config import load_config
 
     settings = load_config(config)
@@ -35,7 +36,7 @@ def status(
 
         raise ConfigError(f"no dispute {dispute_id}: {count} dispute(s) so far (a dispute "
                           "id, not a job id: `polnet job status JOB` lists its challenges)")
-    d = c.dispute.get_dispute(dispute_id)
+    d = c.dispute.get_dispute(DisputeId(dispute_id))
     data = {"id": d.id, "job": d.job_id, "segment": d.segment, "phase": d.phase.name.lower(),
             "range": [d.lo, d.hi], "steps": [d.start_step, d.end_step], "rounds": d.rounds,
             "mid_steps": d.mid_steps,

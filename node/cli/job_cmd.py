@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -17,6 +17,9 @@ from node.cli.common import (
     settings_from,
 )
 from node.units import TOKEN, wei_to_pol, when
+
+if TYPE_CHECKING:  # node.chain is heavy: the CLI imports it when a command runs
+    from node.chain.ids import CollabId, JobId
 
 app = typer.Typer(help="Submit training jobs and follow them to settlement.",
                   no_args_is_help=True)
@@ -299,6 +302,7 @@ def status(
     submitter's node name, default "submitter")."""
     import time
 
+    from node.chain.ids import CollabId, JobId
     from node.errors import ConfigError
     from node.roles.submitter import job_report
 
@@ -306,9 +310,11 @@ def status(
     if collab:
         from node.roles.collab_progress import read_losses
 
-        losses = read_losses(settings_from(config, name=name or "submitter").node_dir, job_id)
-        _collab_status(c, job_id, as_json, losses)
+        cid = CollabId(job_id)
+        losses = read_losses(settings_from(config, name=name or "submitter").node_dir, cid)
+        _collab_status(c, cid, as_json, losses)
         return
+    jid = JobId(job_id)
     count = c.market.job_count()
     if not 1 <= job_id <= count:
         raise ConfigError(f"no job {job_id}: the market has {count} job(s) "
@@ -317,11 +323,11 @@ def status(
     last = None
     try:
         while True:
-            rep = job_report(c, job_id)
-            rep["segments"] = _segments(c, job_id, home)
+            rep = job_report(c, jid)
+            rep["segments"] = _segments(c, jid, home)
             if rep != last:
                 if last is None or as_json:
-                    _print_report(job_id, rep, as_json, watch, exact, c)
+                    _print_report(jid, rep, as_json, watch, exact, c)
                 else:  # a watch prints what changed, not the whole table again
                     _print_changes(last, rep, exact, c)
                 last = rep
@@ -332,7 +338,7 @@ def status(
         return
 
 
-def _segments(c: Any, job_id: int, home: Path) -> list[dict[str, Any]]:
+def _segments(c: Any, job_id: JobId, home: Path) -> list[dict[str, Any]]:
     """Tokens seen and mean loss per segment of the committed round, from a trace
     manifest of a node under HOME whose root is the one on chain (the explorer's rule);
     [] when no node here holds that trace."""
@@ -342,7 +348,7 @@ def _segments(c: Any, job_id: int, home: Path) -> list[dict[str, Any]]:
     return [] if curve is None else curve.rows()
 
 
-def _collab_status(c: Any, cid: int, as_json: bool,
+def _collab_status(c: Any, cid: CollabId, as_json: bool,
                    losses: dict[int, dict[str, Any]]) -> None:
     from node.errors import ConfigError
     from node.roles.collab_submit import collab_report
@@ -371,7 +377,7 @@ def _collab_status(c: Any, cid: int, as_json: bool,
                    "data dir; pass --name/--config for that node)")
 
 
-def _print_report(job_id: int, rep: dict[str, Any], as_json: bool, lines: bool,
+def _print_report(job_id: JobId, rep: dict[str, Any], as_json: bool, lines: bool,
                   exact: bool = False, c: Any = None) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -531,6 +537,7 @@ def fetch(
     import trio
 
     from node.chain.contracts import JobStatus
+    from node.chain.ids import JobId
     from node.errors import ConfigError
     from node.roles.runtime import Runtime
     from node.roles.submitter import fetch_model
@@ -554,7 +561,7 @@ def fetch(
 
     async def main() -> None:
         async with Runtime(settings, "submitter") as rt:
-            path = await fetch_model(rt, job_id, out, hf_dir=hf_dir)
+            path = await fetch_model(rt, JobId(job_id), out, hf_dir=hf_dir)
             typer.echo(f"model of job {job_id} written to {path}; load it with "
                        f"node.train.models.load_model({str(path)!r})")
             if hf_dir is not None:

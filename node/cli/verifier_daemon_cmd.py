@@ -59,6 +59,7 @@ def challenge(
     a running `verifier run` with the same --name then plays it."""
     import trio
 
+    from node.chain.ids import JobId
     from node.roles.runtime import Runtime
     from node.roles.verifier_evidence import Evidence
 
@@ -71,7 +72,7 @@ def challenge(
             ev = None
             with trio.move_on_after(30):
                 while ev is None:
-                    ev = await Evidence(rt).for_job(job_id)
+                    ev = await Evidence(rt).for_job(JobId(job_id))
                     await trio.sleep(0.5)
             if ev is None:
                 raise typer.BadParameter(f"no trace of job {job_id} was announced in 30 s")

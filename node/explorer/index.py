@@ -31,6 +31,7 @@ from node.chain.bound import Bound, batch_call
 from node.chain.client import ChainClient
 from node.chain.contracts import CollabJob, DisputeState, Job, NodeInfo, from_struct
 from node.chain.events import ChainEvent
+from node.chain.ids import CaseId, CollabId, DisputeId, JobId
 from node.chain.payouts import job_payouts
 from node.chain.view import BATCH_MAX, ChainView, EventFeed
 from node.chain.view import Snapshot as ViewSnapshot
@@ -60,7 +61,7 @@ class LossCurve:
                 for i, loss in enumerate(self.losses)]
 
 
-def find_loss_curve(home: Path, job_id: int, job: Job) -> LossCurve | None:
+def find_loss_curve(home: Path, job_id: JobId, job: Job) -> LossCurve | None:
     """The committed round's segment losses from a trace manifest under ``home``'s node
     folders whose root is the one on chain; tokens per step from the job's spec when a
     node here holds it."""
@@ -130,7 +131,7 @@ class CollabRound:
     attempt: int
     started_block: int
     deadline: int
-    sub_jobs: tuple[int, ...]  # market job id per slot, 0 where the slot had none
+    sub_jobs: tuple[JobId, ...]  # market job id per slot, 0 where the slot had none
     workers: Mapping[int, str]  # slot -> the worker its sub-job was reserved for
     accepted: tuple[int, ...] = ()  # slots whose sub-job was accepted
     dropped: Mapping[int, int] = field(default_factory=dict)  # slot -> SubJobDropped reason
@@ -146,7 +147,7 @@ class JuryCase:
     """An OuterJury case (a challenged outer state), from its events and the challenge's."""
 
     id: int
-    job_id: int  # the collaborative job
+    job_id: CollabId  # the collaborative job
     round: int
     requested_block: int
     draw_block: int
@@ -176,30 +177,30 @@ class Snapshot:
     chain_id: int
     addresses: dict[str, str]
     job_count: int
-    jobs: Mapping[int, Job]
+    jobs: Mapping[JobId, Job]
     job_events: Mapping[int, list[ChainEvent]]
-    disputes: Mapping[int, DisputeState]
+    disputes: Mapping[DisputeId, DisputeState]
     dispute_events: Mapping[int, list[ChainEvent]]
     nodes: Mapping[str, NodeRecord]
     taken_at: float
-    collabs: Mapping[int, CollabJob] = field(default_factory=dict)
+    collabs: Mapping[CollabId, CollabJob] = field(default_factory=dict)
     collab_events: Mapping[int, list[ChainEvent]] = field(default_factory=dict)
     rounds: Mapping[int, list[CollabRound]] = field(default_factory=dict)  # per collab job
-    juries: Mapping[int, JuryCase] = field(default_factory=dict)  # by OuterJury case id
-    case_events: Mapping[int, list[ChainEvent]] = field(default_factory=dict)
+    juries: Mapping[CaseId, JuryCase] = field(default_factory=dict)  # by OuterJury case id
+    case_events: Mapping[CaseId, list[ChainEvent]] = field(default_factory=dict)
     sub_job_of: Mapping[int, tuple[int, int, int]] = field(default_factory=dict)  # job ->
     # (collaborative job, round, slot)
 
-    def payouts(self, job_id: int) -> list[dict[str, Any]]:
+    def payouts(self, job_id: JobId) -> list[dict[str, Any]]:
         return job_payouts(self.job_events.get(job_id, []))
 
-    def disputes_of(self, job_id: int) -> list[DisputeState]:
+    def disputes_of(self, job_id: JobId) -> list[DisputeState]:
         return [d for d in self.disputes.values() if d.job_id == job_id]
 
-    def juries_of(self, collab_id: int) -> list[JuryCase]:
+    def juries_of(self, collab_id: CollabId) -> list[JuryCase]:
         return [c for c in self.juries.values() if c.job_id == collab_id]
 
-    def ranges(self, dispute_id: int) -> list[tuple[int, int]]:
+    def ranges(self, dispute_id: DisputeId) -> list[tuple[int, int]]:
         """The bisection range after each round, starting with the whole segment."""
         d = self.disputes[dispute_id]
         out = [(d.start_step, d.end_step)]
@@ -221,7 +222,7 @@ def collab_rounds(events: Iterable[ChainEvent]) -> list[CollabRound]:
         if e.event == "RoundStarted":
             r = int(a["round"])
             cur[r] = len(out)
-            subs = tuple(int(j) for j in a["subJobs"])
+            subs = tuple(JobId(int(j)) for j in a["subJobs"])
             out.append(CollabRound(r, int(a["attempt"]), e.block_number, int(a["deadline"]),
                                    subs, {i: posted[j] for i, j in enumerate(subs)
                                           if j in posted}))
@@ -248,13 +249,13 @@ def collab_rounds(events: Iterable[ChainEvent]) -> list[CollabRound]:
     return out
 
 
-def jury_case(case_id: int, events: Iterable[ChainEvent], challenger: str = "") -> JuryCase:
+def jury_case(case_id: CaseId, events: Iterable[ChainEvent], challenger: str = "") -> JuryCase:
     """An OuterJury case from its events (JuryRequested first)."""
     c: JuryCase | None = None
     for e in events:
         a = e.args
         if e.event == "JuryRequested":
-            c = JuryCase(case_id, int(a["jobId"]), int(a["round"]), e.block_number,
+            c = JuryCase(case_id, CollabId(int(a["jobId"])), int(a["round"]), e.block_number,
                          int(a["drawBlock"]), int(a["poolLen"]), challenger)
         elif c is None:
             continue
@@ -315,10 +316,10 @@ class ChainIndex:
         self._job_events: dict[int, list[ChainEvent]] = {}
         self._dispute_events: dict[int, list[ChainEvent]] = {}
         self._collab_events: dict[int, list[ChainEvent]] = {}
-        self._case_events: dict[int, list[ChainEvent]] = {}
+        self._case_events: dict[CaseId, list[ChainEvent]] = {}
         self._rounds: dict[int, list[CollabRound]] = {}
-        self._juries: dict[int, JuryCase] = {}
-        self._challenger_of: dict[int, str] = {}  # OuterJury case -> its challenger
+        self._juries: dict[CaseId, JuryCase] = {}
+        self._challenger_of: dict[CaseId, str] = {}  # OuterJury case -> its challenger
         self._sub_job_of: dict[int, tuple[int, int, int]] = {}
         self._registered: list[str] = []  # NodeRegistered order
         self._tallies: dict[str, NodeTally] = {}
@@ -375,7 +376,7 @@ class ChainIndex:
     def _take(self, events: list[ChainEvent], vs: ViewSnapshot) -> None:
         """Group the new events (copy on write: an older snapshot's lists never change
         under a page being rendered from it), tally them, read the nodes they name."""
-        groups: dict[str, dict[int, list[ChainEvent]]] = {
+        groups: dict[str, dict[Any, list[ChainEvent]]] = {
             "job": {}, "dispute": {}, "collab": {}, "case": {}}
         for e in events:
             self._events[e.key] = e
@@ -389,10 +390,10 @@ class ChainIndex:
                     self._sub_job_of[int(a["marketJobId"])] = (int(a["jobId"]), int(a["round"]),
                                                               int(a["slot"]))
                 elif e.event == "OuterChallenged":
-                    self._challenger_of[int(a["juryCase"])] = str(a["challenger"])
+                    self._challenger_of[CaseId(int(a["juryCase"]))] = str(a["challenger"])
             elif e.contract == "OuterJury":
                 if "caseId" in a:
-                    groups["case"].setdefault(int(a["caseId"]), []).append(e)
+                    groups["case"].setdefault(CaseId(int(a["caseId"])), []).append(e)
             elif "jobId" in a:  # the market's, the game's, the availability's
                 groups["job"].setdefault(int(a["jobId"]), []).append(e)
             if e.event == "NodeRegistered" and str(a["node"]) not in self._tallies:
@@ -440,7 +441,7 @@ class ChainIndex:
             self._info[a] = from_struct(NodeInfo, next(it))
             self._credits[a] = tuple(int(next(it)) for _ in self._credit_of)
 
-    def _tally(self, events: list[ChainEvent], jobs: Mapping[int, Job]) -> None:
+    def _tally(self, events: list[ChainEvent], jobs: Mapping[JobId, Job]) -> None:
         # The registry's Slashed names no job: the market, game or jury event of the same
         # transaction does (finalize reopening a job, a dispute resolved, a case tallied).
         # A transaction's events all lie in one block, so in one batch of new events.
@@ -459,7 +460,7 @@ class ChainIndex:
                 t = tallies[str(a["solver"])]
                 t.jobs_solved += 1
                 t.rewards += int(a["reward"])
-                job = jobs.get(int(a["jobId"]))
+                job = jobs.get(JobId(int(a["jobId"])))
                 t.steps_delivered += job.total_steps if job is not None else 0
             elif e.event == "Attested" and str(a["verifier"]) in tallies:
                 tallies[str(a["verifier"])].attestations += 1
@@ -475,7 +476,7 @@ class ChainIndex:
 
     # --- the node's own files ----------------------------------------------------------
 
-    def loss_curve(self, job_id: int, job: Job) -> LossCurve | None:
+    def loss_curve(self, job_id: JobId, job: Job) -> LossCurve | None:
         """The committed round's segment losses, if a manifest here has that root."""
         return None if self.home is None else find_loss_curve(self.home, job_id, job)
 

@@ -29,6 +29,7 @@ from node.chain.contracts import (
     Vote,
 )
 from node.chain.events import ChainEvent
+from node.chain.ids import CaseId, CollabId, DisputeId, JobId
 from node.event_text import AMOUNT_FIELDS, TIME_FIELDS, address_text, field_text
 from node.event_text import pol as pol_text
 from node.explorer.index import MAX_JOBS, CollabRound, JuryCase, LossCurve, NodeRecord, Snapshot
@@ -200,7 +201,7 @@ def _lost(d: DisputeState) -> bool:
     return d.verdict in (Verdict.INVALID, Verdict.SOLVER_TIMED_OUT)
 
 
-def job_page(snap: Snapshot, jid: int, curve: LossCurve | None,
+def job_page(snap: Snapshot, jid: JobId, curve: LossCurve | None,
              sampled: list[int], committee: list[str], attestors: list[str],
              spec_name: str = "") -> str:
     j = snap.jobs[jid]
@@ -289,7 +290,7 @@ def event_field(snap: Snapshot, names: Mapping[str, str], event: str, field: str
     return esc(field_text(event, field, value, names, now=snap.timestamp))
 
 
-def dispute_page(snap: Snapshot, did: int) -> str:
+def dispute_page(snap: Snapshot, did: DisputeId) -> str:
     d = snap.disputes[did]
     now = snap.timestamp
     live = d.phase in (Phase.BISECTION, Phase.DRAWING, Phase.COMMIT, Phase.REVEAL)
@@ -378,7 +379,7 @@ def _slash_cause(snap: Snapshot, node: str, s: Mapping[str, Any]) -> str:
     the job was finalized was lost in the disputes of that job this node lost."""
     job, did, case = s.get("job"), s.get("dispute"), s.get("case")
     dids = ([int(did)] if did is not None else
-            [d.id for d in snap.disputes_of(int(job)) if d.solver == node and _lost(d)]
+            [d.id for d in snap.disputes_of(JobId(int(job))) if d.solver == node and _lost(d)]
             if job is not None else [])
     links = [f'<a href="/job/{int(job)}">job {int(job)}</a>'] if job is not None else []
     links += [f'<a href="/dispute/{i}">dispute {i}</a>' for i in dids]
@@ -417,7 +418,7 @@ def _hash(h: bytes | None) -> str:
     return f'<span class="mono" title="0x{h.hex()}">0x{h.hex()[:12]}…</span>'
 
 
-def slot_holders(snap: Snapshot, cid: int) -> dict[int, str]:
+def slot_holders(snap: Snapshot, cid: CollabId) -> dict[int, str]:
     """Slot -> its holder now, from SlotClaimed / SlotReleased."""
     out: dict[int, str] = {}
     for e in snap.collab_events.get(cid, []):
@@ -480,7 +481,7 @@ def _outer_cell(snap: Snapshot, rd: CollabRound) -> str:
     return "<br>".join(out) or "-"
 
 
-def collab_page(snap: Snapshot, cid: int) -> str:
+def collab_page(snap: Snapshot, cid: CollabId) -> str:
     j = snap.collabs[cid]
     facts = [
         ("status", _collab_status(j)), ("round phase", esc(j.phase.name.lower())),
@@ -537,7 +538,7 @@ def juries_page(snap: Snapshot) -> str:
     return page("outer juries", body, snap)
 
 
-def jury_page(snap: Snapshot, case_id: int) -> str:
+def jury_page(snap: Snapshot, case_id: CaseId) -> str:
     c = snap.juries[case_id]
     now = snap.timestamp
     live = c.verdict is None

@@ -27,6 +27,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from node.chain.ids import JobId
 from node.errors import ConfigError, PolnetError
 from node.explorer import pages
 from node.explorer.index import ChainIndex, Snapshot
@@ -245,14 +246,14 @@ class ExplorerServer(ThreadingHTTPServer):
             if name == "summary":
                 return HTTPStatus.OK, "application/json", json.dumps(_summary(snap))
             if name == "job":
-                return self._job(snap, int(m.group(1)))
+                return self._job(snap, JobId(int(m.group(1))))
             addr = next((a for a in snap.nodes if a.lower() == m.group(1).lower()), None)
             if addr is None:
                 return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, "no such node")
             return HTTPStatus.OK, html, pages.node_page(snap, snap.nodes[addr])
         return HTTPStatus.NOT_FOUND, html, pages.not_found(snap, "no such page")
 
-    def _job(self, snap: Snapshot, jid: int) -> tuple[HTTPStatus, str, str]:
+    def _job(self, snap: Snapshot, jid: JobId) -> tuple[HTTPStatus, str, str]:
         if jid not in snap.jobs:
             return HTTPStatus.NOT_FOUND, "text/html", pages.not_found(
                 snap, f"no job {jid}: the market has {snap.job_count}")
@@ -272,7 +273,7 @@ class ExplorerServer(ThreadingHTTPServer):
 _LISTS: dict[str, Callable[[Snapshot], str]] = {
     "jobs": pages.jobs_page, "disputes": pages.disputes_page, "nodes": pages.nodes_page,
     "collabs": pages.collabs_page, "juries": pages.juries_page}
-_ById = tuple[Callable[[Snapshot], Container[int]], str, Callable[[Snapshot, int], str]]
+_ById = tuple[Callable[[Snapshot], Container[int]], str, Callable[[Snapshot, Any], str]]
 _BY_ID: dict[str, _ById] = {
     "dispute": (lambda s: s.disputes, "dispute", pages.dispute_page),
     "collab": (lambda s: s.collabs, "collaborative job", pages.collab_page),

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from node.chain.ids import CaseId, CollabId, JobId
 from node.errors import (
     CheckpointError,
     ContractRevert,
@@ -93,7 +94,7 @@ class Evidence(Protocol):
     """Where the follower gets a sub-job's evidence (node.roles.verifier_evidence.Evidence, which
     holds a follower: a protocol, so neither module imports the other)."""
 
-    async def for_job(self, job_id: int, job: Job | None = None) -> SubJobEvidence | None: ...
+    async def for_job(self, job_id: JobId, job: Job | None = None) -> SubJobEvidence | None: ...
 
 log = get_logger("polnet.collab")
 
@@ -156,11 +157,11 @@ class _Vote:
     revealed: bool = False  # likewise the reveal: until then it is sent again
 
 
-def load_votes(path: Path) -> dict[int, _Vote]:
+def load_votes(path: Path) -> dict[CaseId, _Vote]:
     """The outer-jury votes saved by :func:`save_votes` ({} if none, or unreadable)."""
     try:
         raw = json.loads(path.read_text())
-        return {int(k): _Vote(bool(v["valid"]), bytes.fromhex(str(v["salt"])),
+        return {CaseId(int(k)): _Vote(bool(v["valid"]), bytes.fromhex(str(v["salt"])),
                               bool(v.get("committed", False)), bool(v.get("revealed", False)))
                 for k, v in raw.items()}
     except FileNotFoundError:
@@ -170,7 +171,7 @@ def load_votes(path: Path) -> dict[int, _Vote]:
         return {}
 
 
-def save_votes(path: Path, votes: dict[int, _Vote]) -> None:
+def save_votes(path: Path, votes: dict[CaseId, _Vote]) -> None:
     """Atomically, owner-only: each salt is on disk before its commitment is sent, so a
     juror restarted between commit and reveal still reveals (a silent juror is slashed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,41 +192,41 @@ class CollabFollower:
         self.want_slots = want_slots
         # A test cheat (behaviour wrong_outer): post one forged outer state per job.
         self.forge_outer = forge_outer
-        self._forged: set[int] = set()
+        self._forged: set[CollabId] = set()
         self.dir = rt.dir / "collab"
-        self._specs: dict[int, tuple[CollaborativeSpec, Dataset]] = {}
-        self._init_states: dict[int, OuterState] = {}  # warm-started jobs' theta_0, m_0
-        self._outer: dict[tuple[int, int], OuterState] = {}
-        self._outer_hashes: dict[tuple[int, int], bytes] = {}  # of _outer, taken once
+        self._specs: dict[CollabId, tuple[CollaborativeSpec, Dataset]] = {}
+        self._init_states: dict[CollabId, OuterState] = {}  # warm-started jobs' theta_0, m_0
+        self._outer: dict[tuple[CollabId, int], OuterState] = {}
+        self._outer_hashes: dict[tuple[CollabId, int], bytes] = {}  # of _outer, taken once
         # theta_r's inputs: round r - 1's sub-job per slot whose delta it holds (0: none).
         # Market ids are never reused, so equal inputs mean the same theta_r: a roll-back,
         # a retry or a dropped delta changes them and the stale state is forgotten.
-        self._inputs: dict[tuple[int, int], list[int]] = {}
-        self._final: set[tuple[int, int]] = set()  # theta_r whose round r - 1 is accepted
+        self._inputs: dict[tuple[CollabId, int], list[JobId]] = {}
+        self._final: set[tuple[CollabId, int]] = set()  # theta_r whose round r - 1 is accepted
         # round views read this pass (a tick clears them; a follower that never ticks,
         # the submitter's, reads again after CHECKED_TTL_S)
-        self._checked: dict[tuple[int, int], tuple[float, list[int] | None]] = {}
-        self._depth: dict[int, int] = {}  # pipeline depth D per job (immutable)
-        self._subs_seen: dict[int, set[int]] = {}  # per job: sub-jobs of started rounds
-        self._subs_done: set[int] = set()  # of those, finalized or cancelled in the market
+        self._checked: dict[tuple[CollabId, int], tuple[float, list[JobId] | None]] = {}
+        self._depth: dict[CollabId, int] = {}  # pipeline depth D per job (immutable)
+        self._subs_seen: dict[CollabId, set[JobId]] = {}  # per job: sub-jobs of started rounds
+        self._subs_done: set[JobId] = set()  # of those, finalized or cancelled in the market
         self._votes_path = self.dir / "outer-votes.json"
-        self._votes: dict[int, _Vote] = load_votes(self._votes_path)  # by OuterJury case id
-        self._bad: set[int] = set()  # jobs whose spec or round 0 is unusable: ignored
-        self._over: set[int] = set()  # finished or failed jobs: never read again
-        self._claimed_rate: dict[int, int] = {}
-        self._round_zero_ok: set[int] = set()  # round-0 commitments checked
-        self._first_seen: dict[int, float] = {}
-        self._published: dict[tuple[int, int], str] = {}
+        self._votes: dict[CaseId, _Vote] = load_votes(self._votes_path)  # by OuterJury case id
+        self._bad: set[CollabId] = set()  # jobs whose spec or round 0 is unusable: ignored
+        self._over: set[CollabId] = set()  # finished or failed jobs: never read again
+        self._claimed_rate: dict[CollabId, int] = {}
+        self._round_zero_ok: set[CollabId] = set()  # round-0 commitments checked
+        self._first_seen: dict[CollabId, float] = {}
+        self._published: dict[tuple[CollabId, int], str] = {}
         # Announcers that served an unusable theta_r: on disk, by peer id and account.
         self.bad_announcers = BanList(self.dir / "bad-announcers.json")
         self.fetch_budget_s = OUTER_FETCH_BUDGET_S
         self.fetch_per_sender_s = OUTER_FETCH_PER_SENDER_S
-        self._fetching: set[tuple[int, int]] = set()  # background fetches running
-        self._fetch_spent: dict[tuple[int, int], float] = {}  # seconds, per (job, round)
-        self._fetched: dict[tuple[int, int], OuterState] = {}  # checked, not yet taken
+        self._fetching: set[tuple[CollabId, int]] = set()  # background fetches running
+        self._fetch_spent: dict[tuple[CollabId, int], float] = {}  # seconds, per (job, round)
+        self._fetched: dict[tuple[CollabId, int], OuterState] = {}  # checked, not yet taken
         self._claiming: int | None = None  # the job whose slot claim runs in the background
         self._last_claim = 0  # the job whose claim ran last: the next one takes its turn
-        self._inputs_retry: dict[int, tuple[int, float]] = {}  # job -> (failures, retry at)
+        self._inputs_retry: dict[CollabId, tuple[int, float]] = {}  # job -> (failures, retry at)
         self._announced_at = 0.0
         self._collab_params: CollabParamsView | None = None  # immutable: read once
         self._outer_jury_params: OuterJuryParamsView | None = None
@@ -242,38 +243,38 @@ class CollabFollower:
 
     # --- chain views ----------------------------------------------------------------
 
-    async def _collab(self, cid: int) -> CollabJob:
+    async def _collab(self, cid: CollabId) -> CollabJob:
         s = self._snap
         if s is not None and cid in s.collabs:
             return s.collabs[cid]
         return await self.rt.chain(self.rt.chain_client.collab.get_collab, cid)
 
-    async def _round(self, cid: int, r: int) -> CollabRound:
+    async def _round(self, cid: CollabId, r: int) -> CollabRound:
         got = self._snap.round(cid, r) if self._snap is not None else None
         if got is not None:
             return got
         return await self.rt.chain(self.rt.chain_client.collab.get_round, cid, r)
 
-    async def _market_job(self, jid: int) -> Job:
+    async def _market_job(self, jid: JobId) -> Job:
         s = self._snap
         if s is not None and jid in s.jobs:
             return s.jobs[jid]
         return await self.rt.chain(self.rt.chain_client.market.get_job, jid)
 
-    async def _case(self, case_id: int) -> JuryCase:
+    async def _case(self, case_id: CaseId) -> JuryCase:
         s = self._snap
         if s is not None and case_id in s.cases:
             return s.cases[case_id]
         return await self.rt.chain(self.rt.chain_client.outer_jury.get_case, case_id)
 
-    async def _holders(self, cid: int) -> list[str]:
+    async def _holders(self, cid: CollabId) -> list[str]:
         s = self._snap
         if s is not None and cid in s.holders:
             return list(s.holders[cid])
         return [str(h) for h in
                 await self.rt.chain(self.rt.chain_client.collab.slot_holders, cid)]
 
-    async def _orphans(self, cid: int) -> int:
+    async def _orphans(self, cid: CollabId) -> int:
         s = self._snap
         if s is not None and cid in s.orphans:
             return s.orphans[cid]
@@ -313,7 +314,7 @@ class CollabFollower:
             return False
         return str(market_job.submitter).lower() == self.rt.chain_client.collab.address.lower()
 
-    async def inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
+    async def inputs(self, cid: CollabId) -> tuple[CollaborativeSpec, Dataset]:
         """The job's collaborative spec and dataset, fetched over libp2p by their
         on-chain hashes (the store checks the bytes; the spec must be canonical)."""
         if cid not in self._specs:
@@ -328,7 +329,7 @@ class CollabFollower:
             self._inputs_retry.pop(cid, None)
         return self._specs[cid]
 
-    async def _fetch_inputs(self, cid: int) -> tuple[CollaborativeSpec, Dataset]:
+    async def _fetch_inputs(self, cid: CollabId) -> tuple[CollaborativeSpec, Dataset]:
         """``inputs`` itself: PeerUnavailable while the submitter does not serve them."""
         from node.datasets import load_dataset  # noqa: PLC0415 - torch is heavy
 
@@ -348,7 +349,7 @@ class CollabFollower:
                                                                     job.submitter)
         return spec, ds
 
-    async def _fetch_init_weights(self, cid: int, spec: CollaborativeSpec,
+    async def _fetch_init_weights(self, cid: CollabId, spec: CollaborativeSpec,
                                   submitter: str) -> OuterState:
         """A warm-started job's round-0 outer state from the theta_0 file its submitter
         serves, read once and checked whole; a file that is not the spec's model makes
@@ -365,7 +366,7 @@ class CollabFollower:
             raise SpecError(f"collaborative job {cid}: its init weights are unusable: {exc}",
                             field="init_weights") from exc
 
-    async def round_context(self, cid: int, round_index: int, slot: int) -> Any:
+    async def round_context(self, cid: CollabId, round_index: int, slot: int) -> Any:
         spec, ds = await self.inputs(cid)
         # Building a model (and a first torch import) takes seconds on a busy machine:
         # never on the event loop, whose transfer deadlines would blame the peers.
@@ -374,10 +375,10 @@ class CollabFollower:
 
     # --- the outer-state chain --------------------------------------------------------
 
-    def _path(self, cid: int, r: int) -> Path:
+    def _path(self, cid: CollabId, r: int) -> Path:
         return self.dir / str(cid) / f"outer-{r:06d}.safetensors"
 
-    async def outer_state(self, cid: int, r: int) -> OuterState | None:
+    async def outer_state(self, cid: CollabId, r: int) -> OuterState | None:
         """theta_r (and the outer momentum): round r's start. None while round r - 1 has
         not settled (pipelined, D > 0: not every delta is committed yet) or its final
         states cannot be fetched yet. A cached theta_r whose inputs the chain no longer
@@ -385,7 +386,7 @@ class CollabFollower:
         from node.train import diloco  # noqa: PLC0415
 
         key = (cid, r)
-        want: list[int] | None = None
+        want: list[JobId] | None = None
         final = r == 0 or (key in self._final and key in self._outer)
         if not final:
             got = await self._round_inputs(cid, r - 1)
@@ -432,13 +433,13 @@ class CollabFollower:
         self._fetched.pop(key, None)  # a fetch that finished after we recomputed
         return state
 
-    async def _job_depth(self, cid: int) -> int:
+    async def _job_depth(self, cid: CollabId) -> int:
         """The job's pipeline depth D (immutable: read once)."""
         if cid not in self._depth:
             self._depth[cid] = (await self._collab(cid)).pipeline_depth
         return self._depth[cid]
 
-    async def _round_inputs(self, cid: int, q: int) -> tuple[list[int], bool] | None:
+    async def _round_inputs(self, cid: CollabId, q: int) -> tuple[list[JobId], bool] | None:
         """(round q's sub-job per slot whose delta makes theta_{q+1}, 0 where none; whether
         round q is accepted, so final): its accepted sub-jobs once settled; pipelined
         (D > 0), before that every posted sub-job once all are committed (the candidate's
@@ -449,12 +450,12 @@ class CollabFollower:
         if key in self._checked and time.monotonic() - self._checked[key][0] < CHECKED_TTL_S:
             got = self._checked[key][1]
             return None if got is None else (got, False)
-        out: list[int] | None = None
+        out: list[JobId] | None = None
         for _ in range(2):  # read again once: a settlement may land between direct reads
             rnd = await self._round(cid, q)
             self._note_subs(cid, rnd.sub_jobs)
             if rnd.settled:
-                out = [s if rnd.accepted_mask >> i & 1 else 0
+                out = [s if rnd.accepted_mask >> i & 1 else JobId(0)
                        for i, s in enumerate(rnd.sub_jobs)]
                 if rnd.accepted:
                     return out, True
@@ -470,7 +471,7 @@ class CollabFollower:
         self._checked[key] = (time.monotonic(), out)
         return None if out is None else (out, False)
 
-    def _forget(self, cid: int, r: int, why: str) -> None:
+    def _forget(self, cid: CollabId, r: int, why: str) -> None:
         """Drop theta_r and every later state of the job, in memory and on disk: each
         descends from one the chain no longer shows."""
         dropped = sorted(k[1] for k in self._outer if k[0] == cid and k[1] >= r)
@@ -490,7 +491,7 @@ class CollabFollower:
                     continue
         log.info("collab_outer_forgotten", job=cid, from_round=r, rounds=dropped, reason=why)
 
-    def _prune(self, cid: int, keep_from: int) -> None:
+    def _prune(self, cid: CollabId, keep_from: int) -> None:
         """A pipelined job's states below round ``keep_from`` (the base: final, and never
         read again by this follower), in memory and on disk."""
         for key in [k for k in self._outer if k[0] == cid and k[1] < keep_from]:
@@ -509,7 +510,7 @@ class CollabFollower:
             except ValueError:
                 continue
 
-    def _note_subs(self, cid: int, subs: list[int]) -> None:
+    def _note_subs(self, cid: CollabId, subs: list[JobId]) -> None:
         """Remember a started round's sub-jobs (on disk): after a roll-back the chain no
         longer lists them, and they are the orphans to settle."""
         seen = self._subs_seen.get(cid)
@@ -523,9 +524,9 @@ class CollabFollower:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(sorted(seen)).encode())
 
-    def _read_subs(self, cid: int) -> list[int]:
+    def _read_subs(self, cid: CollabId) -> list[JobId]:
         try:
-            return [int(x) for x in json.loads((self.dir / str(cid) / "sub-jobs.json")
+            return [JobId(int(x)) for x in json.loads((self.dir / str(cid) / "sub-jobs.json")
                                                .read_text())]
         except FileNotFoundError:
             return []
@@ -533,8 +534,8 @@ class CollabFollower:
             log.warning("collab_sub_jobs_unreadable", job=cid, error=repr(exc))
             return []
 
-    async def _recompute(self, cid: int, r: int, spec: CollaborativeSpec,
-                         subs: list[int]) -> OuterState | None:
+    async def _recompute(self, cid: CollabId, r: int, spec: CollaborativeSpec,
+                         subs: list[JobId]) -> OuterState | None:
         """theta_r: the outer step from theta_{r-1} over the deltas of ``subs`` (round
         r - 1's sub-jobs, per slot; 0 where none)."""
         from node.train import diloco  # noqa: PLC0415
@@ -560,13 +561,13 @@ class CollabFollower:
                  outer_hash=(await _outer_hash(state)).hex())
         return state
 
-    def _hints(self, cid: int, r: int) -> list[tuple[str, str]]:
+    def _hints(self, cid: CollabId, r: int) -> list[tuple[str, str]]:
         """(sender, artifact) announced for theta_r, banned senders left out."""
         accounts = self.rt.peer_accounts
         return [(s, a) for s, a in self.rt.book.outer_hints(cid, r)
                 if not self.bad_announcers.banned(s, accounts.get(s))]
 
-    def _start_fetch(self, cid: int, r: int) -> None:
+    def _start_fetch(self, cid: CollabId, r: int) -> None:
         """Fetch an announced theta_r in the background (the next ``outer_state`` takes
         it), unless one runs, the (job, round)'s budget is spent or no sender is left."""
         key = (cid, r)
@@ -578,7 +579,7 @@ class CollabFollower:
         self._fetching.add(key)
         nursery.start_soon(self._fetch_announced, cid, r)
 
-    async def _fetch_announced(self, cid: int, r: int) -> None:
+    async def _fetch_announced(self, cid: CollabId, r: int) -> None:
         """theta_r from peers' ``outer_state`` announcements, kept only if its outer hash
         is the one the CollabMarket accepted for round r - 1 (a joiner or a restarted
         worker need not recompute every round since the first). A task of its own:
@@ -637,7 +638,7 @@ class CollabFollower:
         """Serve the newest accepted outer state of every live job we follow."""
         from node.roles.announce_kinds import OuterStateServed  # noqa: PLC0415
 
-        latest: dict[int, int] = {}
+        latest: dict[CollabId, int] = {}
         for cid, r in self._outer:
             # Pipelined, a state ahead of the accepted ones may still be rolled back: a
             # joiner would find it not the accepted one and ban us. Only final ones.
@@ -657,10 +658,11 @@ class CollabFollower:
             await self.rt.p2p.announce("outer_state", OuterStateServed(
                 collab_job_id=cid, round=r, outer_hash="0x" + h.hex(), artifact_id=aid))
 
-    def _inputs_path(self, cid: int, r: int) -> Path:
+    def _inputs_path(self, cid: CollabId, r: int) -> Path:
         return self.dir / str(cid) / f"outer-{r:06d}.inputs.json"
 
-    def _save(self, cid: int, r: int, state: OuterState, inputs: list[int] | None) -> None:
+    def _save(self, cid: CollabId, r: int, state: OuterState,
+              inputs: list[JobId] | None) -> None:
         """theta_r and its inputs (round r - 1's sub-jobs it holds the deltas of), the
         inputs first: a state file is never read without the inputs it was made from."""
         from safetensors.torch import save  # noqa: PLC0415
@@ -674,8 +676,8 @@ class CollabFollower:
         tensors = {k: v.contiguous() for k, v in outer_tensors(state).items()}
         atomic_write(path, save(tensors))
 
-    def _load_cached(self, cid: int, r: int, spec: CollaborativeSpec,
-                     want: list[int] | None, final: bool) -> OuterState | None:
+    def _load_cached(self, cid: CollabId, r: int, spec: CollaborativeSpec,
+                     want: list[JobId] | None, final: bool) -> OuterState | None:
         """theta_r from disk, if made from ``want`` (round r - 1's sub-jobs; a file
         without recorded inputs counts only when they are final, as every state of a
         follower before issue 35 was)."""
@@ -698,7 +700,7 @@ class CollabFollower:
             path.unlink(missing_ok=True)
             return None
 
-    async def next_hashes(self, cid: int, r: int) -> tuple[bytes, bytes] | None:
+    async def next_hashes(self, cid: CollabId, r: int) -> tuple[bytes, bytes] | None:
         """(outer hash of theta_{r+1}, S_0 hash of round r + 1's sub-jobs) as we
         recompute them."""
         from node.train.rounds import round_initial_hash  # noqa: PLC0415
@@ -712,7 +714,7 @@ class CollabFollower:
         nxt = await trio.to_thread.run_sync(round_initial_hash, ctx, state.theta)
         return await self._known_hash(cid, r + 1), nxt
 
-    async def _known_hash(self, cid: int, r: int) -> bytes:
+    async def _known_hash(self, cid: CollabId, r: int) -> bytes:
         """The hash of theta_r we hold (``outer_state`` put it there), hashed once: the
         announcer and each tick's outer-phase check both ask for it."""
         h = self._outer_hashes.get((cid, r))
@@ -720,7 +722,7 @@ class CollabFollower:
             h = self._outer_hashes[(cid, r)] = await _outer_hash(self._outer[(cid, r)])
         return h
 
-    async def start_state_factory(self, market_job_id: int) -> Any:
+    async def start_state_factory(self, market_job_id: JobId) -> Any:
         """For the solver: (context, S_0 builder) of one of its sub-jobs, or None when
         theta_t is not known yet."""
         from node.train.rounds import round_start_state  # noqa: PLC0415
@@ -769,10 +771,10 @@ class CollabFollower:
         self._snap, self._snap_started = snap, self.rt.snapshot_started
         self._moved = {k: v for k, v in self._moved.items() if v >= self._snap_started}
         self._checked.clear()  # round views are read afresh each pass
-        jobs: list[tuple[int, Any]] = []
+        jobs: list[tuple[CollabId, Any]] = []
         now = time.monotonic()
         # every collaborative job's CollabPosted is in the view: its ids are 1..n
-        for cid in range(1, max(snap.collabs, default=0) + 1):
+        for cid in map(CollabId, range(1, max(snap.collabs, default=0) + 1)):
             if cid in self._bad or cid in self._over \
                     or self._inputs_retry.get(cid, (0, 0.0))[1] > now:
                 continue
@@ -796,7 +798,7 @@ class CollabFollower:
             if cid not in self._bad and job.pipeline_depth:
                 await self._pipeline(cid, job)
 
-    def _start_claim(self, jobs: list[tuple[int, Any]]) -> None:
+    def _start_claim(self, jobs: list[tuple[CollabId, Any]]) -> None:
         """Start one job's slot claim in the background unless one runs; the jobs take
         turns (the one after the last tried), so none waits behind another."""
         if not self.want_slots or self._claiming is not None:
@@ -810,7 +812,7 @@ class CollabFollower:
         assert nursery is not None, "runtime not entered"
         nursery.start_soon(self._claim_in_background, cid, job)
 
-    async def _contained(self, cid: int, fn: Any, *args: Any) -> Any:
+    async def _contained(self, cid: CollabId, fn: Any, *args: Any) -> Any:
         """``fn(*args)`` for job ``cid``; a failure is logged and stays that job's (a
         SpecError marks the job unusable). None on failure."""
         try:
@@ -824,7 +826,7 @@ class CollabFollower:
             log.exception("collab_follow_crashed", job=cid, error=repr(exc))
         return None
 
-    async def _live_job(self, cid: int) -> Any:
+    async def _live_job(self, cid: CollabId) -> Any:
         """The job's chain view, or None when there is nothing to do for it."""
         job = await self._collab(cid)
         if job.status in (FINISHED, FAILED):
@@ -837,7 +839,7 @@ class CollabFollower:
             return None
         return None if job.status == 0 else job
 
-    async def _follow(self, cid: int, job: Any) -> None:
+    async def _follow(self, cid: CollabId, job: Any) -> None:
         """Round starts and settlements (the tick makes claims and outer moves first)."""
         c = self.rt.chain_client
         r = job.round
@@ -855,7 +857,7 @@ class CollabFollower:
                 await self._move(("settle", cid, r), c.collab.settle_round, cid,
                                  benign=SETTLE_BENIGN)
 
-    async def _pipeline(self, cid: int, job: Any) -> None:
+    async def _pipeline(self, cid: CollabId, job: Any) -> None:
         """A pipelined job's moves past the base round (issue 35), each contained on its
         own (one failing call is logged and retried next pass, never stops the others):
         post the speculative rounds' candidates, start the next round on the newest post
@@ -867,7 +869,7 @@ class CollabFollower:
         await self._contained(cid, self._settle_orphans, cid, job)
         self._prune(cid, b)
 
-    async def _post_candidate(self, cid: int, q: int, pipe: int) -> None:
+    async def _post_candidate(self, cid: CollabId, q: int, pipe: int) -> None:
         """Round q's candidate theta_{q+1} (over all its deltas, once all are committed),
         unless someone posted one. A speculative post is challengeable from its post, within
         its window: one we disagree with is challenged (and its jury served) at once, as a
@@ -885,7 +887,7 @@ class CollabFollower:
                             benign=POST_BENIGN):
             log.info("collab_candidate_posted", job=cid, round=q, outer_hash=mine[0].hex())
 
-    async def _start_ahead(self, cid: int, job: Any) -> None:
+    async def _start_ahead(self, cid: CollabId, job: Any) -> None:
         """Start round base + ahead + 1 while the base is still open, on round base +
         ahead's post, when the chain allows it (at most D ahead, not past the last round)
         and the post is the state we recompute (no run is wasted on a forged one)."""
@@ -906,14 +908,14 @@ class CollabFollower:
                             benign=PIPE_START_BENIGN):
             log.info("collab_round_started_ahead", job=cid, round=q, base=job.round)
 
-    async def _settle_orphans(self, cid: int, job: Any) -> None:
+    async def _settle_orphans(self, cid: CollabId, job: Any) -> None:
         """``settleOrphan`` each sub-job of a rolled-back round that is due (anyone may:
         its worker is paid, or its escrow comes back to the pool). Each call on its own:
         one failure is logged and retried next pass."""
         from node.chain.contracts import JobStatus  # noqa: PLC0415
 
         rt, c = self.rt, self.rt.chain_client
-        live: set[int] = set()
+        live: set[JobId] = set()
         for q in range(job.round, min(job.round + job.ahead + 1, job.rounds)):
             subs = (await self._round(cid, q)).sub_jobs
             self._note_subs(cid, subs)
@@ -945,7 +947,7 @@ class CollabFollower:
             except (PolnetError, OSError) as exc:
                 log.warning("collab_orphan_settle_failed", job=cid, sub_job=sub, error=str(exc))
 
-    async def _claim_in_background(self, cid: int, job: Any) -> None:
+    async def _claim_in_background(self, cid: CollabId, job: Any) -> None:
         """Slot claims, one job at a time: a task of its own, nothing escapes it."""
         try:
             await self._contained(cid, self._maybe_claim_slots, cid, job)
@@ -953,7 +955,7 @@ class CollabFollower:
             self._claiming = None
             self._wake = True  # the next job's claim need not wait for a block
 
-    async def _join_window_over(self, cid: int) -> bool:
+    async def _join_window_over(self, cid: CollabId) -> bool:
         """Round 0 waits for every slot to be taken, or JOIN_GRACE_S after we first saw
         the job (workers probe the job before claiming): the contract lets anyone start
         it with workers.min, which would leave late joiners idle for a whole round."""
@@ -981,7 +983,7 @@ class CollabFollower:
                 return False
         return True
 
-    async def _outer_moves(self, cid: int, r: int, pipe: int = 0, settled: bool = True,
+    async def _outer_moves(self, cid: CollabId, r: int, pipe: int = 0, settled: bool = True,
                            rnd: Any = None) -> None:
         """``pipe``: the job's pipeline bond, on top of a post's outer bond (issue 35);
         ``settled``: the round is (a pipelined base round's candidate is posted and
@@ -1033,7 +1035,8 @@ class CollabFollower:
         c = self.rt.chain_client
         while self.enabled:
             try:
-                for cid in range(1, await self.rt.chain(c.collab.collab_count) + 1):
+                for cid in map(CollabId,
+                               range(1, await self.rt.chain(c.collab.collab_count) + 1)):
                     if cid in self._forged:
                         continue
                     job = await self.rt.chain(c.collab.get_collab, cid)
@@ -1051,7 +1054,7 @@ class CollabFollower:
                 log.warning("collab_forge_failed", error=str(exc))
             await trio.sleep(0.2)
 
-    async def _forge(self, cid: int, r: int, pipe: int) -> bool:
+    async def _forge(self, cid: CollabId, r: int, pipe: int) -> bool:
         rt, c = self.rt, self.rt.chain_client
         rnd = await rt.chain(c.collab.get_round, cid, r)
         if str(rnd.poster).lower() != ZERO_ADDRESS:
@@ -1065,7 +1068,7 @@ class CollabFollower:
             return True
         return False
 
-    async def _jury_duty(self, cid: int, r: int, case_id: int, case: JuryCase, agrees: bool,
+    async def _jury_duty(self, cid: CollabId, r: int, case_id: CaseId, case: JuryCase, agrees: bool,
                          now: int) -> None:
         """Vote on an outer jury we sit on (valid iff the post is our recomputation: a
         silent or minority juror loses stake), and resolve the case once reveals are over."""
@@ -1121,7 +1124,7 @@ class CollabFollower:
         await self.rt.chain(c.token.ensure_allowance, spender,
                             (p.slot_bond + pipe) * slots if slots else p.outer_bond + pipe)
 
-    async def _maybe_claim_slots(self, cid: int, job: Any) -> None:
+    async def _maybe_claim_slots(self, cid: CollabId, job: Any) -> None:
         rt, c = self.rt, self.rt.chain_client
         if await rt.chain(c.collab.is_excluded, cid, rt.address):
             return  # one of our inner runs here was condemned: we are out of this job
@@ -1143,7 +1146,7 @@ class CollabFollower:
         if await rt.transact_ok(c.collab.claim_slot, cid, want, rate, benign=SLOT_BENIGN):
             log.info("collab_slot_claimed", job=cid, slots=want, milli_steps_per_s=rate)
 
-    async def _check_round_zero(self, cid: int, job: Any) -> None:
+    async def _check_round_zero(self, cid: CollabId, job: Any) -> None:
         """Before a slot bond is at stake in a job not yet past round 0: the submitter's
         round-0 commitments (outerInitHash, initStateHash) must be the spec's theta_0.
         Posting others would let no worker commit round 0, and the slot bonds of those
@@ -1161,7 +1164,7 @@ class CollabFollower:
                             "spec's theta_0", field="init_state_hash")
         self._round_zero_ok.add(cid)
 
-    async def _claimed_rate_for(self, cid: int, job: Any) -> int | None:
+    async def _claimed_rate_for(self, cid: CollabId, job: Any) -> int | None:
         """The inner run's measured speed (milli-steps per second), from the solver's
         child-process probe of round 0's inner job: what the claim states."""
         from node.data.probe import probe_job  # noqa: PLC0415
@@ -1226,7 +1229,7 @@ def _memory_mb() -> int:
     return int(os.environ.get("POLNET_COLLAB_MEMORY_MB", machine_memory_mb() // 2))
 
 
-async def finalize_job(rt: Runtime, follower: CollabFollower, jid: int,
+async def finalize_job(rt: Runtime, follower: CollabFollower, jid: JobId,
                        benign: tuple[str, ...]) -> bool:
     """``market.finalize(jid)``, or for a collaborative sub-job (which only its
     CollabMarket may finalize) ``settleRound`` of its job, which finalizes it."""

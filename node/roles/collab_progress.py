@@ -19,6 +19,8 @@ from typing import Any
 
 import trio
 
+from node.chain.ids import CollabId
+from node.chain.view import Snapshot
 from node.errors import PolnetError
 from node.logs import get_logger
 from node.roles.collab import CollabFollower
@@ -29,11 +31,11 @@ log = get_logger("polnet.submitter")
 LOSSES_FILE = "losses.json"
 
 
-def losses_path(node_dir: Path, cid: int) -> Path:
+def losses_path(node_dir: Path, cid: CollabId) -> Path:
     return node_dir / "collab" / str(cid) / LOSSES_FILE
 
 
-def read_losses(node_dir: Path, cid: int) -> dict[int, dict[str, Any]]:
+def read_losses(node_dir: Path, cid: CollabId) -> dict[int, dict[str, Any]]:
     """{r: {"loss", "outer_hash"}} for theta_r (r outer steps done); {} when the file
     is missing or unreadable (a status view must not fail over it)."""
     try:
@@ -47,7 +49,7 @@ class CollabProgress:
     """Follows one collaborative job's accepted outer states; ``tick`` records what is
     new. Only reads the chain (a submitter makes no collaborative moves)."""
 
-    def __init__(self, rt: Runtime, cid: int) -> None:
+    def __init__(self, rt: Runtime, cid: CollabId) -> None:
         from node.roles.verifier_evidence import Evidence  # noqa: PLC0415 - torch is heavy
 
         self.rt = rt
@@ -58,14 +60,16 @@ class CollabProgress:
         self.losses = read_losses(rt.dir, cid)
         self._eval: Any = None  # (context, held-out indices), built once
 
-    async def tick(self) -> Any:
-        """Record what is new; returns the job's chain view (the caller's poll)."""
-        c = self.rt.chain_client
-        job = await self.rt.chain(c.collab.get_collab, self.cid)
-        await self._record_new(job)
+    async def tick(self, snap: Snapshot) -> Any:
+        """Record what is new as of ``snap`` (the process's chain view); returns the
+        job there (read alone if the view lacks it), the caller's poll."""
+        job = snap.collabs.get(self.cid)
+        if job is None:
+            job = await self.rt.chain(self.rt.chain_client.collab.get_collab, self.cid)
+        await self._record_new(snap, job)
         return job
 
-    async def _record_new(self, job: Any) -> None:
+    async def _record_new(self, snap: Snapshot, job: Any) -> None:
         c = self.rt.chain_client
         # theta_r is known for r = 0 and for every round r - 1 whose outer state the
         # chain accepted: job.round counts them.
@@ -73,7 +77,9 @@ class CollabProgress:
             if r in self.losses:
                 continue
             if r > 0:
-                rnd = await self.rt.chain(c.collab.get_round, self.cid, r - 1)
+                rnd = snap.round(self.cid, r - 1)
+                if rnd is None:
+                    rnd = await self.rt.chain(c.collab.get_round, self.cid, r - 1)
                 if not rnd.accepted:
                     return
                 want = rnd.outer_hash
@@ -123,12 +129,17 @@ class CollabProgress:
                                       indent=1).encode())
 
     async def tick_safely(self) -> Any:
-        """``tick``, with a failure logged rather than raised (serving the inputs
-        matters more than a loss figure); the job's chain view either way."""
+        """``tick`` on the newest snapshot, with a failure logged rather than raised
+        (serving the inputs matters more than a loss figure); the job as of the
+        snapshot either way."""
+        snap = await self.rt.snapshot()
         try:
-            return await self.tick()
+            return await self.tick(snap)
         except (PolnetError, OSError, ValueError) as exc:
             log.warning("collab_progress_failed", job=self.cid, error=str(exc))
         except Exception as exc:  # a bug or an unchecked input: logged whole, not fatal
             log.exception("collab_progress_crashed", job=self.cid, error=repr(exc))
-        return await self.rt.chain(self.rt.chain_client.collab.get_collab, self.cid)
+        job = snap.collabs.get(self.cid)
+        if job is None:
+            job = await self.rt.chain(self.rt.chain_client.collab.get_collab, self.cid)
+        return job

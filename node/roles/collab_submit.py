@@ -17,6 +17,7 @@ import trio
 
 from node.chain.client import ChainClient
 from node.chain.contracts import ChallengePhase, CollabRound, CollabTerms
+from node.chain.ids import CollabId
 from node.datasets import dataset_hash
 from node.errors import ConfigError, SpecError
 from node.logs import get_logger
@@ -100,7 +101,7 @@ def collab_initial_hashes(spec: CollaborativeSpec, dataset_path: Path,
     return round_initial_hash(round_context(spec, ds, 0, 0), state.theta), outer_hash(state)
 
 
-async def post_collab(rt: Runtime, req: CollabRequest) -> int:
+async def post_collab(rt: Runtime, req: CollabRequest) -> CollabId:
     """Store and serve the inputs, escrow reward + budget, post; returns the job id."""
     spec = check_collab_request(req)
     c = rt.chain_client
@@ -126,7 +127,7 @@ async def post_collab(rt: Runtime, req: CollabRequest) -> int:
     return cid
 
 
-async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) -> str:
+async def serve_collab_until_done(rt: Runtime, cid: CollabId, timeout: float | None) -> str:
     """Serve the inputs (the runtime does) until the job is Finished or Failed, keeping
     each accepted theta_r and its held-out loss (node.roles.collab_progress), then
     withdraw what the CollabMarket owes us (the unspent escrow). Returns the status."""
@@ -140,7 +141,8 @@ async def serve_collab_until_done(rt: Runtime, cid: int, timeout: float | None) 
             if job.status.name in ("FINISHED", "FAILED"):
                 break
             await trio.sleep(rt.settings.poll_interval * 4)
-    job = await rt.chain(c.collab.get_collab, cid)
+    got = (await rt.snapshot(fresh=True)).collabs.get(cid)
+    job = got if got is not None else await rt.chain(c.collab.get_collab, cid)
     with trio.move_on_after(120):  # the last round's theta: bounded, the job is over
         while job.status.name == "FINISHED" and job.round not in progress.losses:
             await progress.tick_safely()
@@ -158,7 +160,7 @@ def _challenge_text(c: ChainClient, rnd: CollabRound) -> str:
     return f"jury case {rnd.jury_case} {case.phase.name.lower()} ({len(case.jury)} jurors)"
 
 
-def collab_report(c: ChainClient, cid: int,
+def collab_report(c: ChainClient, cid: CollabId,
                   losses: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """A collaborative job from the chain: status, slots, and per round its start,
     accepted and dropped slots (with their sub-jobs) and the accepted outer hash.

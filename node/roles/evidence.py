@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from node.chain.ids import JobId
 from node.errors import ContractRevert
 from node.logs import get_logger
 from node.roles.runtime import Runtime
@@ -32,7 +33,7 @@ class Solver(Protocol):
 
     rt: Runtime
 
-    def _trace_dir(self, jid: int) -> Path: ...
+    def _trace_dir(self, jid: JobId) -> Path: ...
 
 log = get_logger("polnet.solver.evidence")
 
@@ -40,7 +41,7 @@ log = get_logger("polnet.solver.evidence")
 PUBLISH_BENIGN = ("AlreadyPublished",)
 
 
-def requested_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
+def requested_segments(c: ChainClient, jid: JobId, job: Job) -> list[int]:
     """Segments of the job's current round named by a still-pending availability request."""
     av = c.availability
     logs = av.contract.events.Requested().get_logs(
@@ -49,7 +50,7 @@ def requested_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
     return sorted(s for s in segs if av.pending_of(jid, job.round, s) != 0)
 
 
-def owed_segments(c: ChainClient, jid: int, job: Job, now: int,
+def owed_segments(c: ChainClient, jid: JobId, job: Job, now: int,
                   named: set[int] | None = None) -> list[int]:
     """What we must publish now for our committed job ``jid`` (blocking chain reads).
     ``named``: the segments availability requests of the round named, as the caller
@@ -73,7 +74,7 @@ def owed_segments(c: ChainClient, jid: int, job: Job, now: int,
     return sorted(owed)
 
 
-async def publish_segments(solver: Solver, jid: int, segments: list[int]) -> None:
+async def publish_segments(solver: Solver, jid: JobId, segments: list[int]) -> None:
     """Put ``segments``' leaves on chain from our trace (fixing the seed first when the
     evidence rule needs it: `evidenced` reads the fixed seed's sample)."""
     from node.proof import build_trace_tree  # noqa: PLC0415

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from node.chain.ids import JobId
 from node.errors import ContractRevert
 from node.logs import get_logger
 from node.roles.runtime import Runtime, guarded
@@ -45,11 +46,11 @@ class Solver(Protocol):
     behavior: SegmentBehavior
     _busy: set[str]
 
-    def _trace_dir(self, jid: int) -> Path: ...
+    def _trace_dir(self, jid: JobId) -> Path: ...
 
-    async def _context(self, jid: int) -> Any: ...
+    async def _context(self, jid: JobId) -> Any: ...
 
-    async def serve_state(self, jid: int, step: int, tensors: Any) -> str: ...
+    async def serve_state(self, jid: JobId, step: int, tensors: Any) -> str: ...
 
 log = get_logger("polnet.solver.leaves")
 
@@ -63,7 +64,7 @@ def leaves_to_serve(manifest: TraceManifest, segments: Iterable[int],
     return sorted(want - kept - done)
 
 
-async def keep_every_for(rt: Runtime, jid: int, job: Job, step_s: float) -> int:
+async def keep_every_for(rt: Runtime, jid: JobId, job: Job, step_s: float) -> int:
     """The node's ``keep_every``, lowered until regenerating a whole sample fits half
     the market's verification window at the probed step time (node.train.sparse). A
     reserved job (a collaborative inner run) is sampled as its final segment plus
@@ -77,7 +78,7 @@ async def keep_every_for(rt: Runtime, jid: int, job: Job, step_s: float) -> int:
                           step_s=step_s, k=job.steps_per_segment, samples=samples)
 
 
-def sample_size_of(c: ChainClient, jid: int) -> int:
+def sample_size_of(c: ChainClient, jid: JobId) -> int:
     """Segments the market will sample of job ``jid`` (at most; fewer when the job has
     fewer): its final one plus ``reserved_sample_count`` for a reserved job, else the n
     its submitter bought (``Job.sample_count``). Blocking chain reads."""
@@ -86,7 +87,7 @@ def sample_size_of(c: ChainClient, jid: int) -> int:
     return c.market.get_job(jid).sample_count
 
 
-def named_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
+def named_segments(c: ChainClient, jid: JobId, job: Job) -> list[int]:
     """Segments of the job's current round any availability request named, pending or
     answered (blocking chain reads)."""
     logs = c.availability.contract.events.Requested().get_logs(
@@ -99,7 +100,7 @@ def named_segments(c: ChainClient, jid: int, job: Job) -> list[int]:
 _SAMPLES: dict[tuple[int, int, bytes], list[int]] = {}
 
 
-async def _needed_segments(solver: Solver, jid: int) -> list[int]:
+async def _needed_segments(solver: Solver, jid: JobId) -> list[int]:
     """From the process's chain snapshot: no getDispute (and its log searches) per
     dispute per tick, and the sample read once per round's seed."""
     rt, c = solver.rt, solver.rt.chain_client
@@ -133,7 +134,7 @@ async def _needed_segments(solver: Solver, jid: int) -> list[int]:
     return segments
 
 
-async def serve_missing_leaves(solver: Solver, nursery: trio.Nursery, jid: int) -> None:
+async def serve_missing_leaves(solver: Solver, nursery: trio.Nursery, jid: JobId) -> None:
     """Start regenerating and serving what is needed and missing (no-op for a dense
     trace, or while a previous pass for the job still runs)."""
     from node.train.trace import read_manifest  # noqa: PLC0415 - torch is heavy
@@ -152,7 +153,7 @@ async def serve_missing_leaves(solver: Solver, nursery: trio.Nursery, jid: int) 
         nursery.start_soon(guarded, "serve_leaves", _serve, solver, jid, manifest, todo, key)
 
 
-async def _serve(solver: Solver, jid: int, manifest: TraceManifest, todo: list[int],
+async def _serve(solver: Solver, jid: JobId, manifest: TraceManifest, todo: list[int],
                  key: str) -> None:
     from node.train.sparse import nearest_kept  # noqa: PLC0415
     from node.train.trace import regenerate_many  # noqa: PLC0415

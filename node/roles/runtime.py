@@ -23,6 +23,7 @@ from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus
 from node.chain.deployment import Deployment
 from node.chain.heads import HeadSubscription
+from node.chain.ids import JobId
 from node.chain.revert_names import errors
 from node.chain.rpc import backoff_delay, node_failure
 from node.chain.view import ChainView, EventFeed, Snapshot
@@ -310,7 +311,8 @@ class Runtime:
         c = self.chain_client
         if not 1 <= job_id <= await self.chain(c.market.job_count):  # ids start at 1
             return None
-        job = await self.chain(c.market.get_job, job_id)
+        # an announced id, in the market's range (checked above): a job id from here on
+        job = await self.chain(c.market.get_job, JobId(job_id))
         if int(job.solver, 16) == 0:
             return None
         return str((await self.chain(c.registry.node_of, job.solver)).peer_id)
@@ -484,7 +486,7 @@ class Runtime:
 
     async def fetch(self, artifact_id: str, hint_accounts: tuple[str, ...] = (),
                     timeout: float = 120.0, expected_size: int | None = None,
-                    job_id: int | None = None) -> Path:
+                    job_id: JobId | None = None) -> Path:
         """Fetch an artifact into the store and return its path.
 
         Sources in turn, each with a budget of its own so that none eats the

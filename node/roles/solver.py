@@ -22,6 +22,7 @@ import trio
 
 from node.chain.contracts import Job, JobStatus, Phase
 from node.chain.events import ChainEvent
+from node.chain.ids import DisputeId, JobId
 from node.chain.revert_names import errors
 from node.chain.rpc import RPC_FAILURES
 from node.chain.view import EventFeed, Snapshot
@@ -143,13 +144,13 @@ class Solver:
     def _on_event(self, ev: ChainEvent) -> None:
         with self.state as st:
             if ev.event in ("JobPosted", "JobReopened"):
-                jid = int(ev.args["jobId"])
+                jid = JobId(int(ev.args["jobId"]))
                 if jid not in st.candidates and jid not in st.rejected:
                     st.candidates.append(jid)
                 self._settled.discard(jid)
             elif ev.event == "DisputeOpened" and str(ev.args.get("solver", "")).lower() \
                     == self.rt.address.lower():
-                did = int(ev.args["id"])
+                did = DisputeId(int(ev.args["id"]))
                 if did not in st.disputes:
                     st.disputes.append(did)
         if ev.event == "JobReserved" and str(ev.args.get("solver", "")).lower() \
@@ -268,7 +269,7 @@ class Solver:
     def _mark(self, key: str) -> None:
         self._moved[key] = trio.current_time()
 
-    async def _derive(self, jid: int, snap: Snapshot | None = None) -> Decision:
+    async def _derive(self, jid: JobId, snap: Snapshot | None = None) -> Decision:
         """Derive the job's phase from ``snap`` (None: read the job now) and record it.
         A job the snapshot shows lost is read again before it is given up: only the
         chain as of now may drop a job from our books."""
@@ -317,7 +318,7 @@ class Solver:
         self._record_phase(jid, dec.phase)
         return dec
 
-    async def _act(self, nursery: trio.Nursery, jid: int, dec: Decision) -> bool:
+    async def _act(self, nursery: trio.Nursery, jid: JobId, dec: Decision) -> bool:
         """Do ``dec.action`` for job ``jid``; True when credits wait to be withdrawn."""
         act = dec.action
         if isinstance(act, Train):
@@ -347,7 +348,7 @@ class Solver:
             self._settled.add(jid)
         return isinstance(act, Withdraw)
 
-    async def _settle_delay(self, jid: int) -> None:
+    async def _settle_delay(self, jid: JobId) -> None:
         """Our round was paid: collect the halves of the griefers' lost challenge bonds the
         game held for it (issue 30, delay is priced), so the next withdraw takes them."""
         c = self.rt.chain_client
@@ -358,7 +359,7 @@ class Solver:
             await self.rt.transact_ok(c.dispute.settle_delay, jid, job.round,
                                       benign=DELAY_BENIGN)
 
-    def _record_phase(self, jid: int, phase: SolverPhase) -> None:
+    def _record_phase(self, jid: JobId, phase: SolverPhase) -> None:
         if self.state.data.jobs[jid].phase == phase:
             return
         with self.state as st:
@@ -368,7 +369,7 @@ class Solver:
             self.rt.metrics.jobs.labels(p.value).set(
                 sum(1 for r in self.state.data.jobs.values() if r.phase == p))
 
-    async def _candidate(self, nursery: trio.Nursery, jid: int, snap: Snapshot | None = None,
+    async def _candidate(self, nursery: trio.Nursery, jid: JobId, snap: Snapshot | None = None,
                          may_claim: bool = True) -> object:
         """A posted or reopened job: adopt it if the chain says it is ours already,
         else consider it (if ``may_claim``) in the background: fetching its inputs and
@@ -393,14 +394,14 @@ class Solver:
             nursery.start_soon(guarded, "_consider", self._consider_in_background, jid, job)
         return act
 
-    async def _consider_in_background(self, jid: int, job: Job) -> None:
+    async def _consider_in_background(self, jid: JobId, job: Job) -> None:
         try:
             await self._consider(jid, job)
         finally:
             self._busy.discard(f"c{jid}")
             self._mark(f"c{jid}")
 
-    async def _claim_sub_job(self, jid: int, job: Job) -> bool:
+    async def _claim_sub_job(self, jid: JobId, job: Job) -> bool:
         """A collaborative round's sub-job: ours only if reserved for us (our slot, whose
         claim stated the probed throughput), claimed once we know its theta_t."""
         rt, c = self.rt, self.rt.chain_client
@@ -419,7 +420,7 @@ class Solver:
         self._adopt(jid, job2, "sub_job_claimed")
         return True
 
-    async def _claim(self, jid: int, job: Job) -> Job | None:
+    async def _claim(self, jid: JobId, job: Job) -> Job | None:
         """Stake up to the job's bond if needed and claim it; the job as the chain now
         has it if the claim is ours (benign also when our own claim landed and its
         receipt was lost: the chain decides), else None."""
@@ -434,7 +435,7 @@ class Solver:
             return None
         return job
 
-    def _adopt(self, jid: int, job: Job, event: str, keep_every: int = 1) -> None:
+    def _adopt(self, jid: JobId, job: Job, event: str, keep_every: int = 1) -> None:
         """Put a job the chain gives us on our books (kept if already there);
         ``keep_every``: the sparse trace's M for a job we claim now."""
         with self.state as st:
@@ -470,7 +471,7 @@ class Solver:
             entry = manifest.shards[i]
             await self.rt.fetch(entry.hash, expected_size=entry.size)
 
-    async def _consider(self, jid: int, job: Job) -> bool:
+    async def _consider(self, jid: JobId, job: Job) -> bool:
         """Claim ``jid`` if this solver can finish it in time. Nothing a submitter posts
         can stop the daemon here: its inputs are tried in a child process
         (node.data.probe), and any failure rejects the job for good (persisted)."""
@@ -539,14 +540,14 @@ class Solver:
         return estimate_world(spec, self.world_size, self.dist_mode,
                               ds_path.stat().st_size).total_mb
 
-    def _drop(self, jid: int) -> None:
+    def _drop(self, jid: JobId) -> None:
         """No longer a candidate (a later JobReopened may bring it back)."""
         with self.state as st:
             if jid in st.candidates:
                 st.candidates.remove(jid)
             st.considering.pop(jid, None)
 
-    def _reject(self, jid: int, reason: str, event: str = "job_rejected") -> None:
+    def _reject(self, jid: JobId, reason: str, event: str = "job_rejected") -> None:
         """Never consider ``jid`` again, even after a restart or a JobReopened."""
         reason = reason[:REASON_CHARS]
         with self.state as st:
@@ -566,11 +567,11 @@ class Solver:
 
     # --- training and commit -------------------------------------------------------------
 
-    def _trace_dir(self, jid: int) -> Path:
+    def _trace_dir(self, jid: JobId) -> Path:
         rec = self.state.data.jobs[jid]
         return self.rt.dir / "jobs" / f"{jid}-r{rec.round}" / "trace"
 
-    async def _context(self, jid: int) -> Any:
+    async def _context(self, jid: JobId) -> Any:
 
         if jid not in self._contexts and self.collab.enabled and \
                 self.collab.is_sub_job(await self.rt.chain(self.rt.chain_client.market.get_job,
@@ -593,7 +594,7 @@ class Solver:
                                                     micro_batches=micro, init_weights=init)
         return self._contexts[jid]
 
-    async def _train_and_commit(self, jid: int) -> None:
+    async def _train_and_commit(self, jid: JobId) -> None:
         from node.train.trace import run_training  # noqa: PLC0415
 
         key = str(jid)
@@ -650,7 +651,7 @@ class Solver:
             self._busy.discard(key)
             self._mark(f"j{jid}")
 
-    async def _publish_trace(self, jid: int, out: Path) -> str:
+    async def _publish_trace(self, jid: JobId, out: Path) -> str:
         from node.train.trace import MANIFEST_NAME, kept_file, read_manifest  # noqa: PLC0415
 
         manifest = read_manifest(out)
@@ -694,7 +695,7 @@ class Solver:
 
     # --- disputes ---------------------------------------------------------------------
 
-    async def _dispute_move(self, nursery: trio.Nursery, did: int,
+    async def _dispute_move(self, nursery: trio.Nursery, did: DisputeId,
                             snap: Snapshot | None = None) -> object:
         c = self.rt.chain_client
         d = snap.disputes.get(did) if snap is not None else None
@@ -730,7 +731,7 @@ class Solver:
             self._mark(f"d{did}")
         return act
 
-    async def serve_state(self, jid: int, step: int, tensors: Any) -> str:
+    async def serve_state(self, jid: JobId, step: int, tensors: Any) -> str:
         """Store a regenerated state as a checkpoint artifact and announce it."""
         from node.proof import state_hash  # noqa: PLC0415
         from node.train.trace import write_state_file  # noqa: PLC0415
@@ -747,7 +748,7 @@ class Solver:
         await self.rt.p2p.announce("state_served", served)
         return "0x" + h.hex()
 
-    async def _post_mids(self, did: int, jid: int, steps: list[int]) -> None:
+    async def _post_mids(self, did: DisputeId, jid: JobId, steps: list[int]) -> None:
         from node.proof import state_hash  # noqa: PLC0415
         from node.train.trace import regenerate_many  # noqa: PLC0415
 

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus, Phase, Side
+from node.chain.ids import DisputeId, JobId
 from node.roles.actions import Done, DrawJury, Finalize, Wait, Withdraw
 
 
@@ -49,7 +50,7 @@ class SolverJob(BaseModel):
 
 
 class ServedState(BaseModel):
-    job_id: int
+    job_id: JobId
     step: int
     state_hash: str
     artifact_id: str
@@ -58,12 +59,12 @@ class ServedState(BaseModel):
 class SolverDisk(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    jobs: dict[int, SolverJob] = Field(default_factory=dict)
-    candidates: list[int] = Field(default_factory=list)
-    disputes: list[int] = Field(default_factory=list)
+    jobs: dict[JobId, SolverJob] = Field(default_factory=dict)
+    candidates: list[JobId] = Field(default_factory=list)
+    disputes: list[DisputeId] = Field(default_factory=list)
     served: list[ServedState] = Field(default_factory=list)
-    rejected: dict[int, str] = Field(default_factory=dict)  # job -> why (never again)
-    considering: dict[int, int] = Field(default_factory=dict)  # job -> unfinished tries
+    rejected: dict[JobId, str] = Field(default_factory=dict)  # job -> why (never again)
+    considering: dict[JobId, int] = Field(default_factory=dict)  # job -> unfinished tries
 
 
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:

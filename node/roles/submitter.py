@@ -2,7 +2,8 @@
 report on jobs, cancel, and fetch the trained model once final.
 
 What it posted is kept in ``submitter.json``; serving until final is driven by
-:func:`node.roles.submitter_machine.decide` over the chain's status each pass.
+:func:`node.roles.submitter_machine.decide` over the job's status in each new snapshot
+of the process's chain view.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import trio
 from node.chain.client import ChainClient
 from node.chain.contracts import JobStatus, JobTerms
 from node.chain.events import EventWatcher
+from node.chain.ids import JobId
 from node.chain.payouts import job_payouts
+from node.chain.rpc import RPC_FAILURES
+from node.chain.view import Snapshot
 from node.datasets import dataset_hash
 from node.errors import ConfigError, IntegrityError, PolnetError, SpecError
 from node.incentives import (
@@ -201,7 +205,7 @@ async def publish_shards(rt: Runtime, dataset_path: Path) -> None:
             await rt.p2p.publish_bytes(raw)
 
 
-async def post(rt: Runtime, req: JobRequest) -> int:
+async def post(rt: Runtime, req: JobRequest) -> JobId:
     """Store and advertise the job's inputs, then escrow and post it; returns the job id."""
     spec = check_request(req)
     c = rt.chain_client
@@ -232,36 +236,64 @@ def submitter_state(rt: Runtime) -> RoleState[SubmitterDisk]:
     return RoleState(rt.dir / "submitter.json", SubmitterDisk)
 
 
-async def serve_until_final(rt: Runtime, job_ids: list[int], timeout: float | None) -> None:
+async def serve_until_final(rt: Runtime, job_ids: list[JobId], timeout: float | None) -> None:
     """Keep serving the inputs until every job is finalized or cancelled, fetching a
-    model asked for and withdrawing what the settlements credited us."""
+    model asked for and withdrawing what the settlements credited us. Decided over the
+    process's chain view (issue 31): one ``eth_blockNumber`` per poll while no block
+    arrives, and a pass (no per-job read) only for a new snapshot."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    left = set(job_ids)
+    seen: tuple[int, int] | None = None  # (epoch, block) of the last pass that went through
+    while left and (deadline is None or time.monotonic() < deadline):
+        try:
+            snap = await rt.snapshot()
+            if (snap.epoch, snap.block) != seen:
+                await serve_pass(rt, snap, left)
+                seen = (snap.epoch, snap.block)
+        except RPC_FAILURES as exc:  # a throttled or flaky provider: the next poll retries
+            log.warning("submitter_pass_rpc_failed", error=str(exc) or repr(exc),
+                        kind=type(exc).__name__)
+        if left:
+            await trio.sleep(rt.settings.poll_interval)
+
+
+async def serve_pass(rt: Runtime, snap: Snapshot, left: set[JobId]) -> None:
+    """One decision per job of ``left`` over ``snap``, removing those done. A job the
+    view lacks (posted since the snapshot) is read alone; ``credits`` is read once, and
+    only when a job is final."""
     c = rt.chain_client
     state = submitter_state(rt)
-    left = list(job_ids)
-    while left and (deadline is None or time.monotonic() < deadline):
+    status: dict[JobId, JobStatus] = {}
+    for jid in sorted(left):
+        job = snap.jobs.get(jid)
+        if job is None:
+            job = await rt.chain(c.market.get_job, jid)
+        status[jid] = job.status
+    final = [j for j, s in status.items() if s in (JobStatus.FINALIZED, JobStatus.CANCELLED)]
+    if not final:
+        return
+    credits = await rt.chain(c.market.credits, rt.address)
+    for _ in range(3):  # fetch, withdraw, done: each step's effect is local, no re-read
         withdraw = False
-        for jid in list(left):
-            status = (await rt.chain(c.market.get_job, jid)).status
+        for jid in list(final):
             rec = state.data.jobs.get(jid)
             fetch_to = rec.fetch_to if rec is not None else None
-            credits = 0
-            if status in (JobStatus.FINALIZED, JobStatus.CANCELLED):
-                credits = await rt.chain(c.market.credits, rt.address)
-            dec = decide(status, credits, fetch_to,
+            dec = decide(status[jid], credits, fetch_to,
                          fetched=fetch_to is not None and Path(fetch_to).is_file())
             if isinstance(dec.action, FetchModel):
                 await fetch_model(rt, jid, Path(dec.action.out))
             withdraw |= isinstance(dec.action, Withdraw)
             if isinstance(dec.action, Done):
-                left.remove(jid)
+                left.discard(jid)
+                final.remove(jid)
         if withdraw:
             await rt.withdraw_all()
-        if left:
-            await trio.sleep(1.0)
+            credits = 0  # all of ours left the market
+        if not final:
+            return
 
 
-def job_report(c: ChainClient, job_id: int) -> dict[str, Any]:
+def job_report(c: ChainClient, job_id: JobId) -> dict[str, Any]:
     """State, parties, sampled segments, verdicts on chain and payouts of one job."""
     job = c.market.get_job(job_id)
     assert c.deployment is not None
@@ -297,7 +329,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-async def fetch_model(rt: Runtime, job_id: int, out: Path, wait: float = 30.0,
+async def fetch_model(rt: Runtime, job_id: JobId, out: Path, wait: float = 30.0,
                       hf_dir: Path | None = None) -> Path:
     """Download the final checkpoint of a finalized job and write its model weights
     with the job's spec inside (node.train.models.load_model rebuilds the model);

@@ -1,8 +1,8 @@
 """The submitter as a state machine: the jobs it posted (and where a model is to be
 fetched to) on disk, and one pure function from (what the chain says, what is on
-disk) to the next action. The phase is the chain's job status, read each pass:
-a submitter killed at any point, or one whose job another party finalized or
-cancelled, reads the same on the next pass.
+disk) to the next action. The phase is the job's status in the process's chain view,
+decided on each new snapshot: a submitter killed at any point, or one whose job another
+party finalized or cancelled, reads the same on the next pass.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus
+from node.chain.ids import JobId
 
 
 class SubmitterPhase(enum.StrEnum):
@@ -32,7 +33,7 @@ class SubmittedJob(BaseModel):
 class SubmitterDisk(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    jobs: dict[int, SubmittedJob] = Field(default_factory=dict)
+    jobs: dict[JobId, SubmittedJob] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import trio
 
 from node.chain.contracts import DisputeState, JobStatus, Phase, Verdict
 from node.chain.events import ChainEvent
+from node.chain.ids import DisputeId, JobId
 from node.chain.revert_names import errors
 from node.chain.rpc import RPC_FAILURES
 from node.chain.view import EventFeed, Snapshot
@@ -111,7 +112,7 @@ class Verifier:
         me = self.rt.address.lower()
         with self.state as st:
             if ev.contract == "JobMarket" and ev.event == "ResultCommitted":
-                jid = int(ev.args["jobId"])
+                jid = JobId(int(ev.args["jobId"]))
                 # The event does not carry the round: the trio thread reads it (no RPC
                 # here, under the state lock the event loop also takes) and starts
                 # afresh only if it is a new round (a replayed event keeps the verdicts).
@@ -121,10 +122,11 @@ class Verifier:
                 # OuterJury's JuryDrawn names a caseId: its cases are CollabFollower's.
                 return
             elif ev.event == "DisputeOpened" and str(ev.args["challenger"]).lower() == me:
-                st.disputes.setdefault(int(ev.args["id"]), VerifierDispute(
-                    role=Role.CHALLENGER, job=int(ev.args["jobId"])))
+                st.disputes.setdefault(DisputeId(int(ev.args["id"])), VerifierDispute(
+                    role=Role.CHALLENGER, job=JobId(int(ev.args["jobId"]))))
             elif ev.event == "JuryDrawn" and me in [str(a).lower() for a in ev.args["jury"]]:
-                st.disputes.setdefault(int(ev.args["id"]), VerifierDispute(role=Role.JUROR))
+                st.disputes.setdefault(DisputeId(int(ev.args["id"])),
+                                       VerifierDispute(role=Role.JUROR))
 
     async def run(self, until: float | None = None) -> None:
         rt = self.rt
@@ -229,14 +231,14 @@ class Verifier:
             await self._withdraw()
         return taken
 
-    def _job_disk(self, jid: int, busy: bool = False) -> JobDisk:
+    def _job_disk(self, jid: JobId, busy: bool = False) -> JobDisk:
         rec = self.state.data.jobs[jid]
         return JobDisk(round=rec.round, checked=rec.checked, verdicts=dict(rec.verdicts),
                        attested=rec.attested, not_in_committee=rec.not_in_committee,
                        challenged=rec.challenged or self._challenged(jid, rec.round),
                        busy=busy)
 
-    def _challenged(self, jid: int, round_: int | None) -> bool:
+    def _challenged(self, jid: JobId, round_: int | None) -> bool:
         """A dispute of ours on this round (its DisputeOpened names us): the chain's
         record, whether or not our own write after the challenge survived."""
         return round_ is not None and any(
@@ -251,7 +253,7 @@ class Verifier:
                 with self.state as st:
                     st.disputes[did].job, st.disputes[did].round = ref.job_id, ref.round
 
-    def _record_phase(self, jid: int, phase: VerifierPhase) -> None:
+    def _record_phase(self, jid: JobId, phase: VerifierPhase) -> None:
         if self.state.data.jobs[jid].phase != phase:
             with self.state as st:
                 st.jobs[jid].phase = phase
@@ -262,14 +264,14 @@ class Verifier:
         await self.rt.withdraw_all()
         await self.collab.withdraw()
 
-    def _set(self, jid: int, **kw: Any) -> None:
+    def _set(self, jid: JobId, **kw: Any) -> None:
         with self.state as st:
             for k, v in kw.items():
                 setattr(st.jobs[jid], k, v)
 
     # --- sampled replay ------------------------------------------------------------------
 
-    async def _check_job(self, jid: int) -> None:
+    async def _check_job(self, jid: JobId) -> None:
         rt, c = self.rt, self.rt.chain_client
         try:
             job = await rt.chain(c.market.get_job, jid)
@@ -325,7 +327,7 @@ class Verifier:
         finally:
             self._busy.discard(f"j{jid}")
 
-    async def _own_share(self, jid: int, sample: list[int]) -> list[int]:
+    async def _own_share(self, jid: JobId, sample: list[int]) -> list[int]:
         """Our committee seat's share of the sample ([] when we hold no seat): the
         segments our attestation answers for (node.proof.sample_share)."""
         committee = [a.lower() for a in await self.rt.chain(
@@ -334,7 +336,7 @@ class Verifier:
         return sample_share(sample, len(committee), committee.index(me)) \
             if me in committee else []
 
-    async def _maybe_attest(self, jid: int) -> None:
+    async def _maybe_attest(self, jid: JobId) -> None:
         """One attestation per job, for our committee share of the sample, if the
         seed's committee holds us, every segment of the share passed and no segment we
         judged failed."""
@@ -358,7 +360,7 @@ class Verifier:
         self._set(jid, attested=True)
         log.info("attested", job=jid, share=mine)
 
-    async def _maybe_challenge(self, jid: int) -> None:
+    async def _maybe_challenge(self, jid: JobId) -> None:
         """Dispute one failing segment, whatever other disputes on the job are doing:
         a dispute someone else loses (a solver's puppet, say) binds only them, and the
         round's bond is settled once, paying the earliest-opened dispute the solver lost."""
@@ -380,7 +382,7 @@ class Verifier:
         await self._challenge(jid, seg, start, end)
         self._set(jid, challenged=True)
 
-    async def _follow_up(self, jid: int) -> None:
+    async def _follow_up(self, jid: JobId) -> None:
         """A checked job, each tick while it is open: attest (once the committee is
         drawn) or challenge, whichever its verdicts call for."""
         try:
@@ -389,7 +391,7 @@ class Verifier:
         finally:
             self._busy.discard(f"j{jid}")
 
-    async def _challenge(self, jid: int, seg: int, start: Any, end: Any) -> None:
+    async def _challenge(self, jid: JobId, seg: int, start: Any, end: Any) -> None:
         c = self.rt.chain_client
         try:
             did = await self.rt.chain(c.market.challenge, jid, seg, start.leaf, list(start.proof),
@@ -433,7 +435,7 @@ class Verifier:
             my_revealed=vote is not None and vote.revealed, round_settled=settled,
             credits=await self.rt.credits_owed() if resolved and settled else 0)
 
-    async def _dispute_move(self, did: int) -> object:
+    async def _dispute_move(self, did: DisputeId) -> object:
         """Derive the dispute's phase from the chain and make the one move it calls for."""
         rt, c = self.rt, self.rt.chain_client
         act: object = None
@@ -477,7 +479,7 @@ class Verifier:
             self._busy.discard(f"d{did}")
         return act
 
-    async def _dispute(self, did: int) -> DisputeState:
+    async def _dispute(self, did: DisputeId) -> DisputeState:
         """The dispute as of this pass's snapshot (read alone if the view lacks it)."""
         d = self._snap.disputes.get(did) if self._snap is not None else None
         if d is None:

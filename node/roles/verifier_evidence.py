@@ -15,6 +15,7 @@ import torch
 import trio
 
 from node.chain.contracts import Job
+from node.chain.ids import JobId
 from node.data.stream import StreamContext
 from node.errors import (
     CheckpointError,
@@ -58,7 +59,7 @@ _T = TypeVar("_T")
 @dataclass
 class JobEvidence:
     rt: Runtime
-    job_id: int
+    job_id: JobId
     job: Job
     ctx: TrainContext
     manifest: TraceManifest
@@ -233,7 +234,7 @@ async def _checked(fn: Callable[[], _T], *, job_id: int, segment: int) -> _T | N
         return None
 
 
-async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes, job_id: int,
+async def judge_segment(committed: Committed, ctx: TrainContext, *, root: bytes, job_id: JobId,
                         segment: int,
                         commitment: Callable[[int], CommittedState] | None = None,
                         init_hash: bytes | None = None) -> Verdict | None:
@@ -374,7 +375,7 @@ class Evidence:
         # round's (node.train.rounds), not one built from the spec alone.
         self.collab: CollabFollower | None = None
 
-    async def for_job(self, job_id: int, job: Job | None = None) -> JobEvidence | None:
+    async def for_job(self, job_id: JobId, job: Job | None = None) -> JobEvidence | None:
         rt = self.rt
         if job is None:
             job = await rt.chain(rt.chain_client.market.get_job, job_id)
@@ -419,7 +420,7 @@ class Evidence:
         self._jobs[key] = ev
         return ev
 
-    async def _manifest(self, job_id: int, job: Job) -> TraceManifest | None:
+    async def _manifest(self, job_id: JobId, job: Job) -> TraceManifest | None:
         for aid in list(self.rt.book.manifests.get(job_id, [])):
             try:
                 path = await self.rt.fetch(aid, (job.solver,), timeout=30,

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from node.chain.contracts import JobStatus, Phase, Side
+from node.chain.ids import DisputeId, JobId
 from node.roles.actions import Done, DrawJury, Finalize, Wait, Withdraw
 from node.roles.juror_machine import (
     CommitVote,
@@ -66,7 +67,7 @@ class VerifierDispute(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Role
-    job: int | None = None
+    job: JobId | None = None
     round: int | None = None  # the job round it disputes (challenger; from the chain)
     valid: bool | None = None  # our vote, on disk before its commitment is sent
     salt: str | None = None
@@ -76,8 +77,8 @@ class VerifierDispute(BaseModel):
 class VerifierDisk(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    jobs: dict[int, VerifierJob] = Field(default_factory=dict)
-    disputes: dict[int, VerifierDispute] = Field(default_factory=dict)
+    jobs: dict[JobId, VerifierJob] = Field(default_factory=dict)
+    disputes: dict[DisputeId, VerifierDispute] = Field(default_factory=dict)
 
 
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:

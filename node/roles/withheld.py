@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from node.chain.availability import RequestState
+from node.chain.ids import JobId
 from node.chain.revert_names import errors
 from node.errors import ContractRevert
 from node.logs import get_logger
@@ -45,7 +46,7 @@ def _deployed(v: Verifier) -> bool:
     return dep is not None and "Availability" in dep.contracts
 
 
-async def request_withheld(v: Verifier, jid: int, job: Job, segments: list[int]) -> None:
+async def request_withheld(v: Verifier, jid: JobId, job: Job, segments: list[int]) -> None:
     """Request the first of ``segments`` (our share that could not be fetched) unless we
     already hold a request on this job, or the solver still has half its window to serve."""
     rt, c = v.rt, v.rt.chain_client
@@ -71,7 +72,7 @@ async def request_withheld(v: Verifier, jid: int, job: Job, segments: list[int])
     log.info("availability_requested", job=jid, segment=seg, request=rid)
 
 
-async def expire_requests(v: Verifier, jid: int) -> None:
+async def expire_requests(v: Verifier, jid: JobId) -> None:
     """Expire our requests on ``jid`` that the solver let run out."""
     rt, c = v.rt, v.rt.chain_client
     rec = v.state.data.jobs.get(jid)

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 pragma solidity ^0.8.24;
 
+import {DisputeId, JobId} from "./Ids.sol";
+
 /// @title IJobMarket
 /// @notice Training jobs: post -> claim -> commit -> verification window -> finalize,
 ///         or a dispute that reopens the job.
@@ -255,29 +257,29 @@ interface IJobMarket {
     // --- submitter ---
 
     /// @notice Post a job, escrowing `reward + verificationBudget` (approve first). Ids start at 1.
-    function postJob(JobTerms calldata terms) external returns (uint256 jobId);
+    function postJob(JobTerms calldata terms) external returns (JobId jobId);
 
     /// @notice Like `postJob` (the caller is the submitter and escrows), but only `solver`
     ///         may `claimJob` it, in every round (`NotReservedSolver`), and only the
     ///         submitter may `finalize`, `reclaim` or `cancel` it (`OnlySubmitter`), so a
     ///         contract submitter can attribute every credit the market gives it.
-    function postReservedJob(JobTerms calldata terms, address solver) external returns (uint256 jobId);
+    function postReservedJob(JobTerms calldata terms, address solver) external returns (JobId jobId);
 
     /// @notice Submitter only, job Open: the escrow is credited back.
-    function cancel(uint256 jobId) external;
+    function cancel(JobId jobId) external;
 
     // --- solver ---
 
     /// @notice Registered solver claims an Open job; locks `reward * bondFactorBps / 10000`
     ///         of its free stake; deadline = now + solveDuration.
-    function claimJob(uint256 jobId) external;
+    function claimJob(JobId jobId) external;
 
     /// @notice The solver commits its trace before its deadline: `initProof` proves leaf 0
     ///         = (step 0, the job's initStateHash, loss 0), `finalProof` proves leaf T / k =
     ///         (step T, finalStateHash, finalLossE9). Opens the verification window (until
     ///         now + verificationWindow) and sets the sampling block.
     function commitResult(
-        uint256 jobId,
+        JobId jobId,
         bytes32 traceRoot,
         bytes32 finalStateHash,
         uint256 finalLossE9,
@@ -291,7 +293,7 @@ interface IJobMarket {
     ///         and draw the round's attestation committee from it. Returns the seed, or 0 when
     ///         the block hash was no longer readable and the sampling block was re-armed
     ///         instead (`SeedRearmed`).
-    function fixSeed(uint256 jobId) external returns (bytes32 seed);
+    function fixSeed(JobId jobId) external returns (bytes32 seed);
 
     /// @notice After the window, with no live dispute. A clean round is paid only with
     ///         evidence (else `NoEvidence`): a strict majority of the seats drawn attested, or
@@ -303,12 +305,12 @@ interface IJobMarket {
     ///         winner the rest (its majority jurors their share, through the dispute game),
     ///         slashes the attestors (to that winner) if a jury proved a sampled segment
     ///         invalid, and reopens the job with its escrow intact.
-    function finalize(uint256 jobId) external;
+    function finalize(JobId jobId) external;
 
     /// @notice After a claimed job's deadline with no commit: missedDeadlineSlashBps of the bond
     ///         goes to the submitter's credit, the rest is unlocked, the job reopens.
     ///         Anyone, except for a reserved job: its submitter only (so is `finalize`).
-    function reclaim(uint256 jobId) external;
+    function reclaim(JobId jobId) external;
 
     /// @notice Pay out the caller's credit.
     function withdraw() external returns (uint256 amount);
@@ -318,7 +320,7 @@ interface IJobMarket {
 
     /// @notice A committee member of the round attests, once, that every sampled segment
     ///         replayed within tolerance. Within the window.
-    function attest(uint256 jobId) external;
+    function attest(JobId jobId) external;
 
     /// @notice A staked verifier (not the solver, not barred from the segment) disputes
     ///         `segment` while the window is open or a dispute of the round is live, and the
@@ -327,7 +329,7 @@ interface IJobMarket {
     ///         committed leaves (`segment`, `segment + 1`) are proven against the trace root;
     ///         challengeBond is locked from the caller's stake; the dispute game takes over.
     function challenge(
-        uint256 jobId,
+        JobId jobId,
         uint256 segment,
         bytes32 startStateHash,
         uint256 startLossE9,
@@ -343,8 +345,8 @@ interface IJobMarket {
     ///         Invalid / SolverTimedOut condemn the round; every verdict extends the window
     ///         to at least now + disputeGrace. The dispute game moves the challenger's bond.
     function resolveDispute(
-        uint256 jobId,
-        uint256 disputeId,
+        JobId jobId,
+        DisputeId disputeId,
         uint256 segment,
         uint32 round,
         address challenger,
@@ -358,31 +360,31 @@ interface IJobMarket {
     ///         condemns the round; `challenger` is paid the challenger's share at settlement when
     ///         no dispute of the round was lost), 3 unasked leaves published. Every op but 0
     ///         leaves at least `disputeGrace` of window.
-    function availabilityHook(uint256 jobId, uint32 round, uint8 op, address challenger) external;
+    function availabilityHook(JobId jobId, uint32 round, uint8 op, address challenger) external;
 
     // --- views ---
     function availability() external view returns (address);
     function params() external view returns (Params memory);
-    function getJob(uint256 jobId) external view returns (Job memory);
+    function getJob(JobId jobId) external view returns (Job memory);
     function jobCount() external view returns (uint256);
     function credits(address account) external view returns (uint256);
-    function seedOf(uint256 jobId) external view returns (bytes32);
+    function seedOf(JobId jobId) external view returns (bytes32);
     /// @notice The sampled segments, once the seed is fixed or blockhash(sampleBlock) is readable.
-    function sampledSegments(uint256 jobId) external view returns (uint256[] memory);
+    function sampledSegments(JobId jobId) external view returns (uint256[] memory);
     /// @notice The current round's committee (empty until the seed is fixed).
-    function committeeOf(uint256 jobId) external view returns (address[] memory);
+    function committeeOf(JobId jobId) external view returns (address[] memory);
     /// @notice Committee members who attested in the job's current round.
-    function attestorsOf(uint256 jobId) external view returns (address[] memory);
-    function hasAttested(uint256 jobId, address verifier) external view returns (bool);
-    function isBarred(uint256 jobId, uint256 segment, address challenger) external view returns (bool);
-    function disputeRef(uint256 disputeId) external view returns (DisputeRef memory);
-    function roundInfo(uint256 jobId, uint32 round) external view returns (RoundInfo memory);
+    function attestorsOf(JobId jobId) external view returns (address[] memory);
+    function hasAttested(JobId jobId, address verifier) external view returns (bool);
+    function isBarred(JobId jobId, uint256 segment, address challenger) external view returns (bool);
+    function disputeRef(DisputeId disputeId) external view returns (DisputeRef memory);
+    function roundInfo(JobId jobId, uint32 round) external view returns (RoundInfo memory);
     /// @notice The only solver that may claim a reserved job; address(0) for an ordinary job.
-    function reservedSolverOf(uint256 jobId) external view returns (address);
+    function reservedSolverOf(JobId jobId) external view returns (address);
     /// @notice The job's submitter and current solver bond.
-    function settlementOf(uint256 jobId) external view returns (address submitter, uint256 bond);
+    function settlementOf(JobId jobId) external view returns (address submitter, uint256 bond);
     /// @notice A dispute still counts against its job: not settled, job Committed, same round.
-    function isDisputeLive(uint256 disputeId) external view returns (bool);
+    function isDisputeLive(DisputeId disputeId) external view returns (bool);
     function token() external view returns (address);
     function registry() external view returns (address);
     function disputeGame() external view returns (address);

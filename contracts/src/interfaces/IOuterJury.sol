@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 pragma solidity ^0.8.24;
 
+import {CaseId, CollabId} from "./Ids.sol";
+
 /// @title IOuterJury
 /// @notice The jury that decides a challenged outer state of a collaborative job. The
 ///         CollabMarket opens a case when someone challenges a posted outer state and asks
@@ -93,28 +95,28 @@ interface IOuterJury {
     /// @notice The CollabMarket: open a case for `challenger`'s challenge of `poster`'s outer
     ///         state of (jobId, round). The jury is requested now (block Q); neither party
     ///         can sit on it. Returns the case id (from 1).
-    function open(uint256 jobId, uint32 round, address poster, address challenger) external returns (uint256 caseId);
+    function open(CollabId jobId, uint32 round, address poster, address challenger) external returns (CaseId caseId);
 
     /// @notice Anyone, after block Q + juryLookahead: jury = registry.sortition(keccak256(
     ///         blockhash(Q + juryLookahead), caseId), jurySize, pool length at Q, Q, [poster,
     ///         challenger]), stake-weighted as of Q. Re-arms at the current block if that hash
     ///         is no longer readable (256 blocks).
-    function draw(uint256 caseId) external;
+    function draw(CaseId caseId) external;
 
     /// @notice Juror, before commitEnd: commitment = keccak256(abi.encode(valid, salt, juror,
     ///         caseId)). Vote valid iff recomputing the outer step from the previous outer
     ///         state and the round's accepted deltas yields the posted hash.
-    function commitVote(uint256 caseId, bytes32 commitment) external;
+    function commitVote(CaseId caseId, bytes32 commitment) external;
 
     /// @notice Juror, in [commitEnd, revealEnd).
-    function revealVote(uint256 caseId, bool valid, bytes32 salt) external;
+    function revealVote(CaseId caseId, bool valid, bytes32 salt) external;
 
     /// @notice The CollabMarket, at or after revealEnd: count the votes (a verdict needs quorum
     ///         reveals and a strict majority, else Void), slash silent and minority jurors
     ///         (on Void: silent ones) and forward the slashed stake to the CollabMarket, or
     ///         burn it when nobody revealed. `majority`: the jurors who revealed the verdict
     ///         (on Void: every juror who revealed), to be paid.
-    function tally(uint256 caseId)
+    function tally(CaseId caseId)
         external
         returns (Verdict verdict, uint32 validVotes, uint32 invalidVotes, address[] memory majority, uint256 slashed);
 
@@ -122,7 +124,7 @@ interface IOuterJury {
     function params() external view returns (Params memory);
     function collab() external view returns (address);
     function caseCount() external view returns (uint256);
-    function getCase(uint256 caseId) external view returns (Case memory);
+    function getCase(CaseId caseId) external view returns (Case memory);
     /// @notice 0 none, 1 committed, 2 revealed valid, 3 revealed invalid.
-    function voteOf(uint256 caseId, address juror) external view returns (uint8);
+    function voteOf(CaseId caseId, address juror) external view returns (uint8);
 }
