@@ -41,10 +41,13 @@ def _spec_file(ctx: TrainContext, tmp: Path) -> Path:
     return p
 
 
-def _replay_processes() -> list[psutil.Process]:
+def _replay_processes(under: Path) -> list[psutil.Process]:
+    """Live replay ranks of this test (their config names its files): another test's
+    ranks may run beside it under xdist."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
-        if "-m verifier.dist_replay" in " ".join(p.info["cmdline"] or []):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "-m verifier.dist_replay" in cmd and str(under) in cmd:
             found.append(p)
     return found
 
@@ -99,7 +102,7 @@ def test_two_ranks_replay_an_honest_fsdp_trace(cache: Path, tmp_path: Path) -> N
                                             "--world-size", "2"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.strip().splitlines()[-1])["passed"] is True
-    assert _replay_processes() == []
+    assert _replay_processes(tmp_path) == []
 
 
 @pytest.mark.parallel
@@ -121,7 +124,7 @@ def test_two_ranks_fail_a_cheating_trace_as_one_process_does(cache: Path,
     verdict = trio.run(_daemon_judges, ctx, out, data)
     assert verdict is not None and not verdict.passed
     _same_figures(verdict, verify_trace_segment(two, out, 0))
-    assert _replay_processes() == []
+    assert _replay_processes(tmp_path) == []
 
 
 async def _daemon_judges(ctx: TrainContext, out: Path, data: Path) -> Verdict | None:
@@ -170,7 +173,7 @@ def test_a_corrupt_start_checkpoint_is_refused_with_no_rank_left(
         verify_segment_ranks(ctx, out, 0, 2, data, root=None,
                              options=RankOptions(on_start=started.extend))
     assert len(started) == 2 and not any(psutil.pid_exists(p) for p in started)
-    assert _replay_processes() == []
+    assert _replay_processes(tmp_path) == []
     start.write_bytes(good)
 
 

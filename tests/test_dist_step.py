@@ -32,9 +32,12 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("datasets")
 
 
-def _ranks_left() -> list[psutil.Process]:
+def _ranks_left(under: Path) -> list[psutil.Process]:
+    """Live ranks of this test (their config names its files): another test's ranks may
+    run beside it under xdist."""
     return [p for p in psutil.process_iter(["cmdline"])
-            if "-m verifier.dist_replay" in " ".join(p.info["cmdline"] or [])]
+            if "-m verifier.dist_replay" in (cmd := " ".join(p.info["cmdline"] or []))
+            and str(under) in cmd]
 
 
 def _same_figures(a: Verdict, b: Verdict) -> None:
@@ -131,7 +134,7 @@ def test_two_ranks_vote_an_honest_step_as_one_process_does(
     assert ranked.valid is True and ranked.verdict is not None and ranked.verdict.passed
     _same_figures(ranked.verdict, _one_process_figures(two, lo, hi))
     assert _votes(served, data, hi_hash, lo_hash) == (True, True)
-    assert _ranks_left() == []
+    assert _ranks_left(out) == []
 
 
 @pytest.mark.parallel
@@ -156,7 +159,7 @@ def test_two_ranks_vote_a_perturbed_step_invalid_as_one_process_does(
     assert not ranked.verdict.passed and ranked.verdict.ratio > 0
     _same_figures(ranked.verdict, _one_process_figures(two, lo, hi))
     assert _votes(served, data, hi_hash, lo_hash) == (False, False)
-    assert _ranks_left() == []
+    assert _ranks_left(out) == []
 
 
 @pytest.mark.parallel
@@ -188,4 +191,4 @@ def test_a_step_file_off_the_agreed_hash_is_refused_before_ranks_start(
                              hi_hash=lo_hash, options=options)
     assert other.valid is False and other.verdict is not None
     assert "holds step 3" in other.verdict.reason
-    assert started == [] and _ranks_left() == []
+    assert started == [] and _ranks_left(out) == []
