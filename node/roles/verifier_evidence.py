@@ -35,7 +35,13 @@ from node.roles.runtime import Runtime
 from node.train.layout import max_file_bytes
 from node.train.shards import ShardContext
 from node.train.step import TrainContext
-from node.train.trace import MAX_MANIFEST_BYTES, TraceManifest, load_checkpoint, merkle_proof
+from node.train.trace import (
+    MAX_MANIFEST_BYTES,
+    TraceLeaf,
+    TraceManifest,
+    load_checkpoint,
+    merkle_proof,
+)
 from verifier.replay import (
     CommittedState,
     SegmentReplay,
@@ -85,20 +91,14 @@ class JobEvidence:
         """Checkpoint ``index`` with its leaf and proof (checked later against the root).
         A leaf the solver did not keep (sparse trace) is one it regenerates and serves
         (``state_served``) once it is sampled: PeerUnavailable until then."""
-        leaf, proof = merkle_proof(self.manifest, index)
-        entry = self.manifest.checkpoint_at(index)
-        aid = entry.sha256 if entry is not None else \
-            self.rt.book.states.get((self.job_id, "0x" + leaf.state_hash.hex()))
-        if aid is None:
-            raise PeerUnavailable(f"leaf {index} of job {self.job_id} is not kept by its solver "
-                                  "and not served (regenerated) yet")
+        leaf, proof, aid = self._leaf_artifact(index)
         tensors = await self._load(aid, leaf.state_hash)
         self._states[(leaf.step, leaf.state_hash)] = tensors
         return CommittedState(tensors, leaf, proof, self.manifest.state_hash_scheme)
 
-    async def committed_file(self, index: int) -> tuple[CommittedState, Path]:
-        """Checkpoint ``index``'s leaf and proof (no tensors) and its file, fetched but not
-        loaded: the ranks read their rows of it (``judge_segment_ranks``)."""
+    def _leaf_artifact(self, index: int) -> tuple[TraceLeaf, list[bytes], str]:
+        """Leaf ``index``, its proof and the artifact holding its state: the kept file, or
+        the solver's served regeneration of an unkept leaf."""
         leaf, proof = merkle_proof(self.manifest, index)
         entry = self.manifest.checkpoint_at(index)
         aid = entry.sha256 if entry is not None else \
@@ -106,6 +106,12 @@ class JobEvidence:
         if aid is None:
             raise PeerUnavailable(f"leaf {index} of job {self.job_id} is not kept by its solver "
                                   "and not served (regenerated) yet")
+        return leaf, proof, aid
+
+    async def committed_file(self, index: int) -> tuple[CommittedState, Path]:
+        """Checkpoint ``index``'s leaf and proof (no tensors) and its file, fetched but not
+        loaded: the ranks read their rows of it (``judge_segment_ranks``)."""
+        leaf, proof, aid = self._leaf_artifact(index)
         path = await self.rt.fetch(aid, (self.job.solver,),
                                    expected_size=max_file_bytes(self.ctx.spec),
                                    job_id=self.job_id)
